@@ -1,0 +1,357 @@
+"""``Memory``: the public face of kvmem, and the module-level default instance.
+
+A ``Memory`` turns user keys into storage keys (namespace and tenant salt folded
+in), values into blobs (codec pipeline), and drives the tiers and the catalog.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+from prometheus_client import CollectorRegistry
+from sqlalchemy.exc import SQLAlchemyError
+
+from kvmem import blob as blobfmt
+from kvmem.catalog import Catalog, EntryRow
+from kvmem.codecs import parse_codec
+from kvmem.codecs.pipeline import decode_value, encode_value, value_kind
+from kvmem.config import Config, load_config
+from kvmem.errors import CapacityError, IntegrityError, TierUnavailable
+from kvmem.keys import storage_key
+from kvmem.maintenance import GcReport, VerifyReport, collect_garbage, verify_entries
+from kvmem.metrics import Metrics
+from kvmem.stores import TieredStore, build_tiers
+
+__all__ = ["Memory", "EntryInfo", "TierStats", "Stats"]
+
+log = logging.getLogger(__name__)
+V = TypeVar("V")
+_MISSING = object()
+_CATALOG_FLUSH_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """What kvmem knows about one entry (``Memory.info``)."""
+
+    key: str
+    namespace: str
+    kind: str
+    size: int
+    stored_size: int
+    codec: str
+    version: int
+    tiers: list[str]
+    hits: int
+    created: float
+    last_access: float
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """One tier's occupancy."""
+
+    name: str
+    usage: int
+    capacity: int
+    entries: int
+    healthy: bool
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A snapshot of a ``Memory``: catalog totals, tiers, and counters since start."""
+
+    entries: int
+    size: int
+    stored_size: int
+    tiers: list[TierStats]
+    hits: int
+    misses: int
+    hit_rate: float
+    crc_failures: int
+    tier_errors: int
+    evictions: int
+    demotions: int
+
+
+class Memory:
+    """A content-addressed store of tensors, tensor trees, arrays, bytes and JSON.
+
+    Args:
+        path: data directory (default: the user cache dir, e.g. ``~/.cache/kvmem``).
+        config: a full :class:`~kvmem.config.Config`; ``settings`` override it.
+        config_file: YAML settings file (default: ``$KVMEM_CONFIG`` if set).
+        registry: Prometheus registry for this instance's metrics (a private one if ``None``).
+        **settings: any :class:`~kvmem.config.Config` field, e.g. ``cpu_bytes="4GiB"``.
+
+    Raises:
+        ConfigError: a setting outside its accepted range.
+        TierUnavailable: the catalog database cannot be reached.
+    """
+
+    def __init__(self, path: str | None = None, *, config: Config | None = None, config_file: str | None = None,
+                 registry: CollectorRegistry | None = None, **settings: Any) -> None:
+        if path is not None:
+            settings["path"] = path
+        self.config = config.replace(**settings) if config is not None else load_config(config_file, **settings)
+        self.metrics = Metrics(registry)
+        self.catalog = Catalog(self.config.resolved_catalog_url)
+        self.tiers = TieredStore(build_tiers(self.config), self.metrics,
+                                 offload_threshold=self.config.offload_threshold,
+                                 write_policy=self.config.write_policy, queue_size=self.config.write_back_queue,
+                                 retry_seconds=self.config.tier_retry_seconds,
+                                 on_removed=self.catalog.record_removed)
+        self._last_flush = time.monotonic()
+        self._closed = False
+
+    # -- keys -----------------------------------------------------------------
+    def storage_key(self, key: str | bytes, namespace: str | None = None) -> str:
+        """The storage key ``key`` maps to in ``namespace`` (under this config's tenant salt)."""
+        return storage_key(key, namespace, self.config.tenant_salt)
+
+    # -- store / load -----------------------------------------------------------
+    def store(self, key: str | bytes, value: object, *, metadata: dict[str, Any] | None = None,
+              namespace: str | None = None, compression: str | None = None) -> str:
+        """Store ``value`` under ``key``; a key that exists gets a new version.
+
+        Args:
+            key: any ``str`` or ``bytes``; it is hashed, never used as a path.
+            value: tensor (any dtype, shape, device), numpy array, bytes, str, JSON
+                scalars, or dict (str keys) / list / tuple nestings of those.
+            metadata: JSON-able dict kept with the entry (``info(key).metadata``).
+            namespace: scope of ``key``; the same key in two namespaces never collides.
+            compression: codec spec for floating-point tensors (``none``, ``fp16``,
+                ``bf16``, ``int8``, ``int4``, each optionally ``+lz4``). Default:
+                lossless ``none``; ``config.compression`` is the default of the KV layers.
+
+        Returns:
+            The storage key (64 hex digits) the entry lives under.
+
+        Raises:
+            InvalidKeyError, UnsupportedValueError, CodecError: bad input; nothing is stored.
+            CapacityError: the encoded value is larger than every tier.
+            TierUnavailable: no tier could take the value.
+        """
+        start = time.perf_counter()
+        skey = self.storage_key(key, namespace)
+        spec = parse_codec(compression)
+        preview = key if isinstance(key, str) else key.hex()
+        encoded, raw = encode_value(value, spec, metadata,
+                                    info={"namespace": namespace or "", "key": preview[:256]})
+        largest = max((t.capacity for t in self.tiers.tiers), default=0)
+        if encoded.nbytes > largest:
+            raise CapacityError(f"value of {encoded.nbytes} bytes (encoded) under key {preview[:80]!r} is larger "
+                                f"than every tier (largest: {largest} bytes); raise cpu_bytes/disk_bytes "
+                                "or store it compressed")
+        written = self.tiers.put(skey, encoded)
+        if not written and not self.config.write_policy == "back":
+            raise TierUnavailable(f"no tier could store key {preview[:80]!r}: every tier that fits "
+                                  f"{encoded.nbytes} bytes is failing (see kvmem_tier_errors_total)")
+        self._catalog_write(lambda: self.catalog.upsert(
+            skey, namespace=namespace or "", user_key=preview, kind=value_kind(value), size=raw,
+            stored_size=encoded.nbytes, codec=str(spec), crc=encoded.crc, tiers=written, metadata=metadata or {}))
+        self.metrics.stored(raw, encoded.nbytes)
+        self.metrics.store_seconds.observe(time.perf_counter() - start)
+        self._maybe_flush()
+        return skey
+
+    def load(self, key: str | bytes, default: V | None = None, *, namespace: str | None = None,
+             device: torch.device | str | None = None, regenerate: Callable[[], Any] | None = None,
+             strict: bool | None = None) -> Any:
+        """The value stored under ``key``, or ``default``.
+
+        Every copy read from a tier below the GPU is CRC-checked; a corrupt copy
+        is quarantined and never returned.
+
+        Args:
+            key: the key given to :meth:`store`.
+            default: returned on a miss (when there is no ``regenerate``).
+            namespace: the namespace given to :meth:`store`.
+            device: put tensors on this device.
+            regenerate: called on a miss or corruption; its result is stored and returned.
+            strict: raise :class:`IntegrityError` when only corrupt copies were found
+                (default: ``config.strict``).
+        """
+        start = time.perf_counter()
+        skey = self.storage_key(key, namespace)
+        fetched, corrupt = self.tiers.get(skey)
+        value: Any = _MISSING
+        if fetched is not None:
+            try:
+                value, header = decode_value(fetched.buf, device)
+            except IntegrityError as exc:
+                log.warning("kvmem: entry %s decodes badly (%s); quarantined", skey, exc)
+                self.tiers.delete(skey)
+                corrupt += 1
+            else:
+                self.metrics.hit(fetched.tier, header.get("kind", "tree"))
+                self.catalog.record_hit(skey)
+        if value is _MISSING:
+            self.metrics.miss("unknown")
+            if corrupt:
+                self._catalog_write(lambda: self.catalog.set_state(skey, "quarantined"))
+                if strict if strict is not None else self.config.strict:
+                    raise IntegrityError(f"key {str(key)[:80]!r}: every stored copy failed its integrity check "
+                                         f"({corrupt} quarantined)")
+            if regenerate is not None:
+                value = regenerate()
+                self.store(key, value, namespace=namespace)
+            else:
+                value = default
+        self.metrics.load_seconds.observe(time.perf_counter() - start)
+        self._maybe_flush()
+        return value
+
+    def contains(self, key: str | bytes, *, namespace: str | None = None) -> bool:
+        """Whether ``key`` is stored in some tier (its CRC is checked only when loaded)."""
+        return self.tiers.contains(self.storage_key(key, namespace))
+
+    def delete(self, key: str | bytes, *, namespace: str | None = None) -> bool:
+        """Remove ``key`` from every tier and the catalog; whether it was there."""
+        skey = self.storage_key(key, namespace)
+        found = self.tiers.delete(skey)
+        removed = self._catalog_write(lambda: self.catalog.delete(skey))
+        return found or removed is True
+
+    def info(self, key: str | bytes, *, namespace: str | None = None) -> EntryInfo | None:
+        """Catalog facts about ``key`` and the tiers that hold it now, or ``None``."""
+        skey = self.storage_key(key, namespace)
+        self._catalog_write(self.catalog.flush)
+        row = self.catalog.get(skey)
+        tiers = [t.name for t in self.tiers.tiers if t.contains(skey)]
+        if row is None:
+            return None
+        return _entry_info(row, tiers)
+
+    # -- compress ---------------------------------------------------------------
+    def compress(self, value: object, codec: str | None = None) -> bytes:
+        """Encode ``value`` as a self-describing blob (``codec`` default: ``config.compression``)."""
+        encoded, _ = encode_value(value, parse_codec(codec or self.config.compression))
+        return b"".join(p.tobytes() for p in encoded.parts)
+
+    @staticmethod
+    def decompress(data: bytes | bytearray | memoryview) -> Any:
+        """Decode a blob made by :meth:`compress` (CRC-checked).
+
+        Raises:
+            IntegrityError: ``data`` is not an intact kvmem blob.
+        """
+        buf = blobfmt.empty_buffer(len(data))
+        buf.numpy()[:] = memoryview(data).cast("B")
+        blobfmt.verify(buf)
+        value, _ = decode_value(buf)
+        return value
+
+    # -- maintenance -------------------------------------------------------------
+    def stats(self) -> Stats:
+        """Catalog totals, tier occupancy and counters since this instance started."""
+        self._catalog_write(self.catalog.flush)
+        self.tiers.update_usage_metrics()
+        totals = self._catalog_write(self.catalog.totals) or {"entries": 0, "size": 0, "stored_size": 0}
+        m = self.metrics
+        hits, misses = int(m.total("kvmem_hits_total")), int(m.total("kvmem_misses_total"))
+        tiers = [TierStats(t.name, t.usage(), t.capacity, sum(1 for _ in t.keys()), self.tiers.healthy(t))
+                 for t in self.tiers.tiers]
+        return Stats(entries=totals["entries"], size=totals["size"], stored_size=totals["stored_size"],
+                     tiers=tiers, hits=hits, misses=misses, hit_rate=hits / (hits + misses) if hits + misses else 0.0,
+                     crc_failures=int(m.total("kvmem_crc_failures_total")),
+                     tier_errors=int(m.total("kvmem_tier_errors_total")),
+                     evictions=int(m.total("kvmem_evictions_total")),
+                     demotions=int(m.total("kvmem_demotions_total")))
+
+    def verify(self, fix: bool = False, progress: bool = True) -> VerifyReport:
+        """Read every entry in every tier and check it; with ``fix``, quarantine and repair the catalog."""
+        self.flush()
+        return verify_entries(self.tiers, self.catalog, self.metrics, fix=fix, progress=progress)
+
+    def gc(self) -> GcReport:
+        """Drop catalog rows of entries no tier holds, empty the quarantine, enforce capacities."""
+        self.flush()
+        return collect_garbage(self.tiers, self.catalog)
+
+    def entries(self, namespace: str | None = None, limit: int | None = None) -> Iterator[EntryInfo]:
+        """Catalog entries, most recently used first."""
+        self._catalog_write(self.catalog.flush)
+        for row in self.catalog.rows(namespace, limit):
+            yield _entry_info(row, [])
+
+    def flush(self) -> None:
+        """Finish write-backs, fsync pending files, write buffered catalog updates."""
+        self.tiers.flush()
+        self._catalog_write(self.catalog.flush)
+
+    def close(self) -> None:
+        """Flush and release everything. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.tiers.close()
+        self._catalog_write(self.catalog.close)
+
+    def __enter__(self) -> "Memory":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- helpers -------------------------------------------------------------------
+    def _catalog_write(self, fn: Callable[[], V]) -> V | None:
+        """Run a catalog operation; a database failure is counted and logged, never raised."""
+        try:
+            return fn()
+        except SQLAlchemyError as exc:
+            self.metrics.tier_errors.labels(tier="catalog").inc()
+            log.warning("kvmem: catalog operation failed (%s); the data path goes on without it", exc)
+            return None
+
+    def _maybe_flush(self) -> None:
+        if time.monotonic() - self._last_flush > _CATALOG_FLUSH_SECONDS:
+            self._last_flush = time.monotonic()
+            self._catalog_write(self.catalog.flush)
+
+
+def _entry_info(row: EntryRow, tiers: list[str]) -> EntryInfo:
+    return EntryInfo(key=row.key, namespace=row.namespace, kind=row.kind, size=row.size,
+                     stored_size=row.stored_size, codec=row.codec, version=row.version,
+                     tiers=tiers or [t for t in row.tiers.split(",") if t], hits=row.hits, created=row.created,
+                     last_access=row.last_access, metadata=row.metadata)
+
+
+# -- the module-level default -----------------------------------------------------------
+_default: Memory | None = None
+_default_lock = threading.Lock()
+
+
+def default_memory() -> Memory:
+    """The lazily created default ``Memory`` (embedded: CPU + disk tiers, SQLite catalog)."""
+    global _default
+    with _default_lock:
+        if _default is None or _default._closed:
+            _default = Memory()
+        return _default
+
+
+def configure(**settings: Any) -> Memory:
+    """Replace the default ``Memory`` with one built from ``settings`` (the old one is closed)."""
+    global _default
+    new = Memory(**settings)
+    with _default_lock:
+        old, _default = _default, new
+    if old is not None:
+        old.close()
+    return new
+
+
+@atexit.register
+def _close_default() -> None:
+    if _default is not None:
+        _default.close()

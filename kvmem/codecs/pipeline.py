@@ -1,0 +1,259 @@
+"""Values <-> blobs: flatten a value, run each tensor through its codec, frame it.
+
+A value is a tensor, a numpy array, ``bytes``, ``str``, a JSON scalar, or a
+dict (``str`` keys) / list / tuple nesting of those. Its structure goes into
+the JSON header; array bytes go into aligned payload segments, so decoding a
+lossless tensor is a zero-copy view of the blob buffer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvmem import blob
+from kvmem.codecs import LZ4, CodecSpec, tensor_codec
+from kvmem.errors import IntegrityError, UnsupportedValueError
+
+__all__ = ["encode_value", "decode_value", "value_kind"]
+
+_KEY_NAMES = frozenset({"k", "key", "keys", "key_states", "key_cache"})
+_LZ4_MIN_GAIN = 0.97  # keep the lz4 output only when it saves at least 3 %
+
+
+@dataclass
+class _Leaf:
+    kind: str  # tensor | ndarray | bytes | str
+    obj: Any
+    axis: int = -1
+
+
+@dataclass
+class _Segments:
+    arrays: list[np.ndarray] = field(default_factory=list)
+    offset: int = 0
+
+    def add(self, arr: np.ndarray, itemsize: int, spec: CodecSpec) -> dict[str, Any]:
+        entry: dict[str, Any] = {}
+        if spec.lz4 and arr.size:
+            packed = LZ4.compress(arr, itemsize)
+            if packed.size < arr.size * _LZ4_MIN_GAIN:
+                entry = {"raw": int(arr.size), "shuffle": itemsize}
+                arr = packed
+        self.offset = -(-self.offset // blob.ALIGN) * blob.ALIGN
+        entry.update(off=self.offset, n=int(arr.size))
+        self.offset += arr.size
+        self.arrays.append(arr)
+        return entry
+
+
+def value_kind(value: object) -> str:
+    """``tensor``, ``ndarray``, ``bytes``, ``str``, ``json`` or ``tree``: what ``kvmem ls`` shows."""
+    if isinstance(value, torch.Tensor):
+        return "tensor"
+    if isinstance(value, np.ndarray):
+        return "ndarray"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "bytes"
+    if isinstance(value, str):
+        return "str"
+    return "tree"
+
+
+def _flatten(value: object, path: str, leaves: list[_Leaf], axis_hint: int) -> Any:
+    if isinstance(value, torch.Tensor):
+        leaves.append(_Leaf("tensor", value, axis_hint))
+        return {"T": len(leaves) - 1}
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            raise UnsupportedValueError(f"numpy array of dtype {value.dtype} at {path or 'value'}: "
+                                        "object arrays cannot be stored; use a numeric dtype")
+        leaves.append(_Leaf("ndarray", value))
+        return {"N": len(leaves) - 1}
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        leaves.append(_Leaf("bytes", bytes(value)))
+        return {"B": len(leaves) - 1}
+    if isinstance(value, str):
+        leaves.append(_Leaf("str", value.encode("utf-8", "surrogatepass")))
+        return {"S": len(leaves) - 1}
+    if value is None or isinstance(value, (bool, int, float)):
+        return {"J": value}
+    if isinstance(value, dict):
+        items = []
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise UnsupportedValueError(f"dict key {k!r} ({type(k).__name__}) at {path or 'value'}: "
+                                            "dict keys must be str")
+            hint = -2 if k.lower() in _KEY_NAMES else axis_hint
+            items.append([k, _flatten(v, f"{path}[{k!r}]", leaves, hint)])
+        return {"D": items}
+    if isinstance(value, (list, tuple)):
+        tag = "L" if isinstance(value, list) else "U"
+        return {tag: [_flatten(v, f"{path}[{i}]", leaves, axis_hint) for i, v in enumerate(value)]}
+    raise UnsupportedValueError(
+        f"value of type {type(value).__name__} at {path or 'value'}: accepted torch.Tensor, numpy.ndarray, "
+        "bytes, str, int, float, bool, None, and dict (str keys) / list / tuple of those")
+
+
+def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
+    return t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
+
+
+def _encode_tensor(t: torch.Tensor, axis: int, spec: CodecSpec, segs: _Segments) -> dict[str, Any]:
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    name = spec.tensor if t.is_floating_point() else "none"
+    parts, meta = tensor_codec(name).encode(t, axis)
+    entry: dict[str, Any] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+                             "codec": name, "meta": meta, "parts": {}}
+    for pname, p in parts.items():
+        p = p.contiguous()
+        entry["parts"][pname] = {"dtype": str(p.dtype).removeprefix("torch."), "shape": list(p.shape),
+                                 **segs.add(_tensor_bytes(p), p.element_size(), spec)}
+    return entry
+
+
+def encode_value(value: object, spec: CodecSpec, metadata: dict[str, Any] | None = None,
+                 info: dict[str, Any] | None = None) -> tuple[blob.EncodedBlob, int]:
+    """Encode ``value`` as a blob.
+
+    Args:
+        value: what to store (see the module docstring).
+        spec: the codec to apply to floating-point tensors (other leaves are lossless).
+        metadata: the caller's JSON-able metadata, stored in the header.
+        info: kvmem's own facts about the entry (namespace, key preview), stored in the header.
+
+    Returns:
+        ``(blob, raw_nbytes)``: the encoded blob and the value's uncompressed array bytes.
+
+    Raises:
+        UnsupportedValueError: a type kvmem cannot store, or metadata that is not JSON.
+    """
+    leaves: list[_Leaf] = []
+    tree = _flatten(value, "", leaves, -1)
+    segs = _Segments()
+    entries: list[dict[str, Any]] = []
+    raw = 0
+    for leaf in leaves:
+        if leaf.kind == "tensor":
+            entries.append(_encode_tensor(leaf.obj, leaf.axis, spec, segs))
+            raw += leaf.obj.numel() * leaf.obj.element_size()
+        elif leaf.kind == "ndarray":
+            arr = np.ascontiguousarray(leaf.obj)
+            entries.append({"dtype": arr.dtype.str, "shape": list(arr.shape),
+                            "data": segs.add(arr.reshape(-1).view(np.uint8), arr.itemsize, spec)})
+            raw += arr.nbytes
+        else:
+            data = np.frombuffer(leaf.obj, dtype=np.uint8)
+            entries.append({"data": segs.add(data, 1, spec)})
+            raw += data.size
+    header = {"kind": value_kind(value), "codec": str(spec), "tree": tree, "leaves": entries,
+              "metadata": metadata or {}, "info": info or {}, "raw_nbytes": raw}
+    _check_json(metadata)
+    return blob.encode(header, segs.arrays), raw
+
+
+def _check_json(metadata: object) -> None:
+    import json
+
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict):
+        raise UnsupportedValueError(f"metadata of type {type(metadata).__name__}: expected a JSON-able dict")
+    try:
+        json.dumps(metadata)
+    except (TypeError, ValueError) as exc:
+        raise UnsupportedValueError(f"metadata is not JSON-able ({exc}): accepted dicts of str, numbers, "
+                                    "bools, None, lists and dicts") from None
+
+
+def _segment(buf: torch.Tensor, start: int, part: dict[str, Any]) -> torch.Tensor:
+    seg = buf[start + part["off"]: start + part["off"] + part["n"]]
+    if "raw" in part:
+        host = seg if seg.device.type == "cpu" else seg.cpu()
+        out = torch.from_numpy(LZ4.decompress(host.numpy(), part["raw"], part["shuffle"]))
+        return out if seg.device.type == "cpu" else out.to(seg.device)
+    return seg
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise IntegrityError(f"blob names an unknown torch dtype {name!r}")
+    return dtype
+
+
+def _decode_tensor(buf: torch.Tensor, start: int, entry: dict[str, Any]) -> torch.Tensor:
+    parts = {}
+    for pname, part in entry["parts"].items():
+        seg = _segment(buf, start, part)
+        parts[pname] = seg.view(_torch_dtype(part["dtype"])).reshape(part["shape"])
+    dtype = _torch_dtype(entry["dtype"])
+    out = tensor_codec(entry["codec"]).decode(parts, entry["meta"], dtype, tuple(entry["shape"]))
+    return out.reshape(entry["shape"])
+
+
+def _decode_leaf(buf: torch.Tensor, start: int, entry: dict[str, Any], kind: str) -> object:
+    if kind == "T":
+        return _decode_tensor(buf, start, entry)
+    seg = _segment(buf, start, entry["data"])
+    host = (seg if seg.device.type == "cpu" else seg.cpu()).numpy()
+    if kind == "N":
+        dtype = np.dtype(entry["dtype"])
+        if dtype.hasobject:
+            raise IntegrityError(f"blob names numpy dtype {entry['dtype']!r}: object arrays are never loaded")
+        return host.view(dtype).reshape(entry["shape"])
+    data = host.tobytes()
+    return data if kind == "B" else data.decode("utf-8", "surrogatepass")
+
+
+def _unflatten(tree: Any, leaves: list[dict[str, Any]], buf: torch.Tensor, start: int) -> object:
+    (tag, body), = tree.items()
+    if tag == "J":
+        return body
+    if tag == "D":
+        return {k: _unflatten(v, leaves, buf, start) for k, v in body}
+    if tag in ("L", "U"):
+        items = [_unflatten(v, leaves, buf, start) for v in body]
+        return items if tag == "L" else tuple(items)
+    return _decode_leaf(buf, start, leaves[body], tag)
+
+
+def decode_value(buf: torch.Tensor, device: torch.device | str | None = None) -> tuple[object, dict[str, Any]]:
+    """Decode a verified, caller-owned blob buffer. Lossless tensors are views of ``buf``.
+
+    Args:
+        buf: a contiguous uint8 blob (CRC already checked where required).
+        device: move tensors there (``None``: leave them where ``buf`` is).
+
+    Returns:
+        ``(value, header)``.
+
+    Raises:
+        IntegrityError: the framing or header is wrong.
+    """
+    header, start = blob.parse(buf)
+    try:
+        value = _unflatten(header["tree"], header["leaves"], buf, start)
+    except (KeyError, ValueError, TypeError, RuntimeError, AttributeError) as exc:
+        raise IntegrityError(f"blob header does not describe its payload: {type(exc).__name__}: {exc}") from None
+    if device is not None:
+        value = _to_device(value, torch.device(device))
+    return value, header
+
+
+def _to_device(value: object, device: torch.device) -> object:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_device(v, device) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_to_device(v, device) for v in value)
+    return value

@@ -1,0 +1,74 @@
+"""Group-wise affine ``int8`` / ``int4`` quantization.
+
+Each group of ``group`` consecutive elements along ``axis`` stores its minimum and
+step (fp16, or fp32 when the range needs it); elements are rounded to the nearest
+of ``2**bits`` levels, so the error of every element is at most half a step.
+For attention KV the caller passes ``axis=-2`` for keys (per-channel groups along
+tokens) and ``axis=-1`` for values (per-token groups along channels), as KIVI does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvmem.codecs.base import Encoded
+from kvmem.errors import CodecError
+
+__all__ = ["QuantCodec"]
+
+_FP16_SAFE = 60000.0
+
+
+class QuantCodec:
+    """Affine quantization to ``bits`` (8 or 4) with ``group`` elements per scale."""
+
+    lossless = False
+
+    def __init__(self, bits: int, group: int = 64) -> None:
+        if bits not in (4, 8) or group % 2:
+            raise CodecError(f"QuantCodec(bits={bits}, group={group}): bits must be 4 or 8, group even")
+        self.bits = bits
+        self.group = group
+        self.levels = (1 << bits) - 1
+        self.name = f"int{bits}"
+
+    def encode(self, t: torch.Tensor, axis: int) -> Encoded:
+        if t.ndim == 0 or t.numel() == 0:
+            return {"data": t}, {"raw": True}
+        axis = axis if -t.ndim <= axis < t.ndim else -1
+        moved = t.movedim(axis, -1)
+        moved_shape = list(moved.shape)
+        cols = moved_shape[-1]
+        group = min(self.group, cols + cols % 2)
+        padded = -(-cols // group) * group
+        x = moved.reshape(-1, cols).float()
+        if padded != cols:
+            x = torch.cat([x, x[:, -1:].expand(-1, padded - cols)], dim=1)
+        x = x.reshape(x.shape[0], padded // group, group)
+        lo = x.amin(dim=-1, keepdim=True)
+        hi = x.amax(dim=-1, keepdim=True)
+        if not (torch.isfinite(lo).all() and torch.isfinite(hi).all()):
+            raise CodecError(f"codec {self.name}: tensor holds inf or nan; use none, fp16 or bf16 for it")
+        sdtype = torch.float16 if max(float(lo.abs().max()), float(hi.abs().max())) < _FP16_SAFE else torch.float32
+        step = ((hi - lo) / self.levels).to(sdtype)
+        step = torch.where(step == 0, torch.ones_like(step), step)
+        lo_s = lo.to(sdtype)
+        q = torch.round((x - lo_s.float()) / step.float()).clamp_(0, self.levels).to(torch.uint8)
+        if self.bits == 4:
+            q = q[..., 0::2] | (q[..., 1::2] << 4)
+        meta = {"axis": axis, "group": group, "cols": cols, "moved_shape": moved_shape}
+        return {"q": q.contiguous(), "step": step.contiguous(), "lo": lo_s.contiguous()}, meta
+
+    def decode(self, parts: dict[str, torch.Tensor], meta: dict[str, Any],
+               dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        if meta.get("raw"):
+            return parts["data"]
+        q = parts["q"]
+        if self.bits == 4:
+            q = torch.stack([q & 0x0F, q >> 4], dim=-1).reshape(*q.shape[:-1], q.shape[-1] * 2)
+        x = q.float() * parts["step"].float() + parts["lo"].float()
+        cols = meta["cols"]
+        x = x.reshape(x.shape[0], -1)[:, :cols]
+        return x.reshape(meta["moved_shape"]).movedim(-1, meta["axis"]).to(dtype).contiguous()

@@ -1,0 +1,50 @@
+"""The one exception hierarchy of kvmem.
+
+Every error kvmem raises on purpose is a :class:`KVMemError`. Messages name the
+bad value and what would have been accepted.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "KVMemError",
+    "IntegrityError",
+    "CodecError",
+    "UnsupportedValueError",
+    "InvalidKeyError",
+    "CapacityError",
+    "TierUnavailable",
+    "ConfigError",
+]
+
+
+class KVMemError(Exception):
+    """Base class of every error raised by kvmem."""
+
+
+class IntegrityError(KVMemError):
+    """Stored bytes are not what was written: bad magic, truncation, CRC mismatch."""
+
+
+class CodecError(KVMemError):
+    """A codec cannot encode or decode a value (unknown codec, non-finite input...)."""
+
+
+class UnsupportedValueError(CodecError, TypeError):
+    """A value (or metadata) of a type kvmem cannot store."""
+
+
+class InvalidKeyError(KVMemError, TypeError):
+    """A key that is not ``str`` or ``bytes``."""
+
+
+class CapacityError(KVMemError):
+    """A value larger than every tier that could hold it."""
+
+
+class TierUnavailable(KVMemError):
+    """A storage tier or the catalog cannot be reached."""
+
+
+class ConfigError(KVMemError, ValueError):
+    """A configuration value outside its accepted range."""

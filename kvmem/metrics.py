@@ -1,0 +1,72 @@
+"""Prometheus collectors of one :class:`kvmem.Memory`, on a registry passed in."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["Metrics"]
+
+_LATENCY_BUCKETS = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0, 5.0)
+
+
+class Metrics:
+    """The kvmem metric family. Each ``Memory`` owns one, on its own registry by default.
+
+    Args:
+        registry: where the collectors are registered (a new private registry when ``None``).
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.memory_usage = Gauge("kvmem_memory_usage_bytes", "Bytes held per tier", ["tier"], registry=r)
+        self.capacity = Gauge("kvmem_capacity_bytes", "Capacity per tier", ["tier"], registry=r)
+        self.hits = Counter("kvmem_hits_total", "Loads served, by tier and value kind", ["tier", "kind"], registry=r)
+        self.misses = Counter("kvmem_misses_total", "Loads that found nothing usable", ["kind"], registry=r)
+        self.hit_rate = Gauge("kvmem_hit_rate", "hits / (hits + misses) since start", registry=r)
+        self.load_seconds = Histogram("kvmem_load_seconds", "Latency of load()", buckets=_LATENCY_BUCKETS,
+                                      registry=r)
+        self.store_seconds = Histogram("kvmem_store_seconds", "Latency of store()", buckets=_LATENCY_BUCKETS,
+                                       registry=r)
+        self.compression_ratio = Gauge("kvmem_compression_ratio",
+                                       "Raw bytes / stored bytes over all stores since start", registry=r)
+        self.crc_failures = Counter("kvmem_crc_failures_total", "Entries that failed their integrity check",
+                                    ["tier"], registry=r)
+        self.evictions = Counter("kvmem_evictions_total", "Entries dropped from a tier for room", ["tier"],
+                                 registry=r)
+        self.demotions = Counter("kvmem_demotions_total", "Entries moved to a lower tier for room", ["tier"],
+                                 registry=r)
+        self.promotions = Counter("kvmem_promotions_total", "Entries copied up on a hit", ["tier"], registry=r)
+        self.tier_errors = Counter("kvmem_tier_errors_total", "Operations a failing tier could not serve",
+                                   ["tier"], registry=r)
+        self._hits = 0
+        self._misses = 0
+        self._raw = 0
+        self._stored = 0
+
+    def hit(self, tier: str, kind: str) -> None:
+        self.hits.labels(tier=tier, kind=kind).inc()
+        self._hits += 1
+        self._update_rate()
+
+    def miss(self, kind: str) -> None:
+        self.misses.labels(kind=kind).inc()
+        self._misses += 1
+        self._update_rate()
+
+    def stored(self, raw_bytes: int, stored_bytes: int) -> None:
+        self._raw += raw_bytes
+        self._stored += stored_bytes
+        if self._stored:
+            self.compression_ratio.set(self._raw / self._stored)
+
+    def _update_rate(self) -> None:
+        self.hit_rate.set(self._hits / (self._hits + self._misses))
+
+    def value(self, name: str, **labels: str) -> float:
+        """Current value of a sample (0 when never set), e.g. ``value("kvmem_hits_total", tier="cpu", kind="tensor")``."""
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+    def total(self, name: str) -> float:
+        """Sum of a counter over all its label values."""
+        return sum(s.value for m in self.registry.collect() for s in m.samples if s.name == name)

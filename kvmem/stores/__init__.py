@@ -1,0 +1,73 @@
+"""Storage tiers and the registry that builds them from a :class:`~kvmem.config.Config`.
+
+Local tiers are built in order (gpu, cpu, disk) from their capacities; the
+remote tier is chosen by the scheme of ``remote_url`` from schemes registered
+with :func:`register_remote` (the Redis tier registers ``redis://`` and friends).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import torch
+
+from kvmem.config import Config
+from kvmem.errors import ConfigError
+from kvmem.stores.base import StorageTier, TierBase
+from kvmem.stores.disk import DiskTier
+from kvmem.stores.memory import CpuTier, GpuTier, MemoryTier
+from kvmem.stores.tiered import Fetched, TieredStore
+
+__all__ = ["StorageTier", "TierBase", "MemoryTier", "CpuTier", "GpuTier", "DiskTier", "TieredStore",
+           "Fetched", "register_remote", "build_tiers"]
+
+log = logging.getLogger(__name__)
+
+RemoteFactory = Callable[[str, Config], StorageTier]
+_REMOTES: dict[str, RemoteFactory] = {}
+
+
+def register_remote(scheme: str, factory: RemoteFactory) -> None:
+    """Make ``remote_url``\\ s of ``scheme`` build their tier with ``factory(url, config)``."""
+    _REMOTES[scheme] = factory
+
+
+def _gpu(config: Config) -> StorageTier | None:
+    if not config.gpu_bytes:
+        return None
+    if not torch.cuda.is_available():
+        log.warning("kvmem: gpu_bytes=%d but no CUDA device is present; running without a GPU tier",
+                    config.gpu_bytes)
+        return None
+    return GpuTier(config.gpu_bytes)
+
+
+def _cpu(config: Config) -> StorageTier | None:
+    return CpuTier(config.cpu_bytes) if config.cpu_bytes else None
+
+
+def _disk(config: Config) -> StorageTier | None:
+    return DiskTier(Path(config.path) / "disk", config.disk_bytes, config.fsync) if config.disk_bytes else None
+
+
+_LOCAL: tuple[Callable[[Config], StorageTier | None], ...] = (_gpu, _cpu, _disk)
+
+
+def build_tiers(config: Config) -> list[StorageTier]:
+    """The tiers ``config`` asks for, fastest first.
+
+    Raises:
+        ConfigError: ``remote_url`` has a scheme no tier is registered for.
+    """
+    tiers = [t for t in (make(config) for make in _LOCAL) if t is not None]
+    if config.remote_url:
+        scheme = urlsplit(config.remote_url).scheme
+        if scheme not in _REMOTES:
+            known = ", ".join(f"{s}://" for s in sorted(_REMOTES)) or "none (install kvmem[redis])"
+            raise ConfigError(f"remote_url={config.remote_url!r}: scheme {scheme!r} is not supported; "
+                              f"accepted {known}")
+        tiers.append(_REMOTES[scheme](config.remote_url, config))
+    return tiers

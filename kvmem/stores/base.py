@@ -1,0 +1,110 @@
+"""The storage-tier seam: one narrow protocol, and a base with the batched defaults."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from kvmem.blob import EncodedBlob
+
+__all__ = ["StorageTier", "TierBase"]
+
+
+@runtime_checkable
+class StorageTier(Protocol):
+    """Where blobs live: keyed by storage key (64 hex digits), valued by blob bytes.
+
+    Capabilities are class flags, not methods:
+
+    - ``shares_buffers``: ``get`` returns the tier's own buffer, which callers copy
+      before handing it out (memory tiers); otherwise ``get`` returns a fresh buffer.
+    - ``checks_crc``: loads from this tier are CRC-checked (every tier below the GPU).
+    - ``persistent``: entries survive the process (disk, remote): write-through targets.
+
+    Tiers do not evict by themselves; :class:`~kvmem.stores.tiered.TieredStore`
+    demotes and evicts, in the LRU order ``keys()`` gives.
+    """
+
+    name: str
+    capacity: int
+    shares_buffers: bool
+    checks_crc: bool
+    persistent: bool
+
+    def get(self, key: str) -> torch.Tensor | None:
+        """The blob stored under ``key`` as a contiguous uint8 tensor, or ``None``; marks it recently used."""
+        ...
+
+    def put(self, key: str, blob: EncodedBlob) -> None:
+        """Store ``blob`` under ``key`` atomically, replacing any older version."""
+        ...
+
+    def contains(self, key: str) -> bool:
+        """Whether ``key`` is stored here (no CRC check, no LRU update)."""
+        ...
+
+    def delete(self, key: str) -> bool:
+        """Remove ``key``; whether it was there."""
+        ...
+
+    def quarantine(self, key: str) -> None:
+        """Take a corrupt entry out of service (moved aside where the tier can keep it)."""
+        ...
+
+    def keys(self) -> Iterator[str]:
+        """Stored keys, least recently used first."""
+        ...
+
+    def usage(self) -> int:
+        """Bytes held."""
+        ...
+
+    def get_many(self, keys: Sequence[str]) -> list[torch.Tensor | None]:
+        """``get`` for several keys (one round trip where the tier can)."""
+        ...
+
+    def contains_many(self, keys: Sequence[str]) -> list[bool]:
+        """``contains`` for several keys (one round trip where the tier can)."""
+        ...
+
+    def purge_quarantine(self) -> int:
+        """Delete entries moved aside by :meth:`quarantine`; bytes freed."""
+        ...
+
+    def close(self) -> None:
+        """Flush and release resources."""
+        ...
+
+
+class TierBase:
+    """Defaults shared by tiers: batched calls loop over single calls; quarantine deletes."""
+
+    shares_buffers = False
+    checks_crc = True
+    persistent = False
+
+    def get(self, key: str) -> torch.Tensor | None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def contains(self, key: str) -> bool:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def delete(self, key: str) -> bool:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def get_many(self, keys: Sequence[str]) -> list[torch.Tensor | None]:
+        return [self.get(k) for k in keys]
+
+    def contains_many(self, keys: Sequence[str]) -> list[bool]:
+        return [self.contains(k) for k in keys]
+
+    def quarantine(self, key: str) -> None:
+        self.delete(key)
+
+    def purge_quarantine(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        return None

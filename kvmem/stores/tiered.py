@@ -1,0 +1,320 @@
+"""The tier hierarchy: read top -> down with promotion, write-through or write-back, offload.
+
+Invariants:
+
+- ``get`` returns a buffer the caller owns, whose CRC was checked unless it came
+  from a tier that does not need it (GPU). Corrupt entries are quarantined and
+  the search goes on in lower tiers: corrupt bytes are never returned.
+- A new entry goes to the highest tier with room, and to every persistent
+  tier below it (at once with ``write_policy="through"``, from a background
+  thread with ``"back"``).
+- A tier above ``offload_threshold`` of its capacity moves its least recently
+  used entries to the next tier down; the last tier drops them (an eviction).
+- A tier whose operation raises ``OSError`` or ``TierUnavailable`` is skipped for
+  ``retry_seconds`` and counted; the caller never sees that error.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+
+from kvmem import blob as blobfmt
+from kvmem.blob import EncodedBlob
+from kvmem.errors import IntegrityError, TierUnavailable
+from kvmem.metrics import Metrics
+from kvmem.stores.base import StorageTier
+
+__all__ = ["TieredStore", "Fetched"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_FAILED = object()
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A verified, caller-owned blob buffer and the tier that served it."""
+
+    buf: torch.Tensor
+    tier: str
+
+
+class _Health:
+    def __init__(self) -> None:
+        self.down_until = 0.0
+
+    def usable(self) -> bool:
+        return time.monotonic() >= self.down_until
+
+
+class TieredStore:
+    """Blobs on an ordered list of tiers, fastest first.
+
+    Args:
+        tiers: fastest first (e.g. gpu, cpu, disk, remote).
+        metrics: where hits, errors, evictions... are counted.
+        offload_threshold: fraction of capacity above which a tier demotes LRU entries.
+        write_policy: ``through`` or ``back``.
+        queue_size: most entries waiting for write-back before ``put`` blocks.
+        retry_seconds: how long a failing tier is skipped before it is tried again.
+        on_removed: called with a key when it has left the last tier holding it.
+    """
+
+    def __init__(self, tiers: Sequence[StorageTier], metrics: Metrics, *, offload_threshold: float = 0.7,
+                 write_policy: str = "through", queue_size: int = 64, retry_seconds: float = 5.0,
+                 on_removed: Callable[[str], None] | None = None) -> None:
+        self.tiers = list(tiers)
+        self.metrics = metrics
+        self.offload_threshold = offload_threshold
+        self.write_back = write_policy == "back"
+        self.retry_seconds = retry_seconds
+        self.on_removed = on_removed
+        self._health = {t.name: _Health() for t in self.tiers}
+        self._room_lock = threading.RLock()
+        # NOTE: write-back entries by key; a newer put replaces an older pending one,
+        # and a delete drops it, so the writer never resurrects a deleted key.
+        self._pending: OrderedDict[str, tuple[EncodedBlob, list[StorageTier]]] = OrderedDict()
+        self._pending_cv = threading.Condition()
+        self._queue_size = queue_size
+        self._closed = False
+        self._writer: threading.Thread | None = None
+        if self.write_back:
+            self._writer = threading.Thread(target=self._write_back_loop, name="kvmem-write-back", daemon=True)
+            self._writer.start()
+        for t in self.tiers:
+            metrics.capacity.labels(tier=t.name).set(t.capacity)
+
+    # -- fault isolation ----------------------------------------------------
+    def _call(self, tier: StorageTier, fn: Callable[[], T]) -> T | object:
+        """Run ``fn`` against ``tier``; a failure marks the tier down and returns ``_FAILED``."""
+        health = self._health[tier.name]
+        if not health.usable():
+            return _FAILED
+        try:
+            return fn()
+        except (OSError, TierUnavailable) as exc:
+            health.down_until = time.monotonic() + self.retry_seconds
+            self.metrics.tier_errors.labels(tier=tier.name).inc()
+            log.warning("kvmem: tier %s failed (%s: %s); skipping it for %.1fs",
+                        tier.name, type(exc).__name__, exc, self.retry_seconds)
+            return _FAILED
+
+    def healthy(self, tier: StorageTier) -> bool:
+        """Whether ``tier`` is currently used (not skipped after a failure)."""
+        return self._health[tier.name].usable()
+
+    # -- reads --------------------------------------------------------------
+    def get(self, key: str) -> tuple[Fetched | None, int]:
+        """Find ``key``, verify it, promote it to the tiers above.
+
+        Returns:
+            ``(fetched or None, corrupt copies found on the way)``.
+        """
+        corrupt = 0
+        for i, tier in enumerate(self.tiers):
+            raw = self._call(tier, lambda t=tier: t.get(key))
+            if raw is _FAILED or raw is None:
+                continue
+            assert isinstance(raw, torch.Tensor)
+            try:
+                buf = self._owned_verified(tier, raw)
+            except IntegrityError as exc:
+                corrupt += 1
+                self.metrics.crc_failures.labels(tier=tier.name).inc()
+                log.warning("kvmem: entry %s in tier %s is corrupt (%s); quarantined", key, tier.name, exc)
+                self._call(tier, lambda t=tier: t.quarantine(key))
+                continue
+            if i:
+                self._promote(key, buf, self.tiers[:i])
+            return Fetched(buf, tier.name), corrupt
+        return None, corrupt
+
+    @staticmethod
+    def _owned_verified(tier: StorageTier, raw: torch.Tensor) -> torch.Tensor:
+        if tier.shares_buffers:
+            if tier.checks_crc and raw.device.type == "cpu":
+                return blobfmt.copy_verified(raw)
+            return raw.clone()
+        if tier.checks_crc:
+            blobfmt.verify(raw)
+        return raw
+
+    def _promote(self, key: str, buf: torch.Tensor, upper: list[StorageTier]) -> None:
+        encoded = EncodedBlob.from_buffer(buf)
+        for tier in upper:
+            if encoded.nbytes <= tier.capacity * self.offload_threshold and self.healthy(tier):
+                self._make_room(tier, encoded.nbytes)
+                if self._call(tier, lambda t=tier: t.put(key, encoded)) is not _FAILED:
+                    self.metrics.promotions.labels(tier=tier.name).inc()
+                    self._offload(tier)
+
+    def contains(self, key: str) -> bool:
+        """Whether any usable tier holds ``key`` (no CRC check)."""
+        return any(self._call(t, lambda t=t: t.contains(key)) is True for t in self.tiers)
+
+    def contains_many(self, keys: Sequence[str]) -> list[bool]:
+        """``contains`` for several keys with one batched call per tier."""
+        found = [False] * len(keys)
+        for tier in self.tiers:
+            todo = [i for i, f in enumerate(found) if not f]
+            if not todo:
+                break
+            res = self._call(tier, lambda t=tier: t.contains_many([keys[i] for i in todo]))
+            if res is not _FAILED:
+                for i, hit in zip(todo, res):  # type: ignore[call-overload]
+                    found[i] = bool(hit)
+        return found
+
+    # -- writes -------------------------------------------------------------
+    def put(self, key: str, encoded: EncodedBlob) -> list[str]:
+        """Store ``encoded`` under ``key``.
+
+        Returns:
+            Names of the tiers written now (write-back targets not included).
+        """
+        written: list[str] = []
+        home = next((i for i, t in enumerate(self.tiers)
+                     if encoded.nbytes <= t.capacity and self.healthy(t)), None)
+        if home is None:
+            return written
+        targets = [self.tiers[home]] + [t for t in self.tiers[home + 1:] if t.persistent]
+        later: list[StorageTier] = []
+        for n, tier in enumerate(targets):
+            if n and self.write_back:
+                later.append(tier)
+                continue
+            self._make_room(tier, encoded.nbytes)
+            if self._call(tier, lambda t=tier: t.put(key, encoded)) is not _FAILED:
+                written.append(tier.name)
+                self._offload(tier)
+        if later:
+            self._enqueue(key, EncodedBlob.from_buffer(encoded.to_tensor()) if written else encoded, later)
+        return written
+
+    def delete(self, key: str) -> bool:
+        """Remove ``key`` from every tier (and from the write-back queue)."""
+        with self._pending_cv:
+            pending = self._pending.pop(key, None) is not None
+        found = [self._call(t, lambda t=t: t.delete(key)) is True for t in self.tiers]
+        return pending or any(found)
+
+    # -- offload ------------------------------------------------------------
+    def _make_room(self, tier: StorageTier, incoming: int) -> None:
+        """Before a put: move LRU entries down until ``incoming`` bytes fit under capacity."""
+        with self._room_lock:
+            self._shed(tier, tier.capacity - incoming)
+
+    def enforce_threshold(self, tier: StorageTier) -> None:
+        """Demote or evict until ``tier`` is at or below ``offload_threshold`` of its capacity."""
+        self._offload(tier)
+
+    def _offload(self, tier: StorageTier) -> None:
+        """After a put: keep ``tier`` at or below ``offload_threshold`` of its capacity.
+
+        NOTE: the last tier has nowhere to offload to; it only evicts at capacity (``_make_room``).
+        """
+        if tier is not self.tiers[-1] and tier.usage() > tier.capacity * self.offload_threshold:
+            with self._room_lock:
+                self._shed(tier, int(tier.capacity * self.offload_threshold))
+
+    def _shed(self, tier: StorageTier, limit: int) -> None:
+        if tier.usage() <= limit:
+            return
+        lower = self.tiers[self.tiers.index(tier) + 1:]
+        for victim in tier.keys():
+            if tier.usage() <= limit:
+                break
+            if self._demote(victim, tier, lower):
+                continue
+            elsewhere = any(self._call(t, lambda t=t: t.contains(victim)) is True
+                            for t in self.tiers if t is not tier)
+            if self._call(tier, lambda: tier.delete(victim)) is True:
+                self.metrics.evictions.labels(tier=tier.name).inc()
+                if not elsewhere and self.on_removed is not None:
+                    self.on_removed(victim)
+
+    def _demote(self, key: str, tier: StorageTier, lower: list[StorageTier]) -> bool:
+        """Move ``key`` to the first usable lower tier (a drop if it is already there)."""
+        with self._pending_cv:
+            pending = key in self._pending
+        raw: object = None
+        for target in lower:
+            if not self.healthy(target):
+                continue
+            if not pending and self._call(target, lambda: target.contains(key)) is True:
+                break
+            if raw is None:
+                raw = self._call(tier, lambda: tier.get(key))
+                if raw is _FAILED or raw is None:
+                    return False
+            encoded = EncodedBlob.from_buffer(raw)  # type: ignore[arg-type]
+            if encoded.nbytes > target.capacity:
+                continue
+            self._shed(target, target.capacity - encoded.nbytes)
+            if self._call(target, lambda: target.put(key, encoded)) is not _FAILED:
+                break
+        else:
+            return False
+        self._call(tier, lambda: tier.delete(key))
+        self.metrics.demotions.labels(tier=tier.name).inc()
+        return True
+
+    # -- write-back ---------------------------------------------------------
+    def _enqueue(self, key: str, encoded: EncodedBlob, targets: list[StorageTier]) -> None:
+        with self._pending_cv:
+            while len(self._pending) >= self._queue_size and key not in self._pending and not self._closed:
+                self._pending_cv.wait()
+            self._pending[key] = (encoded, targets)
+            self._pending.move_to_end(key)
+            self._pending_cv.notify_all()
+
+    def _write_back_loop(self) -> None:
+        while True:
+            with self._pending_cv:
+                while not self._pending and not self._closed:
+                    self._pending_cv.wait()
+                if not self._pending:
+                    return
+                key, (encoded, targets) = next(iter(self._pending.items()))
+            for tier in targets:
+                self._make_room(tier, encoded.nbytes)
+                if self._call(tier, lambda t=tier: t.put(key, encoded)) is not _FAILED:
+                    self._offload(tier)
+            with self._pending_cv:
+                if self._pending.get(key, (None,))[0] is encoded:
+                    del self._pending[key]
+                self._pending_cv.notify_all()
+
+    def flush(self) -> None:
+        """Wait for queued write-backs, then make durable tiers durable."""
+        with self._pending_cv:
+            while self._pending and self._writer is not None and self._writer.is_alive():
+                self._pending_cv.wait(timeout=0.1)
+        for tier in self.tiers:
+            flush = getattr(tier, "flush", None)
+            if flush is not None:
+                self._call(tier, flush)
+
+    def close(self) -> None:
+        """Flush, stop the writer, close every tier."""
+        self.flush()
+        with self._pending_cv:
+            self._closed = True
+            self._pending_cv.notify_all()
+        if self._writer is not None:
+            self._writer.join()
+        for tier in self.tiers:
+            self._call(tier, tier.close)
+
+    def update_usage_metrics(self) -> None:
+        """Refresh ``kvmem_memory_usage_bytes`` from every tier."""
+        for t in self.tiers:
+            self.metrics.memory_usage.labels(tier=t.name).set(t.usage())
