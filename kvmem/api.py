@@ -10,7 +10,7 @@ import atexit
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -21,7 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from kvmem import blob as blobfmt
 from kvmem.catalog import Catalog, EntryRow
 from kvmem.codecs import parse_codec
-from kvmem.codecs.pipeline import decode_value, encode_value, value_kind
+from kvmem.codecs.pipeline import check_owner, decode_value, encode_value, value_kind
 from kvmem.config import Config, load_config
 from kvmem.errors import CapacityError, IntegrityError, TierUnavailable
 from kvmem.keys import storage_key
@@ -29,12 +29,20 @@ from kvmem.maintenance import GcReport, VerifyReport, collect_garbage, verify_en
 from kvmem.metrics import Metrics
 from kvmem.stores import TieredStore, build_tiers
 
-__all__ = ["Memory", "EntryInfo", "TierStats", "Stats"]
+__all__ = ["Memory", "Loaded", "EntryInfo", "TierStats", "Stats"]
 
 log = logging.getLogger(__name__)
 V = TypeVar("V")
-_MISSING = object()
 _CATALOG_FLUSH_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A loaded value, the tier that served it, and its metadata (``Memory.fetch``)."""
+
+    value: Any
+    tier: str
+    metadata: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,7 @@ class EntryInfo:
     created: float
     last_access: float
     metadata: dict[str, Any]
+    user_key: str = ""  # the key given to store() (first 256 characters; bytes keys as hex)
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,7 @@ class Stats:
     tier_errors: int
     evictions: int
     demotions: int
+    recorded_hits: int = 0  # hits the catalog recorded over its lifetime, by every process
 
 
 class Memory:
@@ -104,13 +114,13 @@ class Memory:
             settings["path"] = path
         self.config = config.replace(**settings) if config is not None else load_config(config_file, **settings)
         self.metrics = Metrics(registry)
-        self.catalog = Catalog(self.config.resolved_catalog_url)
+        self.catalog = Catalog(self.config.resolved_catalog_url, flush_seconds=_CATALOG_FLUSH_SECONDS,
+                               on_error=self._catalog_failed)
         self.tiers = TieredStore(build_tiers(self.config), self.metrics,
                                  offload_threshold=self.config.offload_threshold,
                                  write_policy=self.config.write_policy, queue_size=self.config.write_back_queue,
                                  retry_seconds=self.config.tier_retry_seconds,
                                  on_removed=self.catalog.record_removed)
-        self._last_flush = time.monotonic()
         self._closed = False
 
     # -- keys -----------------------------------------------------------------
@@ -144,9 +154,10 @@ class Memory:
         start = time.perf_counter()
         skey = self.storage_key(key, namespace)
         spec = parse_codec(compression)
-        preview = key if isinstance(key, str) else key.hex()
-        encoded, raw = encode_value(value, spec, metadata,
-                                    info={"namespace": namespace or "", "key": preview[:256]})
+        # NOTE: a str key may hold lone surrogates, which no database accepts as text
+        preview = key.encode("utf-8", "backslashreplace").decode() if isinstance(key, str) else key.hex()
+        encoded, raw = encode_value(value, spec, metadata, info={"namespace": namespace or "",
+                                                                 "key": preview[:256], "storage_key": skey})
         largest = max((t.capacity for t in self.tiers.tiers), default=0)
         if encoded.nbytes > largest:
             raise CapacityError(f"value of {encoded.nbytes} bytes (encoded) under key {preview[:80]!r} is larger "
@@ -161,8 +172,44 @@ class Memory:
             stored_size=encoded.nbytes, codec=str(spec), crc=encoded.crc, tiers=written, metadata=metadata or {}))
         self.metrics.stored(raw, encoded.nbytes)
         self.metrics.store_seconds.observe(time.perf_counter() - start)
-        self._maybe_flush()
         return skey
+
+    def fetch(self, key: str | bytes, *, namespace: str | None = None,
+              device: torch.device | str | None = None) -> Loaded | None:
+        """Like :meth:`load` without ``default``/``regenerate``, also telling which tier served the value.
+
+        Returns:
+            ``Loaded(value, tier, metadata)``, or ``None`` on a miss.
+
+        Raises:
+            IntegrityError: only corrupt copies were found and ``config.strict`` is set.
+        """
+        loaded, corrupt = self._fetch(self.storage_key(key, namespace), device)
+        if loaded is None and corrupt and self.config.strict:
+            raise IntegrityError(f"key {str(key)[:80]!r}: every stored copy failed its integrity check "
+                                 f"({corrupt} quarantined)")
+        return loaded
+
+    def _fetch(self, skey: str, device: torch.device | str | None) -> tuple[Loaded | None, int]:
+        fetched, corrupt = self.tiers.get(skey)
+        while fetched is not None:
+            try:
+                value, header = decode_value(fetched.buf, device)
+                check_owner(header, skey)
+            except IntegrityError as exc:
+                # NOTE: the copy passed its CRC, so it was written whole, but it is not this
+                # key's value (a file moved onto its name, or an unreadable header): look lower.
+                self.tiers.quarantine(skey, fetched.tier, exc)
+                fetched, more = self.tiers.get(skey)
+                corrupt += 1 + more
+                continue
+            self.metrics.hit(fetched.tier, header.get("kind", "tree"))
+            self.catalog.record_hit(skey)
+            return Loaded(value, fetched.tier, header.get("metadata", {})), corrupt
+        self.metrics.miss("unknown")
+        if corrupt:
+            self._catalog_write(lambda: self.catalog.set_state(skey, "quarantined"))
+        return None, corrupt
 
     def load(self, key: str | bytes, default: V | None = None, *, namespace: str | None = None,
              device: torch.device | str | None = None, regenerate: Callable[[], Any] | None = None,
@@ -182,34 +229,23 @@ class Memory:
                 (default: ``config.strict``).
         """
         start = time.perf_counter()
-        skey = self.storage_key(key, namespace)
-        fetched, corrupt = self.tiers.get(skey)
-        value: Any = _MISSING
-        if fetched is not None:
-            try:
-                value, header = decode_value(fetched.buf, device)
-            except IntegrityError as exc:
-                log.warning("kvmem: entry %s decodes badly (%s); quarantined", skey, exc)
-                self.tiers.delete(skey)
-                corrupt += 1
-            else:
-                self.metrics.hit(fetched.tier, header.get("kind", "tree"))
-                self.catalog.record_hit(skey)
-        if value is _MISSING:
-            self.metrics.miss("unknown")
-            if corrupt:
-                self._catalog_write(lambda: self.catalog.set_state(skey, "quarantined"))
-                if strict if strict is not None else self.config.strict:
-                    raise IntegrityError(f"key {str(key)[:80]!r}: every stored copy failed its integrity check "
-                                         f"({corrupt} quarantined)")
-            if regenerate is not None:
-                value = regenerate()
-                self.store(key, value, namespace=namespace)
-            else:
-                value = default
+        loaded, corrupt = self._fetch(self.storage_key(key, namespace), device)
+        if loaded is not None:
+            value = loaded.value
+        elif corrupt and (strict if strict is not None else self.config.strict):
+            raise IntegrityError(f"key {str(key)[:80]!r}: every stored copy failed its integrity check "
+                                 f"({corrupt} quarantined)")
+        elif regenerate is not None:
+            value = regenerate()
+            self.store(key, value, namespace=namespace)
+        else:
+            value = default
         self.metrics.load_seconds.observe(time.perf_counter() - start)
-        self._maybe_flush()
         return value
+
+    def contains_many(self, keys: Sequence[str | bytes], *, namespace: str | None = None) -> list[bool]:
+        """:meth:`contains` for several keys, with one batched call per tier."""
+        return self.tiers.contains_many([self.storage_key(k, namespace) for k in keys])
 
     def contains(self, key: str | bytes, *, namespace: str | None = None) -> bool:
         """Whether ``key`` is stored in some tier (its CRC is checked only when loaded)."""
@@ -256,7 +292,7 @@ class Memory:
         """Catalog totals, tier occupancy and counters since this instance started."""
         self._catalog_write(self.catalog.flush)
         self.tiers.update_usage_metrics()
-        totals = self._catalog_write(self.catalog.totals) or {"entries": 0, "size": 0, "stored_size": 0}
+        totals = self._catalog_write(self.catalog.totals) or {"entries": 0, "size": 0, "stored_size": 0, "hits": 0}
         m = self.metrics
         hits, misses = int(m.total("kvmem_hits_total")), int(m.total("kvmem_misses_total"))
         tiers = [TierStats(t.name, t.usage(), t.capacity, sum(1 for _ in t.keys()), self.tiers.healthy(t))
@@ -266,7 +302,7 @@ class Memory:
                      crc_failures=int(m.total("kvmem_crc_failures_total")),
                      tier_errors=int(m.total("kvmem_tier_errors_total")),
                      evictions=int(m.total("kvmem_evictions_total")),
-                     demotions=int(m.total("kvmem_demotions_total")))
+                     demotions=int(m.total("kvmem_demotions_total")), recorded_hits=totals["hits"])
 
     def verify(self, fix: bool = False, progress: bool = True) -> VerifyReport:
         """Read every entry in every tier and check it; with ``fix``, quarantine and repair the catalog."""
@@ -309,21 +345,20 @@ class Memory:
         try:
             return fn()
         except SQLAlchemyError as exc:
-            self.metrics.tier_errors.labels(tier="catalog").inc()
-            log.warning("kvmem: catalog operation failed (%s); the data path goes on without it", exc)
+            self._catalog_failed(exc)
             return None
 
-    def _maybe_flush(self) -> None:
-        if time.monotonic() - self._last_flush > _CATALOG_FLUSH_SECONDS:
-            self._last_flush = time.monotonic()
-            self._catalog_write(self.catalog.flush)
+    def _catalog_failed(self, exc: SQLAlchemyError) -> None:
+        """Count and log a database failure (also one of the catalog's background flushes)."""
+        self.metrics.tier_errors.labels(tier="catalog").inc()
+        log.warning("kvmem: catalog operation failed (%s); the data path goes on without it", exc)
 
 
 def _entry_info(row: EntryRow, tiers: list[str]) -> EntryInfo:
     return EntryInfo(key=row.key, namespace=row.namespace, kind=row.kind, size=row.size,
                      stored_size=row.stored_size, codec=row.codec, version=row.version,
                      tiers=tiers or [t for t in row.tiers.split(",") if t], hits=row.hits, created=row.created,
-                     last_access=row.last_access, metadata=row.metadata)
+                     last_access=row.last_access, metadata=row.metadata, user_key=row.user_key)
 
 
 # -- the module-level default -----------------------------------------------------------

@@ -3,20 +3,22 @@
 The tiers hold the bytes; the catalog holds what is known about them (namespace,
 kind, sizes, codec, CRC, version, hits) for ``ls``, ``stats``, ``verify`` and
 ``gc``. A load never waits on the catalog: hit counts are buffered in memory
-and written in one transaction by :meth:`Catalog.flush`.
+and written in one transaction by :meth:`Catalog.flush`, which a timer thread
+runs within ``flush_seconds`` of the first buffered update.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import (JSON, BigInteger, Column, Float, Integer, MetaData, String, Table, create_engine, delete,
-                        event, func, select, update)
+from sqlalchemy import (JSON, BigInteger, Column, Float, Integer, MetaData, String, Table, bindparam, create_engine,
+                        delete, event, func, select, update)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
@@ -24,6 +26,8 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from kvmem.errors import ConfigError, TierUnavailable
 
 __all__ = ["Catalog", "EntryRow"]
+
+log = logging.getLogger(__name__)
 
 metadata_obj = MetaData()
 entries = Table(
@@ -69,6 +73,30 @@ class EntryRow:
     state: str
 
 
+_UPSERT_SET = ("namespace", "user_key", "kind", "size", "stored_size", "codec", "crc", "tiers", "metadata",
+               "last_access", "state")
+
+
+def _upsert_statement(insert: Any) -> Any:
+    """``INSERT .. ON CONFLICT (key) DO UPDATE`` of a whole row, its values bound at execution.
+
+    NOTE: built once per catalog. Building it per call with ``.values(...)`` cost
+    ~0.6 ms of SQLAlchemy statement construction per store (measured: 0.7-1.0 ms
+    vs 0.13 ms per upsert), more than the SQLite transaction itself.
+    """
+    stmt = insert(entries)
+    return stmt.on_conflict_do_update(
+        index_elements=[entries.c.key],
+        set_={**{name: stmt.excluded[name] for name in _UPSERT_SET}, "version": entries.c.version + 1},
+    ).returning(entries.c.version)
+
+
+# NOTE: one prebuilt statement run as executemany: building an UPDATE per key cost
+# ~0.4 ms each (measured: 256 buffered hits flushed in 85-125 ms, vs a few ms now).
+_ADD_HITS = (update(entries).where(entries.c.key == bindparam("k"))
+             .values(hits=entries.c.hits + bindparam("n"), last_access=bindparam("t")))
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
@@ -80,12 +108,19 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
 class Catalog:
     """Entry rows in the database at ``url``.
 
+    Args:
+        url: SQLAlchemy database URL.
+        flush_seconds: write buffered hits and removals from a timer thread this long
+            after the first one (``None``: only when :meth:`flush` is called).
+        on_error: told of a database failure in that timer thread (default: logged).
+
     Raises:
         ConfigError: ``url`` is not a database URL SQLAlchemy knows.
         TierUnavailable: the database cannot be reached or its schema created.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, flush_seconds: float | None = None,
+                 on_error: Callable[[SQLAlchemyError], None] | None = None) -> None:
         try:
             parsed = make_url(url)
         except ArgumentError:
@@ -100,10 +135,14 @@ class Catalog:
         self.engine: Engine = create_engine(url, pool_pre_ping=True)
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        self._insert = _INSERTS[self.engine.dialect.name]
+        self._upsert = _upsert_statement(_INSERTS[self.engine.dialect.name])
         self._lock = threading.Lock()
         self._hits: dict[str, tuple[int, float]] = {}
         self._removed: set[str] = set()
+        self._flush_seconds = flush_seconds
+        self._on_error = on_error
+        self._timer: threading.Timer | None = None
+        self._closed = False
         try:
             metadata_obj.create_all(self.engine)
         except SQLAlchemyError as exc:
@@ -119,17 +158,13 @@ class Catalog:
             The version now current.
         """
         now = time.time()
-        values = dict(namespace=namespace, user_key=user_key[:256], kind=kind, size=size,
-                      stored_size=stored_size, codec=codec, crc=crc, tiers=",".join(tiers), metadata=metadata,
-                      last_access=now, state="ok")
-        stmt = self._insert(entries).values(key=key, version=1, created=now, hits=0, **values)
-        stmt = stmt.on_conflict_do_update(index_elements=[entries.c.key],
-                                          set_={**values, "version": entries.c.version + 1}
-                                          ).returning(entries.c.version)
+        row = dict(key=key, namespace=namespace, user_key=user_key[:256], kind=kind, size=size,
+                   stored_size=stored_size, codec=codec, crc=crc, tiers=",".join(tiers), metadata=metadata,
+                   last_access=now, state="ok", version=1, created=now, hits=0)
         with self._lock:
             self._removed.discard(key)
         with self.engine.begin() as conn:
-            return int(conn.execute(stmt).scalar_one())
+            return int(conn.execute(self._upsert, row).scalar_one())
 
     def get(self, key: str) -> EntryRow | None:
         """The row of ``key``, or ``None``."""
@@ -142,12 +177,42 @@ class Catalog:
         with self._lock:
             count, _ = self._hits.get(key, (0, 0.0))
             self._hits[key] = (count + 1, time.time())
+            self._schedule_flush()
 
     def record_removed(self, key: str) -> None:
         """Note that ``key`` left every tier (row deleted at :meth:`flush`)."""
         with self._lock:
             self._removed.add(key)
             self._hits.pop(key, None)
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        """Start the timer that writes buffered updates, unless one is pending (caller holds ``_lock``).
+
+        NOTE: the caller (a load) only buffers; the database write happens on the
+        timer thread. A timer inherited through ``fork`` is not alive, so a child
+        process starts its own.
+        """
+        if self._flush_seconds is None or self._closed or (self._timer is not None and self._timer.is_alive()):
+            return
+        self._timer = threading.Timer(self._flush_seconds, self._timed_flush)
+        self._timer.name = "kvmem-catalog-flush"
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _timed_flush(self) -> None:
+        try:
+            self.flush()
+        except SQLAlchemyError as exc:
+            if self._on_error is None:
+                log.warning("kvmem: catalog flush failed (%s); buffered hits were dropped", exc)
+            else:
+                self._on_error(exc)
+        finally:
+            with self._lock:
+                self._timer = None
+                if self._hits or self._removed:
+                    self._schedule_flush()  # buffered while this flush ran
 
     def flush(self) -> None:
         """Write buffered hits and removals in one transaction."""
@@ -157,9 +222,8 @@ class Catalog:
         if not hits and not removed:
             return
         with self.engine.begin() as conn:
-            for key, (count, when) in hits.items():
-                conn.execute(update(entries).where(entries.c.key == key)
-                             .values(hits=entries.c.hits + count, last_access=when))
+            if hits:
+                conn.execute(_ADD_HITS, [{"k": key, "n": count, "t": when} for key, (count, when) in hits.items()])
             if removed:
                 conn.execute(delete(entries).where(entries.c.key.in_(sorted(removed))))
 
@@ -195,15 +259,21 @@ class Catalog:
             return iter([r[0] for r in conn.execute(select(entries.c.key))])
 
     def totals(self) -> dict[str, int]:
-        """``entries``, ``size`` and ``stored_size`` summed over all rows."""
+        """``entries``, and ``size``, ``stored_size`` and ``hits`` summed over all rows."""
         stmt = select(func.count(), func.coalesce(func.sum(entries.c.size), 0),
-                      func.coalesce(func.sum(entries.c.stored_size), 0))
+                      func.coalesce(func.sum(entries.c.stored_size), 0), func.coalesce(func.sum(entries.c.hits), 0))
         with self.engine.connect() as conn:
-            n, size, stored = conn.execute(stmt).one()
-        return {"entries": int(n), "size": int(size), "stored_size": int(stored)}
+            n, size, stored, hits = conn.execute(stmt).one()
+        return {"entries": int(n), "size": int(size), "stored_size": int(stored), "hits": int(hits)}
 
     def close(self) -> None:
-        """Flush buffered writes and release connections."""
+        """Stop the flush timer, flush buffered writes and release connections."""
+        with self._lock:
+            self._closed = True
+            timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+            timer.join()  # a flush already running finishes before the engine goes
         self.flush()
         self.engine.dispose()
 

@@ -115,23 +115,35 @@ def _validate(c: Config) -> None:
     def bad(name: str, accepted: str) -> ConfigError:
         return ConfigError(f"{name}={getattr(c, name)!r}: accepted {accepted}")
 
-    if not (isinstance(c.block_size, int) and 1 <= c.block_size <= 65536):
+    def number(value: object, kinds: tuple[type, ...] = (int,)) -> bool:
+        return isinstance(value, kinds) and not isinstance(value, bool)
+
+    if not (number(c.block_size) and 1 <= c.block_size <= 65536):
         raise bad("block_size", "an integer from 1 to 65536 (tokens per chunk)")
-    if not (isinstance(c.prefetch_depth, int) and 0 <= c.prefetch_depth <= 1024):
+    if not (number(c.prefetch_depth) and 0 <= c.prefetch_depth <= 1024):
         raise bad("prefetch_depth", "an integer from 0 to 1024")
-    if not (isinstance(c.offload_threshold, (int, float)) and 0.0 < c.offload_threshold <= 1.0):
+    if not (number(c.offload_threshold, (int, float)) and 0.0 < c.offload_threshold <= 1.0):
         raise bad("offload_threshold", "a fraction in (0, 1]")
     if c.fsync not in FSYNC_MODES:
         raise bad("fsync", " | ".join(FSYNC_MODES))
     if c.write_policy not in WRITE_POLICIES:
         raise bad("write_policy", " | ".join(WRITE_POLICIES))
-    if not (isinstance(c.write_back_queue, int) and c.write_back_queue >= 1):
+    if not (number(c.write_back_queue) and c.write_back_queue >= 1):
         raise bad("write_back_queue", "an integer >= 1")
-    if not (isinstance(c.tier_retry_seconds, (int, float)) and c.tier_retry_seconds >= 0):
+    if not (number(c.tier_retry_seconds, (int, float)) and c.tier_retry_seconds >= 0):
         raise bad("tier_retry_seconds", "a number of seconds >= 0")
     for name in _SIZE_FIELDS:
-        if not isinstance(getattr(c, name), int) or getattr(c, name) < 0:
+        if not number(getattr(c, name)) or getattr(c, name) < 0:
             raise bad(name, "a byte count >= 0 such as '4GiB'")
+    if not (isinstance(c.path, str) and c.path):
+        raise bad("path", "a directory path")
+    if not isinstance(c.strict, bool):
+        raise bad("strict", "true | false")
+    if not isinstance(c.tenant_salt, str):
+        raise bad("tenant_salt", "a string")
+    for name in ("catalog_url", "remote_url"):
+        if getattr(c, name) is not None and not isinstance(getattr(c, name), str):
+            raise bad(name, "a URL string, or nothing")
     if c.cpu_bytes == 0 and c.disk_bytes == 0 and c.gpu_bytes == 0 and not c.remote_url:
         raise ConfigError("gpu_bytes, cpu_bytes and disk_bytes are all 0 and no remote_url: "
                           "at least one tier needs capacity")
@@ -206,7 +218,7 @@ def load_config(config_file: str | os.PathLike[str] | None = None, *, base: Conf
             raise ConfigError(f"unknown setting {name!r}: accepted {', '.join(sorted(types))}")
         values[name] = _coerce(name, raw, types[name])
         sources[name] = "argument"
-    if values.get("path") is not None:
+    if isinstance(values.get("path"), os.PathLike):
         values["path"] = os.fspath(values["path"])  # type: ignore[arg-type]
     for name in types:
         sources.setdefault(name, "default")

@@ -15,6 +15,7 @@ __all__ = [
     "CapacityError",
     "TierUnavailable",
     "ConfigError",
+    "UnsupportedModelError",
 ]
 
 
@@ -48,3 +49,7 @@ class TierUnavailable(KVMemError):
 
 class ConfigError(KVMemError, ValueError):
     """A configuration value outside its accepted range."""
+
+
+class UnsupportedModelError(KVMemError, TypeError):
+    """A model whose KV cache kvmem cannot split into chunks (e.g. linear-attention layers)."""

@@ -102,7 +102,7 @@ def chunk_hashes(token_ids: object, block_size: int, namespace: str | bytes = ""
         block_size: tokens per chunk (> 0).
         namespace: model fingerprint, dtype, codec, salt... folded into every hash.
     """
-    if not isinstance(block_size, int) or block_size <= 0:
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
         raise InvalidKeyError(f"block_size={block_size!r}: expected a positive integer")
     raw = _token_bytes(token_ids)
     ns = _as_bytes(namespace, "namespace")

@@ -9,6 +9,7 @@ from tqdm import tqdm
 
 from kvmem import blob as blobfmt
 from kvmem.catalog import Catalog
+from kvmem.codecs.pipeline import check_owner
 from kvmem.errors import IntegrityError
 from kvmem.metrics import Metrics
 from kvmem.stores.tiered import TieredStore
@@ -49,11 +50,12 @@ class GcReport:
     quarantine_bytes_freed: int = 0
 
 
-def _check(buf: object, checks_crc: bool) -> blobfmt.Header:
+def _check(buf: object, checks_crc: bool, key: str) -> blobfmt.Header:
     assert hasattr(buf, "numel")
     if checks_crc:
         blobfmt.verify(buf)  # type: ignore[arg-type]
     header, _ = blobfmt.parse(buf)  # type: ignore[arg-type]
+    check_owner(header, key)
     return header
 
 
@@ -70,7 +72,7 @@ def verify_entries(store: TieredStore, catalog: Catalog, metrics: Metrics, *, fi
             continue  # removed while we ran
         report.checked += 1
         try:
-            header = _check(buf.cpu() if buf.device.type != "cpu" else buf, tier.checks_crc)
+            header = _check(buf.cpu() if buf.device.type != "cpu" else buf, tier.checks_crc, key)
         except IntegrityError as exc:
             report.corrupt.append((tier.name, key, str(exc)))
             metrics.crc_failures.labels(tier=tier.name).inc()

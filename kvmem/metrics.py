@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 __all__ = ["Metrics"]
 
 _LATENCY_BUCKETS = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0, 5.0)
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class Metrics:
@@ -39,6 +40,14 @@ class Metrics:
         self.promotions = Counter("kvmem_promotions_total", "Entries copied up on a hit", ["tier"], registry=r)
         self.tier_errors = Counter("kvmem_tier_errors_total", "Operations a failing tier could not serve",
                                    ["tier"], registry=r)
+        self.kv_tokens = Counter("kvmem_kv_tokens_total", "Prompt tokens seen by the KV prefix cache",
+                                 ["kind"], registry=r)  # kind: requested | reused | computed
+        self.kv_chunk_hits = Counter("kvmem_kv_chunk_hits_total", "KV chunks loaded, by serving tier", ["tier"],
+                                     registry=r)
+        self.ttft_seconds = Histogram("kvmem_ttft_seconds", "Prefill time to first-token logits (prefix load + "
+                                      "forward)", buckets=_TTFT_BUCKETS, registry=r)
+        self.prefetch_seconds = Histogram("kvmem_prefetch_latency_seconds", "Time to warm one request's chunks",
+                                          buckets=_LATENCY_BUCKETS, registry=r)
         self._hits = 0
         self._misses = 0
         self._raw = 0

@@ -18,7 +18,7 @@ from kvmem import blob
 from kvmem.codecs import LZ4, CodecSpec, tensor_codec
 from kvmem.errors import IntegrityError, UnsupportedValueError
 
-__all__ = ["encode_value", "decode_value", "value_kind"]
+__all__ = ["encode_value", "decode_value", "value_kind", "check_owner"]
 
 _KEY_NAMES = frozenset({"k", "key", "keys", "key_states", "key_cache"})
 _LZ4_MIN_GAIN = 0.97  # keep the lz4 output only when it saves at least 3 %
@@ -144,7 +144,7 @@ def encode_value(value: object, spec: CodecSpec, metadata: dict[str, Any] | None
             entries.append(_encode_tensor(leaf.obj, leaf.axis, spec, segs))
             raw += leaf.obj.numel() * leaf.obj.element_size()
         elif leaf.kind == "ndarray":
-            arr = np.ascontiguousarray(leaf.obj)
+            arr = np.ascontiguousarray(leaf.obj).reshape(leaf.obj.shape)  # NOTE: ascontiguousarray makes 0-d 1-d
             entries.append({"dtype": arr.dtype.str, "shape": list(arr.shape),
                             "data": segs.add(arr.reshape(-1).view(np.uint8), arr.itemsize, spec)})
             raw += arr.nbytes
@@ -245,6 +245,22 @@ def decode_value(buf: torch.Tensor, device: torch.device | str | None = None) ->
     if device is not None:
         value = _to_device(value, torch.device(device))
     return value, header
+
+
+def check_owner(header: dict[str, Any], key: str) -> None:
+    """Check that a blob's header names ``key`` as the storage key it was written for.
+
+    NOTE: a blob renamed, copied or swapped onto another entry's name is intact
+    (its CRC matches); only the storage key recorded in its header tells it apart.
+
+    Raises:
+        IntegrityError: the header names another storage key, or none.
+    """
+    info = header.get("info")
+    owner = info.get("storage_key") if isinstance(info, dict) else None
+    if owner != key:
+        raise IntegrityError(f"blob was written for storage key {owner!r}, not {key!r} "
+                             "(a file moved or copied onto another entry's name)")
 
 
 def _to_device(value: object, device: torch.device) -> object:

@@ -1,8 +1,8 @@
 """Group-wise affine ``int8`` / ``int4`` quantization.
 
 Each group of ``group`` consecutive elements along ``axis`` stores its minimum and
-step (fp16, or fp32 when the range needs it); elements are rounded to the nearest
-of ``2**bits`` levels, so the error of every element is at most half a step.
+step (fp16, or fp32 when fp16 is too coarse for them); elements are rounded to the
+nearest of ``2**bits`` levels, so the error of every element is at most half a step.
 For attention KV the caller passes ``axis=-2`` for keys (per-channel groups along
 tokens) and ``axis=-1`` for values (per-token groups along channels), as KIVI does.
 """
@@ -18,7 +18,8 @@ from kvmem.errors import CodecError
 
 __all__ = ["QuantCodec"]
 
-_FP16_SAFE = 60000.0
+_SLACK = 2.0**-8  # rounded scales may widen the half-step bound by this fraction of a step
+_FP32_EPS = 2.0**-22  # float32 arithmetic error, relative to the magnitudes involved
 
 
 class QuantCodec:
@@ -51,15 +52,32 @@ class QuantCodec:
         hi = x.amax(dim=-1, keepdim=True)
         if not (torch.isfinite(lo).all() and torch.isfinite(hi).all()):
             raise CodecError(f"codec {self.name}: tensor holds inf or nan; use none, fp16 or bf16 for it")
-        sdtype = torch.float16 if max(float(lo.abs().max()), float(hi.abs().max())) < _FP16_SAFE else torch.float32
-        step = ((hi - lo) / self.levels).to(sdtype)
-        step = torch.where(step == 0, torch.ones_like(step), step)
-        lo_s = lo.to(sdtype)
+        lo_s, step = self._scales(lo, hi, torch.float16)
+        if not self._within_half_step(lo, hi, lo_s, step):
+            lo_s, step = self._scales(lo, hi, torch.float32)
         q = torch.round((x - lo_s.float()) / step.float()).clamp_(0, self.levels).to(torch.uint8)
         if self.bits == 4:
             q = q[..., 0::2] | (q[..., 1::2] << 4)
         meta = {"axis": axis, "group": group, "cols": cols, "moved_shape": moved_shape}
         return {"q": q.contiguous(), "step": step.contiguous(), "lo": lo_s.contiguous()}, meta
+
+    def _scales(self, lo: torch.Tensor, hi: torch.Tensor, sdtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each group's minimum and step, rounded to ``sdtype`` (a step of 0 becomes 1: a constant group)."""
+        step = ((hi - lo) / self.levels).to(sdtype)
+        return lo.to(sdtype), torch.where(step == 0, torch.ones_like(step), step)
+
+    def _within_half_step(self, lo: torch.Tensor, hi: torch.Tensor, lo_s: torch.Tensor, step: torch.Tensor) -> bool:
+        """Whether the rounded ``lo_s``/``step`` still keep every element within half a true step.
+
+        NOTE: rounding moves the grid of levels. Inside it an element is off by half a rounded
+        step; beyond its ends it is clamped, off by the distance to the end. fp16 fails this when
+        a group's range is tiny next to its magnitude (an offset channel) or its step underflows.
+        """
+        lo_f, step_f = lo_s.float(), step.float()
+        worst = torch.maximum(torch.maximum(step_f / 2, lo_f - lo), hi - (lo_f + self.levels * step_f))
+        worst = torch.where(hi > lo, worst, (lo_f - lo).abs())
+        tol = (hi - lo) / self.levels * (0.5 + _SLACK) + (lo.abs() + hi.abs()) * _FP32_EPS
+        return bool((worst <= tol).all())
 
     def decode(self, parts: dict[str, torch.Tensor], meta: dict[str, Any],
                dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:

@@ -7,6 +7,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from kvmem import blob as blobfmt
 from kvmem.blob import EncodedBlob
 
 __all__ = ["StorageTier", "TierBase"]
@@ -35,6 +36,14 @@ class StorageTier(Protocol):
 
     def get(self, key: str) -> torch.Tensor | None:
         """The blob stored under ``key`` as a contiguous uint8 tensor, or ``None``; marks it recently used."""
+        ...
+
+    def get_verified(self, key: str) -> torch.Tensor | None:
+        """``get``, its CRC32C checked when ``checks_crc`` (in the same pass as the read where the tier can).
+
+        Raises:
+            IntegrityError: the blob does not match its CRC.
+        """
         ...
 
     def put(self, key: str, blob: EncodedBlob) -> None:
@@ -93,6 +102,12 @@ class TierBase:
 
     def delete(self, key: str) -> bool:  # pragma: no cover - overridden
         raise NotImplementedError
+
+    def get_verified(self, key: str) -> torch.Tensor | None:
+        buf = self.get(key)
+        if buf is not None and self.checks_crc:
+            blobfmt.verify(buf if buf.device.type == "cpu" else buf.cpu())
+        return buf
 
     def get_many(self, keys: Sequence[str]) -> list[torch.Tensor | None]:
         return [self.get(k) for k in keys]

@@ -83,6 +83,7 @@ class TieredStore:
         # and a delete drops it, so the writer never resurrects a deleted key.
         self._pending: OrderedDict[str, tuple[EncodedBlob, list[StorageTier]]] = OrderedDict()
         self._pending_cv = threading.Condition()
+        self._writing: str | None = None  # the key the writer is putting now (still in _pending)
         self._queue_size = queue_size
         self._closed = False
         self._writer: threading.Thread | None = None
@@ -120,32 +121,52 @@ class TieredStore:
         """
         corrupt = 0
         for i, tier in enumerate(self.tiers):
-            raw = self._call(tier, lambda t=tier: t.get(key))
-            if raw is _FAILED or raw is None:
-                continue
-            assert isinstance(raw, torch.Tensor)
             try:
-                buf = self._owned_verified(tier, raw)
+                buf = self._call(tier, lambda t=tier: self._read_owned(t, key))
             except IntegrityError as exc:
                 corrupt += 1
                 self.metrics.crc_failures.labels(tier=tier.name).inc()
                 log.warning("kvmem: entry %s in tier %s is corrupt (%s); quarantined", key, tier.name, exc)
                 self._call(tier, lambda t=tier: t.quarantine(key))
                 continue
+            if buf is _FAILED or buf is None:
+                continue
+            assert isinstance(buf, torch.Tensor)
             if i:
                 self._promote(key, buf, self.tiers[:i])
             return Fetched(buf, tier.name), corrupt
         return None, corrupt
 
+    def quarantine(self, key: str, tier: str, reason: Exception) -> None:
+        """Take the copy of ``key`` that ``tier`` served out of service, with the copies a hit promoted.
+
+        For a copy that passed its CRC but failed a later check (its header does not
+        decode, or names another key); counted as an integrity failure of ``tier``.
+        """
+        self.metrics.crc_failures.labels(tier=tier).inc()
+        log.warning("kvmem: entry %s from tier %s is unusable (%s); quarantined", key, tier, reason)
+        upto = next(i for i, t in enumerate(self.tiers) if t.name == tier)
+        for t in self.tiers[:upto + 1]:
+            self._call(t, lambda t=t: t.quarantine(key))
+
     @staticmethod
-    def _owned_verified(tier: StorageTier, raw: torch.Tensor) -> torch.Tensor:
-        if tier.shares_buffers:
-            if tier.checks_crc and raw.device.type == "cpu":
-                return blobfmt.copy_verified(raw)
-            return raw.clone()
-        if tier.checks_crc:
-            blobfmt.verify(raw)
-        return raw
+    def _read_owned(tier: StorageTier, key: str) -> torch.Tensor | None:
+        """``key``'s blob in ``tier`` as a buffer the caller owns, CRC-checked where ``tier`` needs it.
+
+        NOTE: the check runs in the same pass over memory as the copy (memory tiers)
+        or the read (``get_verified``), never as a second pass over the blob.
+
+        Raises:
+            IntegrityError: the blob does not match its CRC.
+        """
+        if not tier.shares_buffers:
+            return tier.get_verified(key)
+        raw = tier.get(key)
+        if raw is None:
+            return None
+        if tier.checks_crc and raw.device.type == "cpu":
+            return blobfmt.copy_verified(raw)
+        return raw.clone()
 
     def _promote(self, key: str, buf: torch.Tensor, upper: list[StorageTier]) -> None:
         encoded = EncodedBlob.from_buffer(buf)
@@ -155,6 +176,14 @@ class TieredStore:
                 if self._call(tier, lambda t=tier: t.put(key, encoded)) is not _FAILED:
                     self.metrics.promotions.labels(tier=tier.name).inc()
                     self._offload(tier)
+
+    def warm(self, key: str) -> bool:
+        """Make sure ``key`` sits in the top tier (promoting it from below); whether it exists."""
+        top = self.tiers[0] if self.tiers else None
+        if top is not None and top.contains(key):
+            return True
+        fetched, _ = self.get(key)
+        return fetched is not None
 
     def contains(self, key: str) -> bool:
         """Whether any usable tier holds ``key`` (no CRC check)."""
@@ -203,6 +232,8 @@ class TieredStore:
         """Remove ``key`` from every tier (and from the write-back queue)."""
         with self._pending_cv:
             pending = self._pending.pop(key, None) is not None
+            while self._writing == key:  # NOTE: let an in-flight write-back land, then delete it too
+                self._pending_cv.wait()
         found = [self._call(t, lambda t=t: t.delete(key)) is True for t in self.tiers]
         return pending or any(found)
 
@@ -284,14 +315,18 @@ class TieredStore:
                 if not self._pending:
                     return
                 key, (encoded, targets) = next(iter(self._pending.items()))
-            for tier in targets:
-                self._make_room(tier, encoded.nbytes)
-                if self._call(tier, lambda t=tier: t.put(key, encoded)) is not _FAILED:
-                    self._offload(tier)
-            with self._pending_cv:
-                if self._pending.get(key, (None,))[0] is encoded:
-                    del self._pending[key]
-                self._pending_cv.notify_all()
+                self._writing = key
+            try:
+                for tier in targets:
+                    self._make_room(tier, encoded.nbytes)
+                    if self._call(tier, lambda t=tier: t.put(key, encoded)) is not _FAILED:
+                        self._offload(tier)
+            finally:
+                with self._pending_cv:
+                    self._writing = None
+                    if self._pending.get(key, (None,))[0] is encoded:
+                        del self._pending[key]
+                    self._pending_cv.notify_all()
 
     def flush(self) -> None:
         """Wait for queued write-backs, then make durable tiers durable."""

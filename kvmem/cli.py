@@ -1,0 +1,305 @@
+"""The ``kvmem`` command line: demo, stats, ls, verify, gc, config, serve-metrics.
+
+Every subcommand takes ``--path`` (the data directory; default: the configured
+one) and ``--config FILE`` (a YAML settings file; default: ``$KVMEM_CONFIG``).
+A :class:`~kvmem.errors.KVMemError` prints one line on stderr and exits with 2;
+``verify`` exits with 1 when it finds problems it did not fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from types import FrameType
+
+from prometheus_client import start_http_server
+from sqlalchemy.engine import make_url
+
+from kvmem.api import EntryInfo, Memory
+from kvmem.cli_demo import LLAMA_3_2_1B, cpu_bytes_for, render_report, run_demo
+from kvmem.cli_table import format_percent, render_table
+from kvmem.config import Config, describe, format_size, load_config
+from kvmem.errors import ConfigError, KVMemError
+
+__all__ = ["build_parser", "main"]
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_ERROR = 0, 1, 2
+_SIZE_FIELDS = {"gpu_bytes", "cpu_bytes", "disk_bytes"}
+Handler = Callable[[argparse.Namespace], int]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``kvmem`` command line.
+
+    Args:
+        argv: arguments without the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 success, 1 problems found (``verify``, ``demo``), 2 error.
+    """
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except KVMemError as exc:
+        message = " ".join(str(exc).split())
+        print(f"kvmem: error: {message}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # output piped into `head` and the like: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--path", help="data directory (default: the configured one)")
+    common.add_argument("--config", metavar="FILE", help="YAML settings file (default: $KVMEM_CONFIG)")
+    parser = argparse.ArgumentParser(prog="kvmem", description="Content-addressed memory for LLM inference.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, handler: Handler, help_text: str, json_flag: bool = False) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text)
+        p.set_defaults(handler=handler)
+        if json_flag:
+            p.add_argument("--json", action="store_true", help="machine-readable output")
+        return p
+
+    demo = add("demo", cmd_demo, "store and reload a KV-cache workload through the tiers (in a fresh "
+                                 "temporary directory unless --path is given); print a report")
+    demo.add_argument("--chunks", type=_positive_int, default=24, help="KV chunks to store (default: 24)")
+    demo.add_argument("--keep", action="store_true", help="keep the temporary data directory")
+    add("stats", cmd_stats, "entries, bytes and per-tier usage", json_flag=True)
+    ls = add("ls", cmd_ls, "list entries, most recently used first", json_flag=True)
+    ls.add_argument("--namespace", help="only entries of this namespace")
+    ls.add_argument("--limit", type=_non_negative_int, default=100, help="most rows to show (0: all; default 100)")
+    verify = add("verify", cmd_verify, "check every stored copy's CRC against the catalog", json_flag=True)
+    verify.add_argument("--fix", action="store_true", help="quarantine corrupt copies and repair the catalog")
+    add("gc", cmd_gc, "drop catalog rows without data, empty the quarantine, enforce capacities", json_flag=True)
+    add("config", cmd_config, "the effective configuration and where each value came from", json_flag=True)
+    serve = add("serve-metrics", cmd_serve_metrics, "serve Prometheus /metrics of the data directory")
+    serve.add_argument("--port", type=_non_negative_int, required=True, help="TCP port (0: any free port)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    serve.add_argument("--interval", type=float, default=5.0, help="seconds between usage refreshes (default 5)")
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0")
+    return value
+
+
+# -- opening the data directory -----------------------------------------------------
+def _config(args: argparse.Namespace) -> Config:
+    """The config of ``--config`` (or ``$KVMEM_CONFIG``), the environment and ``--path``."""
+    if args.path is None:
+        return load_config(args.config)
+    return load_config(args.config, path=args.path)
+
+
+def _open_existing(args: argparse.Namespace) -> Memory:
+    """A ``Memory`` on an existing data directory (a typo in ``--path`` must not create one).
+
+    Raises:
+        ConfigError: the directory does not exist.
+    """
+    config = _config(args)
+    if config.catalog_url is None and not Path(config.path).is_dir():
+        raise ConfigError(f"path={config.path!r}: no kvmem data directory there; pass --path DIR of an "
+                          "existing one, or store something there first (e.g. kvmem demo --path DIR)")
+    return Memory(config=config)
+
+
+def _print_json(data: object) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+# -- demo -------------------------------------------------------------------------------
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``kvmem demo``: exit 0 when every load came back bit-exact, 1 otherwise."""
+    base = _config(args)
+    temporary = args.path is None
+    path = tempfile.mkdtemp(prefix="kvmem-demo-") if temporary else args.path
+    where = "temporary; removed at the end, --keep keeps it" if temporary and not args.keep else "kept"
+    print(f"data directory: {path} ({where})", flush=True)
+    cpu = cpu_bytes_for(LLAMA_3_2_1B, base.block_size, args.chunks, base.offload_threshold)
+    try:
+        with Memory(config=base.replace(path=path, cpu_bytes=cpu)) as memory:
+            report = run_demo(memory, args.chunks, layout=LLAMA_3_2_1B, tokens=base.block_size)
+        print(render_report(report))
+    finally:
+        if temporary and not args.keep:
+            shutil.rmtree(path, ignore_errors=True)
+    return EXIT_PROBLEMS if report.failures else EXIT_OK
+
+
+# -- stats / ls -------------------------------------------------------------------------
+def cmd_stats(args: argparse.Namespace) -> int:
+    """``kvmem stats``: catalog totals and per-tier occupancy."""
+    with _open_existing(args) as memory:
+        st = memory.stats()
+        path, catalog = memory.config.path, make_url(memory.catalog.url).render_as_string(hide_password=True)
+    if args.json:
+        _print_json({"path": path, "entries": st.entries, "size": st.size, "stored_size": st.stored_size,
+                     "recorded_hits": st.recorded_hits, "tiers": [dataclasses.asdict(t) for t in st.tiers]})
+        return EXIT_OK
+    ratio = f" (compression ratio {st.size / st.stored_size:.2f})" if st.stored_size else ""
+    print(f"data directory  {path}\ncatalog         {catalog}\nentries         {st.entries}\n"
+          f"bytes raw       {format_size(st.size)} ({st.size} B)\n"
+          f"bytes stored    {format_size(st.stored_size)} ({st.stored_size} B){ratio}\n"
+          f"hits recorded   {st.recorded_hits}\n")
+    print(render_table(["tier", "usage", "capacity", "used", "entries", "healthy"],
+                       [[t.name, format_size(t.usage), format_size(t.capacity), format_percent(t.usage, t.capacity),
+                         t.entries, "yes" if t.healthy else "no"] for t in st.tiers]))
+    return EXIT_OK
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    """``kvmem ls``: one row per entry, most recently used first."""
+    with _open_existing(args) as memory:
+        rows = list(memory.entries(args.namespace, args.limit + 1 if args.limit else None))
+    more = bool(args.limit) and len(rows) > args.limit
+    rows = rows[:args.limit] if args.limit else rows
+    if args.json:
+        _print_json([dataclasses.asdict(e) for e in rows])
+        return EXIT_OK
+    print(render_table(["key", "namespace", "user key", "kind", "size", "stored", "codec", "version", "hits",
+                        "last access"], [_ls_row(e) for e in rows]))
+    if more:
+        print(f"(first {args.limit} shown; --limit 0 lists all)")
+    return EXIT_OK
+
+
+def _ls_row(e: EntryInfo) -> list[object]:
+    return [e.key[:12], _preview(e.namespace, 20), _preview(e.user_key, 28), e.kind, format_size(e.size),
+            format_size(e.stored_size), e.codec, e.version, e.hits,
+            datetime.fromtimestamp(e.last_access).strftime("%Y-%m-%d %H:%M:%S")]
+
+
+def _preview(text: str, width: int) -> str:
+    """``text`` with control characters escaped, cut to ``width`` characters."""
+    shown = text if text.isprintable() else repr(text)[1:-1]
+    return shown if len(shown) <= width else shown[:width - 3] + "..."
+
+
+# -- verify / gc --------------------------------------------------------------------------
+def cmd_verify(args: argparse.Namespace) -> int:
+    """``kvmem verify [--fix]``: exit 1 when problems were found and not fixed."""
+    with _open_existing(args) as memory:
+        report = memory.verify(fix=args.fix, progress=sys.stderr.isatty() and not args.json)
+    status = EXIT_OK if report.ok or report.fixed else EXIT_PROBLEMS
+    if args.json:
+        _print_json({"checked": report.checked, "ok": report.ok, "fixed": report.fixed,
+                     "corrupt": [{"tier": t, "key": k, "reason": r} for t, k, r in report.corrupt],
+                     "orphans": report.orphans, "missing": report.missing})
+        return status
+    print(f"checked {report.checked} stored copies: {len(report.corrupt)} corrupt, "
+          f"{len(report.orphans)} not in the catalog, {len(report.missing)} catalog entries without data")
+    problems = ([("corrupt", t, k, r) for t, k, r in report.corrupt]
+                + [("orphan", "", k, "held by a tier, missing from the catalog") for k in report.orphans]
+                + [("missing", "", k, "in the catalog, held by no tier") for k in report.missing])
+    if problems:
+        print(render_table(["problem", "tier", "key", "detail"], problems))
+    if report.ok:
+        print("OK: everything checks out")
+    elif report.fixed:
+        print("fixed: corrupt copies quarantined, orphans registered, rows without data dropped")
+    else:
+        print("problems found; run `kvmem verify --fix` to quarantine corrupt copies and repair the catalog")
+    return status
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    """``kvmem gc``: reclaim what no entry needs."""
+    with _open_existing(args) as memory:
+        report = memory.gc()
+    if args.json:
+        _print_json(dataclasses.asdict(report))
+    else:
+        print(f"removed {report.rows_removed} catalog rows without data; freed "
+              f"{format_size(report.quarantine_bytes_freed)} of quarantined entries")
+    return EXIT_OK
+
+
+# -- config -----------------------------------------------------------------------------------
+def cmd_config(args: argparse.Namespace) -> int:
+    """``kvmem config``: every setting, its value and its source."""
+    rows = describe(_config(args))
+    if args.json:
+        _print_json({name: {"value": value, "source": source} for name, value, source in rows})
+        return EXIT_OK
+    print(render_table(["setting", "value", "source"], [[n, _config_value(n, v), s] for n, v, s in rows]))
+    return EXIT_OK
+
+
+def _config_value(name: str, value: object) -> str:
+    if name in _SIZE_FIELDS and isinstance(value, int):
+        return f"{value} ({format_size(value)})"
+    return "-" if value is None or value == "" else str(value)
+
+
+# -- serve-metrics ------------------------------------------------------------------------------
+def cmd_serve_metrics(args: argparse.Namespace) -> int:
+    """``kvmem serve-metrics``: serve ``/metrics`` until Ctrl-C or SIGTERM."""
+    memory = _open_existing(args)
+    try:
+        _refresh_usage(memory)
+        try:
+            server, _thread = start_http_server(args.port, addr=args.host, registry=memory.metrics.registry)
+        except OSError as exc:
+            print(f"kvmem: error: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
+            return EXIT_ERROR
+        print(f"serving http://{args.host}:{server.server_port}/metrics for {memory.config.path} "
+              "(Ctrl-C to stop)", flush=True)
+        signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            while True:
+                time.sleep(args.interval)
+                _refresh_usage(memory)
+        except KeyboardInterrupt:
+            pass
+        server.shutdown()
+    finally:
+        memory.close()
+    return EXIT_OK
+
+
+def _refresh_usage(memory: Memory) -> None:
+    """Re-read tiers that other processes write (``rescan``), then set the usage gauges."""
+    for tier in memory.tiers.tiers:
+        rescan = getattr(tier, "rescan", None)
+        if rescan is not None:
+            rescan()
+    memory.tiers.update_usage_metrics()
+
+
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    sys.exit(main())

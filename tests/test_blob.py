@@ -1,0 +1,243 @@
+"""The blob format to the byte: framing, header, alignment, CRC32C, and every way a blob can be damaged."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import crc32c
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvmem import blob
+from kvmem.errors import IntegrityError
+
+
+def make_blob(sizes: tuple[int, ...] = (5, 130, 0, 64, 7),
+              meta: dict | None = None) -> tuple[torch.Tensor, list[np.ndarray], dict]:
+    """A framed blob of random segments of ``sizes``; the header records their offsets and sizes."""
+    rng = np.random.default_rng(sum(sizes))
+    segments = [rng.integers(0, 256, size=n, dtype=np.uint8) for n in sizes]
+    header = {"kind": "test", "offsets": blob.segment_offsets(list(sizes)), "sizes": list(sizes), **(meta or {})}
+    return blob.encode(header, segments).to_tensor(), segments, header
+
+
+def flipped(buf: torch.Tensor, pos: int, mask: int = 0x01) -> torch.Tensor:
+    out = buf.clone()
+    out[pos] ^= mask
+    return out
+
+
+# -- framing -----------------------------------------------------------------------------------
+def test_round_trip_layout_to_the_byte() -> None:
+    buf, segments, header = make_blob()
+    raw = buf.numpy().tobytes()
+    magic, version, reserved, hlen = struct.unpack_from("<8sHHI", raw)
+    assert (magic, version, reserved) == (b"KVMEMBL\x00", blob.FORMAT_VERSION, 0)
+    parsed, start = blob.parse(buf)
+    assert parsed == {**header, "payload_nbytes": parsed["payload_nbytes"]}
+    assert json.loads(raw[16:16 + hlen]) == parsed
+    assert start == blob.payload_start(hlen) and start % blob.ALIGN == 0
+    assert raw[16 + hlen:start] == b"\0" * (start - 16 - hlen)
+    for off, seg in zip(header["offsets"], segments):
+        assert raw[start + off:start + off + seg.size] == seg.tobytes()
+    assert len(raw) == start + parsed["payload_nbytes"] + 4
+    assert struct.unpack("<I", raw[-4:])[0] == crc32c.crc32c(raw[:-4]) == blob.stored_crc(buf)
+    blob.verify(buf)
+
+
+def test_encoded_blob_parts_sizes_and_crc() -> None:
+    segments = [np.arange(100, dtype=np.uint8), np.arange(3, dtype=np.uint8)]
+    enc = blob.encode({"kind": "x"}, segments)
+    assert enc.nbytes == sum(p.size for p in enc.parts) == enc.to_tensor().numel()
+    joined = b"".join(p.tobytes() for p in enc.parts)
+    assert enc.crc == crc32c.crc32c(joined[:-4]) == int.from_bytes(joined[-4:], "little")
+    back = blob.EncodedBlob.from_buffer(enc.to_tensor())
+    assert (back.nbytes, back.crc) == (enc.nbytes, enc.crc)
+    assert back.to_tensor().numpy().tobytes() == joined
+
+
+def test_to_tensor_on_another_device() -> None:
+    enc = blob.encode({"kind": "x"}, [np.arange(10, dtype=np.uint8)])
+    assert enc.to_tensor("meta").device.type == "meta"
+
+
+@pytest.mark.parametrize("sizes", [(), (0,), (1,), (63,), (64,), (65,), (1, 1, 1), (200, 3, 64, 129)])
+def test_segments_aligned_to_64(sizes: tuple[int, ...]) -> None:
+    buf, segments, header = make_blob(sizes)
+    parsed, start = blob.parse(buf)
+    assert start % 64 == 0
+    offsets = header["offsets"]
+    assert all(off % 64 == 0 for off in offsets)
+    assert all(b >= a + n for a, b, n in zip(offsets, offsets[1:], sizes))  # no overlap
+    raw = buf.numpy()
+    for off, seg in zip(offsets, segments):
+        np.testing.assert_array_equal(raw[start + off:start + off + seg.size], seg)
+    expected_payload = offsets[-1] + sizes[-1] if sizes else 0
+    assert parsed["payload_nbytes"] == expected_payload
+
+
+@settings(max_examples=60, deadline=None)
+@given(segments=st.lists(st.binary(max_size=300), max_size=6),
+       meta=st.dictionaries(st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=20), st.none()), max_size=4),
+       flip=st.integers(min_value=0), mask=st.integers(min_value=1, max_value=255))
+def test_any_blob_round_trips_and_any_flip_is_caught(segments: list[bytes], meta: dict, flip: int, mask: int) -> None:
+    arrays = [np.frombuffer(s, dtype=np.uint8) for s in segments]
+    header = {"m": meta, "offsets": blob.segment_offsets([a.size for a in arrays])}
+    buf = blob.encode(header, arrays).to_tensor()
+    parsed, start = blob.parse(buf)
+    blob.verify(buf)
+    assert parsed["m"] == meta and start % 64 == 0
+    for off, s in zip(header["offsets"], segments):
+        assert buf[start + off:start + off + len(s)].numpy().tobytes() == s
+    with pytest.raises(IntegrityError):
+        blob.verify(flipped(buf, flip % buf.numel(), mask))
+
+
+def test_segment_offsets_examples() -> None:
+    assert blob.segment_offsets([]) == []
+    assert blob.segment_offsets([1, 1, 1]) == [0, 64, 128]
+    assert blob.segment_offsets([64, 64]) == [0, 64]
+    assert blob.segment_offsets([0, 5]) == [0, 0]
+    assert blob.segment_offsets([65, 1]) == [0, 128]
+
+
+def test_header_carries_non_ascii_and_non_finite_floats() -> None:
+    buf, _, _ = make_blob(meta={"name": "ключ 🔑", "x": float("inf")})
+    header, _ = blob.parse(buf)
+    assert header["name"] == "ключ 🔑" and header["x"] == float("inf")
+
+
+# -- damage --------------------------------------------------------------------------------------
+def test_bad_magic() -> None:
+    buf, _, _ = make_blob()
+    for pos in range(8):
+        with pytest.raises(IntegrityError, match="magic"):
+            blob.parse(flipped(buf, pos))
+
+
+@pytest.mark.parametrize("version", [0, 2, 255, 65535])
+def test_unknown_format_version(version: int) -> None:
+    buf, _, _ = make_blob()
+    bad = buf.clone()
+    bad.numpy()[8:10] = np.frombuffer(struct.pack("<H", version), dtype=np.uint8)
+    with pytest.raises(IntegrityError, match=f"version {version}"):
+        blob.parse(bad)
+
+
+def test_not_a_blob_at_all() -> None:
+    with pytest.raises(IntegrityError):
+        blob.parse(torch.from_numpy(np.frombuffer(b"PK\x03\x04" + b"\0" * 60, dtype=np.uint8).copy()))
+    with pytest.raises(IntegrityError):
+        blob.parse(torch.empty(0, dtype=torch.uint8))
+
+
+def test_header_length_lies() -> None:
+    buf, _, _ = make_blob()
+    for hlen in (0, 1, 2**31, 2**32 - 1):
+        bad = buf.clone()
+        bad.numpy()[12:16] = np.frombuffer(struct.pack("<I", hlen), dtype=np.uint8)
+        with pytest.raises(IntegrityError):
+            blob.parse(bad)
+
+
+def test_header_not_json_or_without_payload_size() -> None:
+    for header_bytes in (b"{not json", b"[1, 2]", b'{"kind": 1}', b'{"payload_nbytes": "x"}', b"\xff\xfe"):
+        raw = struct.pack("<8sHHI", blob.MAGIC, 1, 0, len(header_bytes)) + header_bytes
+        raw += b"\0" * (blob.payload_start(len(header_bytes)) - len(raw))
+        raw += struct.pack("<I", crc32c.crc32c(raw))
+        with pytest.raises(IntegrityError, match="header"):
+            blob.parse(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+
+
+def test_truncation_at_every_offset_is_refused() -> None:
+    buf, _, _ = make_blob()
+    n = buf.numel()
+    for cut in range(n):
+        piece = buf[:cut].clone()
+        with pytest.raises(IntegrityError):
+            blob.parse(piece)
+        if cut >= 4:
+            with pytest.raises(IntegrityError, match="CRC32C"):
+                blob.verify(piece)
+        else:
+            with pytest.raises(IntegrityError, match="truncated"):
+                blob.verify(piece)
+
+
+def test_trailing_garbage_is_refused() -> None:
+    buf, _, _ = make_blob()
+    longer = torch.cat([buf, torch.zeros(64, dtype=torch.uint8)])
+    with pytest.raises(IntegrityError, match="truncated or padded"):
+        blob.parse(longer)
+
+
+@pytest.mark.parametrize("mask", [0x01, 0x80, 0xFF, 0x5A])
+def test_any_single_byte_flip_fails_the_crc(mask: int) -> None:
+    buf, _, _ = make_blob()
+    blob.verify(buf)
+    for pos in range(buf.numel()):
+        bad = flipped(buf, pos, mask)
+        with pytest.raises(IntegrityError, match="CRC32C mismatch"):
+            blob.verify(bad)
+        with pytest.raises(IntegrityError, match="CRC32C mismatch"):
+            blob.copy_verified(bad)
+
+
+def test_two_byte_bursts_fail_the_crc() -> None:
+    buf, _, _ = make_blob((40, 9))
+    rng = np.random.default_rng(7)
+    for pos in range(buf.numel() - 1):
+        bad = buf.clone()
+        bad[pos] ^= int(rng.integers(1, 256))
+        bad[pos + 1] ^= int(rng.integers(1, 256))
+        with pytest.raises(IntegrityError):
+            blob.verify(bad)
+
+
+# -- copy_verified ----------------------------------------------------------------------------------
+def test_copy_verified_returns_an_equal_independent_copy() -> None:
+    buf, _, _ = make_blob()
+    out = blob.copy_verified(buf)
+    assert torch.equal(out, buf)
+    assert out.data_ptr() != buf.data_ptr()
+    buf[20] ^= 1
+    assert not torch.equal(out, buf), "the copy does not share memory with its source"
+
+
+def test_copy_verified_agrees_with_verify_on_a_multi_step_blob() -> None:
+    """A blob over several 1 MiB copy steps: the CRC is carried across steps, damage anywhere is seen."""
+    rng = np.random.default_rng(3)
+    seg = rng.integers(0, 256, size=(2 << 20) + 12345, dtype=np.uint8)
+    buf = blob.encode({"kind": "big"}, [seg]).to_tensor()
+    assert torch.equal(blob.copy_verified(buf), buf)
+    blob.verify(buf)
+    n = buf.numel()
+    step = 1 << 20
+    for pos in (0, 17, step - 1, step, step + 1, 2 * step - 1, 2 * step, n - 5, n - 4, n - 1):
+        bad = flipped(buf, pos)
+        with pytest.raises(IntegrityError):
+            blob.verify(bad)
+        with pytest.raises(IntegrityError):
+            blob.copy_verified(bad)
+
+
+def test_copy_verified_and_verify_on_tiny_inputs() -> None:
+    for n in range(4):
+        tiny = torch.zeros(n, dtype=torch.uint8)
+        with pytest.raises(IntegrityError, match="truncated"):
+            blob.copy_verified(tiny)
+        with pytest.raises(IntegrityError, match="truncated"):
+            blob.verify(tiny)
+    # Four zero bytes: an empty body whose CRC (0) matches the zero trailer; both agree it is intact.
+    four = torch.zeros(4, dtype=torch.uint8)
+    blob.verify(four)
+    assert torch.equal(blob.copy_verified(four), four)
+
+
+def test_empty_buffer() -> None:
+    buf = blob.empty_buffer(1000)
+    assert buf.dtype == torch.uint8 and buf.numel() == 1000 and buf.device.type == "cpu"
