@@ -1,0 +1,108 @@
+"""transformers ``DynamicCache`` <-> per-chunk KV values.
+
+A chunk value is a list with one ``{"k": Tensor, "v": Tensor}`` per layer, each
+``[batch, kv_heads, block_size, head_dim]`` (GQA: KV heads, not query heads). Per
+layer, so a layer's bytes are contiguous segments of the blob.
+
+Sliding-window layers (Mistral ``sliding_window``) keep only their last
+``window - 1`` tokens. So that every chunk of a prompt can be stored, prefill
+runs with past recording on (:func:`record_full_past`) and trims the window back
+afterwards (:func:`trim_sliding_layers`); a rebuilt sliding layer gets the last
+window of the prefix *and* ``cumulative_length`` = prefix length, or its
+positions and masks would silently go wrong.
+
+Checked against transformers 5.24 (``DynamicLayer``, ``DynamicSlidingWindowLayer``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+from kvmem.errors import UnsupportedModelError
+
+__all__ = ["ChunkValue", "cache_argument", "new_cache", "record_full_past", "trim_sliding_layers",
+           "chunk_value", "install_prefix", "kept_range"]
+
+ChunkValue = list[dict[str, torch.Tensor]]
+
+
+def cache_argument(model: torch.nn.Module) -> str:
+    """The forward argument that takes a cache: ``cache`` (transformers 5.x) or ``past_key_values``.
+
+    NOTE: 4.57 accepts ``cache=`` silently and ignores it (wrong logits), so the
+    name comes from the signature, never from trying.
+    """
+    params = inspect.signature(model.forward).parameters
+    if "cache" in params:
+        return "cache"
+    if "past_key_values" in params:
+        return "past_key_values"
+    raise UnsupportedModelError(f"{type(model).__name__}.forward takes neither cache= nor past_key_values=")
+
+
+def new_cache(model: torch.nn.Module) -> DynamicCache:
+    """An empty cache with the model's layer types, recording the full past of sliding layers."""
+    cache = DynamicCache(config=model.config)
+    for layer in cache.layers:
+        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+            raise UnsupportedModelError(f"{type(model).__name__} uses cache layers of type {type(layer).__name__}; "
+                                        "kvmem handles DynamicLayer and DynamicSlidingWindowLayer")
+    record_full_past(cache)
+    return cache
+
+
+def record_full_past(cache: DynamicCache) -> None:
+    """Make sliding layers keep every token until :func:`trim_sliding_layers`."""
+    for layer in cache.layers:
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            layer.activate_past_recording()
+
+
+def trim_sliding_layers(cache: DynamicCache) -> None:
+    """Cut sliding layers back to their window (what ``update`` would have kept) and stop recording."""
+    for layer in cache.layers:
+        if isinstance(layer, DynamicSlidingWindowLayer) and layer.is_initialized:
+            keep = layer.sliding_window - 1
+            layer.keys = layer.keys[:, :, -keep:, :]
+            layer.values = layer.values[:, :, -keep:, :]
+            layer.record_past = False
+
+
+def kept_range(layer: Any) -> tuple[int, int]:
+    """Absolute token positions ``[first, end)`` a layer holds."""
+    if not layer.is_initialized:
+        return 0, 0
+    end = layer.get_seq_length()
+    return end - layer.keys.shape[-2], end
+
+
+def chunk_value(cache: DynamicCache, start: int, stop: int) -> ChunkValue:
+    """Views of every layer's K and V for absolute tokens ``[start, stop)``.
+
+    Raises:
+        UnsupportedModelError: a layer no longer holds those tokens (a sliding layer
+            trimmed before the chunk was taken).
+    """
+    out: ChunkValue = []
+    for i, layer in enumerate(cache.layers):
+        first, end = kept_range(layer)
+        if start < first or stop > end:
+            raise UnsupportedModelError(f"layer {i} holds tokens [{first}, {end}), not [{start}, {stop}): "
+                                        "its sliding window dropped them before they were stored")
+        out.append({"k": layer.keys[:, :, start - first:stop - first, :],
+                    "v": layer.values[:, :, start - first:stop - first, :]})
+    return out
+
+
+def install_prefix(cache: DynamicCache, layer_idx: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Set layer ``layer_idx`` to hold the prefix ``keys``/``values`` ([B, H, P, D], tokens 0..P-1)."""
+    layer = cache.layers[layer_idx]
+    layer.lazy_initialization(keys, values)
+    if isinstance(layer, DynamicSlidingWindowLayer):
+        layer.cumulative_length = keys.shape[-2]
+    layer.keys, layer.values = keys, values
