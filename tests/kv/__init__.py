@@ -1,0 +1,1 @@
+"""Tests of the text KV prefix cache (``kvmem.kv``) on tiny real transformers models."""
