@@ -1,9 +1,10 @@
-"""The ``kvmem`` command line: demo, stats, ls, verify, gc, config, serve-metrics.
+"""The ``kvmem`` command line: demo, stats, ls, verify, gc, doctor, config, serve-metrics.
 
 Every subcommand takes ``--path`` (the data directory; default: the configured
 one) and ``--config FILE`` (a YAML settings file; default: ``$KVMEM_CONFIG``).
 A :class:`~kvmem.errors.KVMemError` prints one line on stderr and exits with 2;
-``verify`` exits with 1 when it finds problems it did not fix.
+``verify`` exits with 1 when it finds problems it did not fix, ``doctor`` when it
+warns, ``demo`` when reused KV does not reproduce the model's logits.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from kvmem.api import EntryInfo, Memory
 from kvmem.cli_demo import LLAMA_3_2_1B, cpu_bytes_for, render_report, run_demo
 from kvmem.cli_table import format_percent, render_table
 from kvmem.config import Config, describe, format_size, load_config
+from kvmem.doctor import check, render_findings
+from kvmem.doctor_snapshot import take_snapshot
 from kvmem.errors import ConfigError, KVMemError
 
 __all__ = ["build_parser", "main"]
@@ -45,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: arguments without the program name (default: ``sys.argv[1:]``).
 
     Returns:
-        The exit status: 0 success, 1 problems found (``verify``, ``demo``), 2 error.
+        The exit status: 0 success, 1 problems found (``verify``, ``demo``, ``doctor``), 2 error.
     """
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
@@ -77,10 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--json", action="store_true", help="machine-readable output")
         return p
 
-    demo = add("demo", cmd_demo, "store and reload a KV-cache workload through the tiers (in a fresh "
-                                 "temporary directory unless --path is given); print a report")
-    demo.add_argument("--chunks", type=_positive_int, default=24, help="KV chunks to store (default: 24)")
+    demo = add("demo", cmd_demo, "time to first token with and without kvmem: one long document, several "
+                                 "questions, the document's KV reused (in a fresh temporary directory unless "
+                                 "--path is given)")
+    demo.add_argument("--doc-tokens", type=_positive_int, default=4096, help="document length (default: 4096)")
+    demo.add_argument("--questions", type=_positive_int, default=4, help="questions asked (default: 4)")
+    demo.add_argument("--model", metavar="PATH", help="local checkpoint directory (default: a small random Llama)")
     demo.add_argument("--keep", action="store_true", help="keep the temporary data directory")
+    demo.add_argument("--tiers", action="store_true", help="instead, store and reload a KV-sized workload "
+                                                           "through the tiers and report hits, demotions, GB/s")
+    demo.add_argument("--chunks", type=_positive_int, default=24, help="with --tiers: KV chunks to store (default: 24)")
     add("stats", cmd_stats, "entries, bytes and per-tier usage", json_flag=True)
     ls = add("ls", cmd_ls, "list entries, most recently used first", json_flag=True)
     ls.add_argument("--namespace", help="only entries of this namespace")
@@ -88,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     verify = add("verify", cmd_verify, "check every stored copy's CRC against the catalog", json_flag=True)
     verify.add_argument("--fix", action="store_true", help="quarantine corrupt copies and repair the catalog")
     add("gc", cmd_gc, "drop catalog rows without data, empty the quarantine, enforce capacities", json_flag=True)
+    add("doctor", cmd_doctor, "check a data directory's config, catalog, tiers and quarantine against the "
+                              "tuning table; print findings, their numbers and the setting to change", json_flag=True)
     add("config", cmd_config, "the effective configuration and where each value came from", json_flag=True)
     serve = add("serve-metrics", cmd_serve_metrics, "serve Prometheus /metrics of the data directory")
     serve.add_argument("--port", type=_non_negative_int, required=True, help="TCP port (0: any free port)")
@@ -140,21 +151,50 @@ def _print_json(data: object) -> None:
 
 # -- demo -------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
-    """``kvmem demo``: exit 0 when every load came back bit-exact, 1 otherwise."""
+    """``kvmem demo``: exit 0 when warm logits match cold ones (``--tiers``: loads are bit-exact), else 1."""
     base = _config(args)
     temporary = args.path is None
     path = tempfile.mkdtemp(prefix="kvmem-demo-") if temporary else args.path
     where = "temporary; removed at the end, --keep keeps it" if temporary and not args.keep else "kept"
-    print(f"data directory: {path} ({where})", flush=True)
-    cpu = cpu_bytes_for(LLAMA_3_2_1B, base.block_size, args.chunks, base.offload_threshold)
     try:
-        with Memory(config=base.replace(path=path, cpu_bytes=cpu)) as memory:
-            report = run_demo(memory, args.chunks, layout=LLAMA_3_2_1B, tokens=base.block_size)
-        print(render_report(report))
+        if args.tiers:
+            print(f"data directory: {path} ({where})", flush=True)
+            return _demo_tiers(base.replace(path=path), args.chunks)
+        return _demo_qa(args, base.replace(path=path), f"{path} ({where})")
     finally:
         if temporary and not args.keep:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _demo_tiers(config: Config, chunks: int) -> int:
+    cpu = cpu_bytes_for(LLAMA_3_2_1B, config.block_size, chunks, config.offload_threshold)
+    with Memory(config=config.replace(cpu_bytes=cpu)) as memory:
+        report = run_demo(memory, chunks, layout=LLAMA_3_2_1B, tokens=config.block_size)
+    print(render_report(report))
     return EXIT_PROBLEMS if report.failures else EXIT_OK
+
+
+def _demo_qa(args: argparse.Namespace, config: Config, where: str) -> int:
+    try:
+        from kvmem import cli_demo_qa as qa  # NOTE: late: transformers is an optional extra, slow to import
+    except ImportError as exc:
+        raise ConfigError(f"kvmem demo needs transformers ({exc}); install kvmem[kv], or run kvmem demo --tiers"
+                          ) from None
+    print("kvmem demo: time to first token of long-document questions, cold vs with the document's KV reused",
+          flush=True)
+    if args.model:
+        model, tokenizer = qa.load_local_model(args.model)
+        origin = args.model
+    else:
+        model, tokenizer, origin = qa.build_demo_model(), None, "random weights from a config, seed 0"
+    work = qa.make_workload(model, args.doc_tokens, args.questions, tokenizer=tokenizer)
+    print(f"model           {qa.describe_model(model, origin)}\n"
+          f"workload        1 document of {len(work.document)} tokens + {qa.question_summary(work.questions)}; "
+          f"{work.source}\ndata directory  {where}\n", flush=True)
+    report = qa.run_qa_demo(model, config, work, say=lambda line: print(line, flush=True))
+    print()
+    print(qa.render_qa_report(report))
+    return EXIT_OK if report.ok else EXIT_PROBLEMS
 
 
 # -- stats / ls -------------------------------------------------------------------------
@@ -243,6 +283,23 @@ def cmd_gc(args: argparse.Namespace) -> int:
         print(f"removed {report.rows_removed} catalog rows without data; freed "
               f"{format_size(report.quarantine_bytes_freed)} of quarantined entries")
     return EXIT_OK
+
+
+# -- doctor -----------------------------------------------------------------------------------
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """``kvmem doctor``: exit 1 when a finding is a warning."""
+    with _open_existing(args) as memory:
+        snapshot = take_snapshot(memory, live=False)  # NOTE: this process has counted nothing yet
+    findings = check(snapshot)
+    status = EXIT_PROBLEMS if any(f.severity == "warn" for f in findings) else EXIT_OK
+    if args.json:
+        _print_json({"path": snapshot.config.path, "findings": [dataclasses.asdict(f) for f in findings]})
+        return status
+    kv_chunks = sum(g.chunks for g in snapshot.kv)
+    print(f"kvmem doctor: {snapshot.config.path}: {snapshot.entries} entries ({kv_chunks} KV chunks), "
+          f"{format_size(snapshot.stored_bytes)} stored\n")
+    print(render_findings(findings))
+    return status
 
 
 # -- config -----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""``kvmem demo``: store KV-cache-sized chunks through the tiers, load them back twice, report.
+"""``kvmem demo --tiers``: store KV-cache-sized chunks through the tiers, load them back twice, report.
 
 The workload is the KV cache of a Llama-3.2-1B-like model (16 layers, 8 KV heads,
 head_dim 64, bf16), cut into chunks of ``block_size`` tokens (8 MiB per chunk at

@@ -80,11 +80,11 @@ def _run_json(capsys: pytest.CaptureFixture[str], argv: list[str], expect: int =
     return json.loads(capsys.readouterr().out)
 
 
-# -- demo ---------------------------------------------------------------------------------
-def test_demo_in_a_temporary_directory_prints_the_table_and_cleans_up(
+# -- demo --tiers -----------------------------------------------------------------------------------
+def test_demo_tiers_in_a_temporary_directory_prints_the_table_and_cleans_up(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    assert main(["demo", "--chunks", "3"]) == 0
+    assert main(["demo", "--tiers", "--chunks", "3"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"data directory: .*kvmem-demo-", out)
     for phase in ("store", "load pass 1", "load pass 2"):
@@ -97,7 +97,7 @@ def test_demo_in_a_temporary_directory_prints_the_table_and_cleans_up(
 def test_demo_keep_leaves_data_the_other_commands_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    assert main(["demo", "--chunks", "2", "--keep"]) == 0
+    assert main(["demo", "--tiers", "--chunks", "2", "--keep"]) == 0
     capsys.readouterr()
     (kept,) = tmp_path.glob("kvmem-demo-*")
     stats = _run_json(capsys, ["stats", "--json", "--path", str(kept)])
@@ -121,7 +121,7 @@ def test_demo_overflows_the_cpu_tier_and_hits_both_tiers(tmp_path: Path) -> None
 def test_demo_fails_when_values_do_not_come_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     settings = tmp_path / "small-disk.yaml"
     settings.write_text("disk_bytes: 12MiB\n")  # holds one 8 MiB chunk: older ones are evicted
-    assert main(["demo", "--chunks", "3", "--path", str(tmp_path / "d"), "--config", str(settings)]) == 1
+    assert main(["demo", "--tiers", "--chunks", "3", "--path", str(tmp_path / "d"), "--config", str(settings)]) == 1
     out = capsys.readouterr().out
     assert re.search(r"FAILED: 0 of 6 loads came back wrong, [1-6] missing", out), out
 
