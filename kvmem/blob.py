@@ -41,7 +41,10 @@ ALIGN = 64
 _PREFIX = struct.Struct("<8sHHI")
 _TRAILER = struct.Struct("<I")
 _ZEROS = np.zeros(ALIGN, dtype=np.uint8)
-_COPY_STEP = 1 << 20  # copy+CRC in 1 MiB steps so the CRC reads bytes still in cache
+# NOTE: copy+CRC in 4 MiB steps: the CRC reads each step while it is still in (L3) cache.
+# Measured on a 33.5 MB blob (2-core EPYC VM): copy+CRC ran at 0.75-0.83 of a plain
+# copy with 4 MiB steps, 0.63-0.77 with 1 MiB steps, 0.72-0.76 with 8 MiB steps.
+_COPY_STEP = 4 << 20
 
 Header = dict[str, Any]
 
@@ -205,8 +208,8 @@ def verify(buf: torch.Tensor) -> None:
 def copy_verified(src: torch.Tensor, pin_memory: bool = False) -> torch.Tensor:
     """Copy a CPU blob and check its CRC in the same pass.
 
-    The CRC is computed over the *destination* one 1 MiB step at a time, while that
-    step is still in cache, so checking costs little more than the copy itself,
+    The CRC is computed over the *destination* one step (``_COPY_STEP``) at a time,
+    while that step is still in cache, so checking costs little more than the copy itself,
     and the bytes checked are exactly the bytes returned.
 
     Raises:

@@ -13,6 +13,7 @@ covers the whole prompt re-feeds it and goes wrong.
 
 from __future__ import annotations
 
+import inspect
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -81,6 +82,7 @@ class PrefixCache:
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         self.namespace = f"kv/{self.fingerprint}/{dtype}/{self.codec}/{self.block_size}/{namespace}"
         self._cache_arg = cache_argument(model)
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._writer = WriteBehind()
         self._prefetcher = Prefetcher(self._warm, self.memory.config.prefetch_depth,
                                       self.memory.metrics.prefetch_seconds.observe)
@@ -97,20 +99,28 @@ class PrefixCache:
 
     # -- prefill -----------------------------------------------------------------
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor | list[int]) -> PrefillResult:
+    def prefill(self, input_ids: torch.Tensor | list[int], *, logits_to_keep: int = 0) -> PrefillResult:
         """Run the model on ``input_ids`` with every stored prefix chunk loaded, not computed.
 
         New full chunks are stored in the background (see :meth:`flush`).
+
+        Args:
+            input_ids: one sequence, ``[n]`` or ``[1, n]``.
+            logits_to_keep: return logits of the last this many positions only (0: every
+                computed position). ``1`` is what serving needs, and skips a
+                ``[tokens, vocab]`` projection on a long miss.
         """
         start = time.perf_counter()
         ids = _as_ids(input_ids).to(self._device)
         keys = self.chunk_keys(ids)
         cache, reused, loaded = self._load_prefix(keys, ids.shape[1] - 1)
-        out = self.model(ids[:, reused:], use_cache=True, **{self._cache_arg: cache})
+        extra = {"logits_to_keep": logits_to_keep} if logits_to_keep and self._keeps_logits else {}
+        out = self.model(ids[:, reused:], use_cache=True, **{self._cache_arg: cache}, **extra)
         self._store_new_chunks(ids, cache, keys, first=loaded)
         self._count_tokens(ids.shape[1], reused)
         self.memory.metrics.ttft_seconds.observe(time.perf_counter() - start)
-        return PrefillResult(cache, out.logits, reused, ids.shape[1] - reused)
+        logits = out.logits[:, -logits_to_keep:] if logits_to_keep else out.logits
+        return PrefillResult(cache, logits, reused, ids.shape[1] - reused)
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor | list[int], **generate_kwargs: object) -> torch.Tensor:
