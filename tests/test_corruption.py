@@ -12,6 +12,7 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
+import crc32c
 import pytest
 import torch
 
@@ -80,7 +81,7 @@ def _garbage(file: Path, rng: random.Random) -> None:
 
 def _garbage_with_magic(file: Path, rng: random.Random) -> None:
     data = file.read_bytes()
-    file.write_bytes(data[:16] + rng.randbytes(len(data) - 16))  # framing intact, header and payload noise
+    file.write_bytes(data[:24] + rng.randbytes(len(data) - 24))  # framing intact, header and payload noise
 
 
 def _append(file: Path, rng: random.Random) -> None:
@@ -89,10 +90,13 @@ def _append(file: Path, rng: random.Random) -> None:
 
 
 def _crc_rewritten_over_noise(file: Path, rng: random.Random) -> None:
-    """Noise in the payload *with a matching CRC*: only the framing and decoding can catch it."""
+    """A blanked header *with a matching header CRC*: only the framing and decoding can catch it."""
     data = bytearray(file.read_bytes())
-    data[16:16 + int.from_bytes(data[12:16], "little")] = b" " * int.from_bytes(data[12:16], "little")
-    data[-4:] = blobfmt.crc_of([memoryview(bytes(data[:-4]))]).to_bytes(4, "little")
+    hlen = int.from_bytes(data[12:16], "little")
+    data[24:24 + hlen] = b" " * hlen
+    start = blobfmt.payload_start(hlen)
+    crc = crc32c.crc32c(bytes(data[24:start]), crc32c.crc32c(bytes(data[:20])))
+    data[20:24] = crc.to_bytes(4, "little")
     file.write_bytes(bytes(data))
 
 
@@ -100,18 +104,20 @@ FAULTS: dict[str, Callable[[Path, random.Random], None]] = {
     "flip-magic": _flip(lambda n, h: 0),
     "flip-format": _flip(lambda n, h: 8),
     "flip-header-len": _flip(lambda n, h: 13),
-    "flip-header-json": _flip(lambda n, h: 16 + h // 2),
-    "flip-header-last": _flip(lambda n, h: 16 + h - 1),
+    "flip-reserved": _flip(lambda n, h: 17),
+    "flip-header-crc": _flip(lambda n, h: 21),
+    "flip-header-json": _flip(lambda n, h: 24 + h // 2),
+    "flip-header-last": _flip(lambda n, h: 24 + h - 1),
     "flip-padding": _flip(lambda n, h: blobfmt.payload_start(h) - 1),
     "flip-payload-first": _flip(lambda n, h: blobfmt.payload_start(h)),
     "flip-payload-middle": _flip(lambda n, h: (blobfmt.payload_start(h) + n) // 2),
     "flip-payload-last": _flip(lambda n, h: n - 5),
-    "flip-trailer": _flip(lambda n, h: n - 1),
+    "flip-last-byte": _flip(lambda n, h: n - 1),
     "truncate-empty": _truncate(lambda n: 0),
     "truncate-3": _truncate(lambda n: 3),
-    "truncate-prefix": _truncate(lambda n: 16),
+    "truncate-prefix": _truncate(lambda n: 20),
     "truncate-half": _truncate(lambda n: n // 2),
-    "truncate-trailer": _truncate(lambda n: n - 4),
+    "truncate-4": _truncate(lambda n: n - 4),
     "truncate-1": _truncate(lambda n: n - 1),
     "append": _append,
     "zero": _zero,

@@ -18,7 +18,7 @@ from kvmem import blob
 from kvmem.codecs import LZ4, CodecSpec, tensor_codec
 from kvmem.errors import IntegrityError, UnsupportedValueError
 
-__all__ = ["encode_value", "decode_value", "value_kind", "check_owner"]
+__all__ = ["encode_value", "decode_value", "decode_tensor_range", "value_kind", "check_owner"]
 
 _KEY_NAMES = frozenset({"k", "key", "keys", "key_states", "key_cache"})
 _LZ4_MIN_GAIN = 0.97  # keep the lz4 output only when it saves at least 3 %
@@ -196,6 +196,16 @@ def _decode_tensor(buf: torch.Tensor, start: int, entry: dict[str, Any]) -> torc
     dtype = _torch_dtype(entry["dtype"])
     out = tensor_codec(entry["codec"]).decode(parts, entry["meta"], dtype, tuple(entry["shape"]))
     return out.reshape(entry["shape"])
+
+
+def decode_tensor_range(data: torch.Tensor, lo: int, entry: dict[str, Any]) -> torch.Tensor:
+    """Decode one tensor leaf from ``data``, which holds payload bytes from offset ``lo`` on.
+
+    For ranged reads (one layer of a KV chunk): ``data`` must cover the leaf's parts
+    (see :func:`kvmem.blob.covering_range`) and have been checked by
+    :func:`kvmem.blob.verify_range`. Lossless leaves are views of ``data``.
+    """
+    return _decode_tensor(data, -lo, entry)
 
 
 def _decode_leaf(buf: torch.Tensor, start: int, entry: dict[str, Any], kind: str) -> object:

@@ -45,9 +45,9 @@ def cache_argument(model: torch.nn.Module) -> str:
     raise UnsupportedModelError(f"{type(model).__name__}.forward takes neither cache= nor past_key_values=")
 
 
-def new_cache(model: torch.nn.Module) -> DynamicCache:
-    """An empty cache with the model's layer types, recording the full past of sliding layers."""
-    cache = DynamicCache(config=model.config)
+def new_cache(model: torch.nn.Module, cls: type[DynamicCache] = DynamicCache) -> DynamicCache:
+    """An empty cache (of ``cls``) with the model's layer types, recording the full past of sliding layers."""
+    cache = cls(config=model.config)
     for layer in cache.layers:
         if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
             raise UnsupportedModelError(f"{type(model).__name__} uses cache layers of type {type(layer).__name__}; "
@@ -99,10 +99,16 @@ def chunk_value(cache: DynamicCache, start: int, stop: int) -> ChunkValue:
     return out
 
 
-def install_prefix(cache: DynamicCache, layer_idx: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-    """Set layer ``layer_idx`` to hold the prefix ``keys``/``values`` ([B, H, P, D], tokens 0..P-1)."""
+def install_prefix(cache: DynamicCache, layer_idx: int, keys: torch.Tensor, values: torch.Tensor,
+                   first: int = 0) -> None:
+    """Set layer ``layer_idx`` to hold ``keys``/``values`` ([B, H, T, D]) of prefix tokens ``first..first+T-1``.
+
+    ``first`` > 0 only for a sliding layer, which needs just the prefix's last window.
+    """
     layer = cache.layers[layer_idx]
+    if first and not isinstance(layer, DynamicSlidingWindowLayer):
+        raise ValueError(f"layer {layer_idx} attends to every token: its prefix must start at 0, not {first}")
     layer.lazy_initialization(keys, values)
     if isinstance(layer, DynamicSlidingWindowLayer):
-        layer.cumulative_length = keys.shape[-2]
+        layer.cumulative_length = first + keys.shape[-2]
     layer.keys, layer.values = keys, values

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 from transformers import DynamicCache
@@ -26,10 +28,13 @@ from kvmem.codecs import parse_codec
 from kvmem.errors import InvalidKeyError, UnsupportedModelError
 from kvmem.keys import chunk_hashes
 from kvmem.kv.fingerprint import model_fingerprint
-from kvmem.kv.layout import cache_argument, chunk_value, install_prefix, new_cache, trim_sliding_layers
+from kvmem.kv.layout import cache_argument, chunk_value, new_cache, trim_sliding_layers
+from kvmem.kv.stream import ChunkLoadError, ChunkSource, LayerwiseLoader, StreamingCache
 from kvmem.pipeline import Prefetcher, WriteBehind
 
 __all__ = ["PrefixCache", "PrefillResult"]
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -70,11 +75,14 @@ class PrefixCache:
         compression: codec for the chunks (default ``memory.config.compression``;
             ``fp16`` leaves 16-bit models' KV exact and halves fp32 KV).
         namespace: an extra scope (e.g. a tenant); the model identity is always folded in.
+        layerwise: stream the prefix in layer by layer behind the forward pass (default);
+            ``False`` loads all of it before the forward pass starts.
     """
 
     def __init__(self, model: torch.nn.Module, memory: Memory | None = None, *, block_size: int | None = None,
-                 compression: str | None = None, namespace: str = "") -> None:
+                 compression: str | None = None, namespace: str = "", layerwise: bool = True) -> None:
         self.model = model
+        self.layerwise = layerwise
         self.memory = memory if memory is not None else default_memory()
         self.block_size = block_size or self.memory.config.block_size
         self.codec = str(parse_codec(compression or self.memory.config.compression))
@@ -113,17 +121,20 @@ class PrefixCache:
         start = time.perf_counter()
         ids = _as_ids(input_ids).to(self._device)
         keys = self.chunk_keys(ids)
-        cache, reused, loaded = self._load_prefix(keys, ids.shape[1] - 1)
         extra = {"logits_to_keep": logits_to_keep} if logits_to_keep and self._keeps_logits else {}
-        out = self.model(ids[:, reused:], use_cache=True, **{self._cache_arg: cache}, **extra)
+
+        def forward(cache: DynamicCache, reused: int) -> torch.Tensor:
+            out = self.model(ids[:, reused:], use_cache=True, **{self._cache_arg: cache}, **extra)
+            return out.logits[:, -logits_to_keep:] if logits_to_keep else out.logits
+
+        logits, cache, reused, loaded = self._with_prefix(keys, ids.shape[1] - 1, forward)
         self._store_new_chunks(ids, cache, keys, first=loaded)
         self._count_tokens(ids.shape[1], reused)
         self.memory.metrics.ttft_seconds.observe(time.perf_counter() - start)
-        logits = out.logits[:, -logits_to_keep:] if logits_to_keep else out.logits
         return PrefillResult(cache, logits, reused, ids.shape[1] - reused)
 
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor | list[int], **generate_kwargs: object) -> torch.Tensor:
+    def generate(self, input_ids: torch.Tensor | list[int], **generate_kwargs: Any) -> Any:
         """``model.generate`` with the stored prefix loaded; same tokens, less prefill.
 
         The chunks of the prompt *and* of the generated text are stored afterwards,
@@ -131,9 +142,12 @@ class PrefixCache:
         """
         ids = _as_ids(input_ids).to(self._device)
         keys = self.chunk_keys(ids)
-        cache, reused, loaded = self._load_prefix(keys, ids.shape[1] - 1)
+
+        def run(cache: DynamicCache, reused: int) -> Any:
+            return self.model.generate(ids, use_cache=True, **{self._cache_arg: cache}, **generate_kwargs)
+
+        out, cache, reused, loaded = self._with_prefix(keys, ids.shape[1] - 1, run)
         self._count_tokens(ids.shape[1], reused)
-        out = self.model.generate(ids, use_cache=True, **{self._cache_arg: cache}, **generate_kwargs)
         seq = out.sequences if hasattr(out, "sequences") else out
         if seq.shape[0] == 1:
             self._store_new_chunks(seq, cache, self.chunk_keys(seq), first=loaded)
@@ -170,31 +184,69 @@ class PrefixCache:
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def _load_prefix(self, keys: list[str], limit: int) -> tuple[DynamicCache, int, int]:
-        """A cache holding the longest stored run of ``keys``, cut to at most ``limit`` tokens.
+    def _with_prefix(self, keys: list[str], limit: int,
+                     run: Callable[[DynamicCache, int], T]) -> tuple[T, DynamicCache, int, int]:
+        """``run(cache, reused)`` with the stored prefix streaming in; on a bad chunk, again without it.
 
         Returns:
-            ``(cache, tokens it holds, chunks loaded)``. NOTE: a chunk cut by ``limit``
-            still counts as loaded: it is stored already, so it must not be stored again.
+            ``(run's result, cache, tokens reused, chunks known stored)``.
         """
-        cache = new_cache(self.model)
-        found = self.memory.contains_many(keys, namespace=self.namespace)
-        chunks = []
+        while True:
+            try:
+                cache, reused, sources = self._load_prefix(keys, limit)
+                result = run(cache, reused)
+            except ChunkLoadError as exc:
+                self._chunk_failed(exc)
+                limit = min(limit, exc.index * self.block_size)  # NOTE: strictly shorter: the loop ends
+                continue
+            self._count_chunk_hits(keys, sources)
+            return result, cache, reused, len(sources)
+
+    def _load_prefix(self, keys: list[str], limit: int) -> tuple[DynamicCache, int, list[ChunkSource]]:
+        """A cache set up to receive the longest stored run of ``keys``, at most ``limit`` tokens.
+
+        The bytes stream in layer by layer behind the forward pass (or all before it
+        with ``layerwise=False``).
+
+        Returns:
+            ``(cache, tokens it will hold, the chunks' sources)``. NOTE: a chunk cut by
+            ``limit`` (the last prompt token is always computed) is still a source: it is
+            stored already, so it must not be stored again.
+        """
+        cache = new_cache(self.model, StreamingCache)
+        found = self.memory.contains_many(keys[:-(-limit // self.block_size)], namespace=self.namespace)
+        sources: list[ChunkSource] = []
         for key, present in zip(keys, found):
-            if not present:
+            skey = self.memory.storage_key(key, self.namespace)
+            tier = self.memory.tiers.locate(skey) if present else None
+            if tier is None:  # not stored, or gone since the probe: reuse stops here
                 break
-            loaded = self.memory.fetch(key, namespace=self.namespace, device=self._device)
-            if loaded is None:  # evicted or corrupt since the probe: reuse stops here
-                break
-            self.memory.metrics.kv_chunk_hits.labels(tier=loaded.tier).inc()
-            chunks.append(loaded.value)
-        reused = min(len(chunks) * self.block_size, limit)
+            sources.append(ChunkSource(skey, tier))
+        reused = min(len(sources) * self.block_size, limit)
         if reused:
-            for i in range(len(cache.layers)):
-                k = torch.cat([c[i]["k"] for c in chunks], dim=-2)[:, :, :reused]
-                v = torch.cat([c[i]["v"] for c in chunks], dim=-2)[:, :, :reused]
-                install_prefix(cache, i, k, v)
-        return cache, reused, len(chunks)
+            assert isinstance(cache, StreamingCache)
+            cache.loader = LayerwiseLoader(sources, cache, self.block_size, reused, self._device)
+            if not self.layerwise:
+                cache.loader.wait_all()
+        return cache, reused, sources
+
+    def _count_chunk_hits(self, keys: list[str], sources: list[ChunkSource]) -> None:
+        """Count the chunks' hits per tier, and warm those served from below the top tier."""
+        top = self.memory.tiers.tiers[0]
+        for src in sources:
+            self.memory.metrics.kv_chunk_hits.labels(tier=src.tier.name).inc()
+            self.memory.metrics.hit(src.tier.name, "tree")
+            self.memory.catalog.record_hit(src.key)
+        below = [key for key, src in zip(keys, sources) if src.tier is not top]
+        if below:
+            self._prefetcher.prefetch(below)
+
+    def _chunk_failed(self, exc: ChunkLoadError) -> None:
+        """Quarantine a corrupt chunk (counted), or count a tier that failed to serve one."""
+        if exc.corrupt and exc.key:
+            self.memory.tiers.quarantine(exc.key, exc.tier, exc)
+        else:
+            self.memory.metrics.tier_errors.labels(tier=exc.tier or "unknown").inc()
 
     def _store_new_chunks(self, ids: torch.Tensor, cache: DynamicCache, keys: list[str], first: int,
                           trim: bool = True) -> int:

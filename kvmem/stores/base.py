@@ -46,6 +46,14 @@ class StorageTier(Protocol):
         """
         ...
 
+    def read_range(self, key: str, start: int, stop: int) -> torch.Tensor | None:
+        """Bytes ``[start, stop)`` of ``key``'s blob (fewer past its end; not CRC-checked), or ``None``.
+
+        For partial reads such as one layer of a KV chunk; the caller checks the
+        segment CRCs of what it uses. The returned bytes must not be modified.
+        """
+        ...
+
     def put(self, key: str, blob: EncodedBlob) -> None:
         """Store ``blob`` under ``key`` atomically, replacing any older version."""
         ...
@@ -108,6 +116,10 @@ class TierBase:
         if buf is not None and self.checks_crc:
             blobfmt.verify(buf if buf.device.type == "cpu" else buf.cpu())
         return buf
+
+    def read_range(self, key: str, start: int, stop: int) -> torch.Tensor | None:
+        buf = self.get(key)
+        return None if buf is None else buf[start:stop]
 
     def get_many(self, keys: Sequence[str]) -> list[torch.Tensor | None]:
         return [self.get(k) for k in keys]

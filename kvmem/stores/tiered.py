@@ -185,6 +185,10 @@ class TieredStore:
         fetched, _ = self.get(key)
         return fetched is not None
 
+    def locate(self, key: str) -> StorageTier | None:
+        """The fastest usable tier holding ``key`` (no CRC check), or ``None``."""
+        return next((t for t in self.tiers if self._call(t, lambda t=t: t.contains(key)) is True), None)
+
     def contains(self, key: str) -> bool:
         """Whether any usable tier holds ``key`` (no CRC check)."""
         return any(self._call(t, lambda t=t: t.contains(key)) is True for t in self.tiers)

@@ -272,7 +272,7 @@ def corrupt(mem: kvmem.Memory, tier_name: str, skey: str, where: str) -> None:
 
 def _position(buf: torch.Tensor, where: str) -> int:
     header, start = blobfmt.parse(buf)
-    return {"header": 20, "payload": start + header["payload_nbytes"] // 2, "trailer": buf.numel() - 2}[where]
+    return {"header": 30, "payload": start + header["payload_nbytes"] // 2, "trailer": buf.numel() - 2}[where]
 
 
 # -- round trip, miss, overwrite, delete -----------------------------------------------------------
