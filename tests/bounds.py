@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from kvmem.codecs import tensor_codec
+
 __all__ = ["assert_bit_exact", "quant_step", "error_bound", "exact_under"]
 
 
@@ -37,8 +39,8 @@ def error_bound(x: torch.Tensor, codec: str, axis: int = -1) -> torch.Tensor:
         return mag * 2.0**-11 + 2.0**-25
     if codec == "bf16":
         return mag * 2.0**-8 + 2.0**-133
-    bits = {"int8": 8, "int4": 4}[codec]
-    half_step = quant_step(x, bits, axis) * (0.5 + 2.0**-8)
+    quant = tensor_codec(codec)
+    half_step = quant_step(x, quant.bits, axis, quant.group) * (0.5 + 2.0**-8)  # type: ignore[attr-defined]
     # float32 arithmetic (and fp64 -> fp32) slack, plus rounding the result to a 16-bit dtype.
     return half_step + mag * 2.0**-22 + (mag + 2 * half_step) * out_eps
 
