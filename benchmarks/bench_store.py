@@ -207,20 +207,11 @@ def raw_read(path: Path, step: int | None = None) -> np.ndarray:
 def raw_write(path: Path, parts: Sequence[np.ndarray], fsync: bool, fsync_dir: bool = False) -> None:
     """Write ``parts`` to a new temporary file, fsync it, rename it to ``path`` (then fsync the directory)."""
     tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        views = [memoryview(p) for p in parts]
-        while views:
-            n = os.writev(fd, views)
-            while views and n >= len(views[0]):
-                n -= len(views[0])
-                views.pop(0)
-            if views and n:
-                views[0] = views[0][n:]
+    with open(tmp, "xb", buffering=0) as f:  # the plain way: unbuffered writes of each part
+        for part in parts:
+            f.write(memoryview(part))
         if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+            os.fsync(f.fileno())
     os.replace(tmp, path)
     if fsync_dir:
         dfd = os.open(path.parent, os.O_RDONLY)
