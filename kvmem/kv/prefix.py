@@ -227,7 +227,7 @@ class PrefixCache:
             assert isinstance(cache, StreamingCache)
             cache.loader = LayerwiseLoader(sources, cache, self.block_size, reused, self._device)
             if not self.layerwise:
-                cache.loader.wait_all()
+                cache.loader.wait_all(install=False)
         return cache, reused, sources
 
     def _count_chunk_hits(self, keys: list[str], sources: list[ChunkSource]) -> None:

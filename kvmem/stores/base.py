@@ -54,6 +54,13 @@ class StorageTier(Protocol):
         """
         ...
 
+    def advise_range(self, key: str, start: int, stop: int) -> None:
+        """A hint: bytes ``[start, stop)`` of ``key``'s blob will be read soon; start fetching them.
+
+        Where reads do not wait on a device this does nothing; it never fails.
+        """
+        ...
+
     def put(self, key: str, blob: EncodedBlob) -> None:
         """Store ``blob`` under ``key`` atomically, replacing any older version."""
         ...
@@ -120,6 +127,9 @@ class TierBase:
     def read_range(self, key: str, start: int, stop: int) -> torch.Tensor | None:
         buf = self.get(key)
         return None if buf is None else buf[start:stop]
+
+    def advise_range(self, key: str, start: int, stop: int) -> None:
+        return None
 
     def get_many(self, keys: Sequence[str]) -> list[torch.Tensor | None]:
         return [self.get(k) for k in keys]

@@ -163,6 +163,26 @@ class DiskTier(TierBase):
             os.close(fd)
         return buf[:got]
 
+    def advise_range(self, key: str, start: int, stop: int) -> None:
+        """Start reading bytes ``[start, stop)`` of ``key``'s file into the page cache (``POSIX_FADV_WILLNEED``).
+
+        NOTE: the kernel submits the whole range at once; a cold ``pread`` instead
+        ramps its readahead up from a few pages. Reading one layer (1 MiB) of each of
+        16 cold chunk files took 60-80 ms here with ``pread`` alone, 20-30 ms advised first.
+        """
+        if not hasattr(os, "posix_fadvise"):
+            return
+        try:
+            fd = os.open(self.path(key), os.O_RDONLY)
+        except FileNotFoundError:
+            return  # a hint only: the read that follows reports the miss
+        try:
+            os.posix_fadvise(fd, start, max(0, stop - start), os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass  # a hint only: the read that follows does the work, or reports the failure
+        finally:
+            os.close(fd)
+
     def _read(self, key: str, checker: blobfmt.StreamVerifier | None) -> torch.Tensor | None:
         """The file of ``key`` in a new buffer; with ``checker``, its CRCs checked as it is read."""
         path = self.path(key)
