@@ -45,7 +45,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -57,6 +56,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import kvmem
+from machine import drop_page_cache, filesystem_of
 from kvmem import Memory
 from kvmem.stores import DiskTier, MemoryTier
 
@@ -228,16 +228,6 @@ def touch_pages(tensors: dict[str, torch.Tensor]) -> None:
         int(flat[::4096].sum())
 
 
-def drop_cache(paths: Sequence[Path]) -> None:
-    """Evict ``paths`` from the page cache (they must be clean: written and synced)."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 # -- kvmem handles -------------------------------------------------------------------
 def open_memory(root: Path, name: str, *, cpu_bytes: int, disk_bytes: int, fsync: str = "batch") -> Memory:
     """A fresh Memory under ``root/name`` (its own SQLite catalog, default codec: lossless)."""
@@ -291,7 +281,7 @@ def bench_disk_load(root: Path, values: Sequence[Chunk | torch.Tensor], repeat: 
         keys = fill(mem, values, "disk")
         disk = tier(mem, DiskTier)
         paths = [disk.path(mem.storage_key(k)) for k in keys]  # type: ignore[union-attr]
-        before = (lambda: drop_cache(paths)) if cold else None
+        before = (lambda: drop_page_cache(paths)) if cold else None
         state = "cold" if cold else "warm"
         kv_t, base_t = side_by_side(load_all(mem, keys), lambda: [raw_read(p) for p in paths], repeat, before)
         rows = [Row(f"disk load ({state})", "os.readv into np.empty", size, len(values), kv_t, base_t,
@@ -466,16 +456,6 @@ def report_row(r: Row) -> dict[str, object]:
     return {**asdict(r), "kvmem_GBps": r.gbps(r.kvmem_s), "baseline_GBps": r.gbps(r.baseline_s),
             "kvmem_us_per_op": r.us_per_op(r.kvmem_s), "baseline_us_per_op": r.us_per_op(r.baseline_s),
             "ratio": r.ratio, "best_ratio": r.best_ratio, "verdict": r.verdict}
-
-
-def filesystem_of(path: Path) -> str:
-    """The filesystem type ``path`` lives on (from ``df``), or ``unknown``."""
-    try:
-        out = subprocess.run(["df", "--output=fstype,source", str(path)], capture_output=True, text=True,
-                             check=True).stdout.split("\n")[1]
-        return " ".join(out.split())
-    except (OSError, subprocess.CalledProcessError, IndexError):
-        return "unknown"
 
 
 # -- main ---------------------------------------------------------------------------------

@@ -55,7 +55,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -67,6 +66,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 import kvmem
+from machine import drop_page_cache, filesystem_of, load_average
 from kvmem import Memory
 from kvmem.kv import PrefixCache
 from kvmem.kv.layout import cache_argument
@@ -137,15 +137,10 @@ def prefill(pc: PrefixCache, ids: torch.Tensor, expect_reused: int | None = None
     return r.logits[0, -1].float()
 
 
-def drop_page_cache(root: Path) -> None:
+def drop_chunk_files(root: Path) -> None:
     """Evict every chunk file under ``root/disk/blobs`` from the page cache (synced first: only clean pages go)."""
     os.sync()
-    for path in (root / "disk" / "blobs").rglob("*.kvb"):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    drop_page_cache((root / "disk" / "blobs").rglob("*.kvb"))
 
 
 @dataclass
@@ -269,7 +264,7 @@ class Bench:
         def cold(name: str) -> Callable[[int], tuple[Any, ...]]:
             def prep(rep: int) -> tuple[Any, ...]:
                 ids = prompt(name, rep)
-                drop_page_cache(self.disk_root)
+                drop_chunk_files(self.disk_root)
                 return (ids,)
             return prep
 
@@ -447,20 +442,6 @@ def plot(results: Sequence[Result], path: Path, threads: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def filesystem_of(path: Path) -> str:
-    """The filesystem type ``path`` lives on (from ``df``), or ``unknown``."""
-    try:
-        out = subprocess.run(["df", "--output=fstype,source", str(path)], capture_output=True, text=True,
-                             check=True).stdout.split("\n")[1]
-        return " ".join(out.split())
-    except (OSError, subprocess.CalledProcessError, IndexError):
-        return "unknown"
-
-
-def load_average() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 # -- main ----------------------------------------------------------------------------------------
