@@ -259,14 +259,13 @@ class Memory:
         return found or removed is True
 
     def info(self, key: str | bytes, *, namespace: str | None = None) -> EntryInfo | None:
-        """Catalog facts about ``key`` and the tiers that hold it now, or ``None``."""
+        """Catalog facts about ``key`` and the tiers that hold it now, or ``None`` (also when the catalog is down)."""
         skey = self.storage_key(key, namespace)
         self._catalog_write(self.catalog.flush)
-        row = self.catalog.get(skey)
-        tiers = [t.name for t in self.tiers.tiers if t.contains(skey)]
+        row = self._catalog_write(lambda: self.catalog.get(skey))
         if row is None:
             return None
-        return _entry_info(row, tiers)
+        return _entry_info(row, [t.name for t in self.tiers.tiers if t.contains(skey)])
 
     # -- compress ---------------------------------------------------------------
     def compress(self, value: object, codec: str | None = None) -> bytes:
@@ -315,9 +314,9 @@ class Memory:
         return collect_garbage(self.tiers, self.catalog)
 
     def entries(self, namespace: str | None = None, limit: int | None = None) -> Iterator[EntryInfo]:
-        """Catalog entries, most recently used first."""
+        """Catalog entries, most recently used first (none while the catalog is down)."""
         self._catalog_write(self.catalog.flush)
-        for row in self.catalog.rows(namespace, limit):
+        for row in self._catalog_write(lambda: self.catalog.rows(namespace, limit)) or []:
             yield _entry_info(row, [])
 
     def flush(self) -> None:
