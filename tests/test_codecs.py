@@ -6,7 +6,7 @@ import lz4.block
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvmem.codecs import CodecSpec, parse_codec, tensor_codec
@@ -201,6 +201,7 @@ def test_quant_bound_holds_on_awkward_ranges(bits: int, data: str) -> None:
 @given(shape=st.lists(st.integers(1, 70), min_size=1, max_size=3), axis=st.sampled_from([-1, -2, 0]),
        scale=st.sampled_from([1e-7, 1e-3, 1.0, 300.0, 1e5]), offset=st.sampled_from([0.0, 1.0, -40.0, 3e4]),
        bits=st.sampled_from([8, 4]), seed=st.integers(0, 2**16))
+@example(shape=[1, 3], axis=-2, scale=1e-7, offset=1.0, bits=8, seed=0)  # constant groups: fp16 lo is 2 ulp off
 def test_quant_bound_holds_for_any_shape_axis_and_range(shape: list[int], axis: int, scale: float, offset: float,
                                                         bits: int, seed: int) -> None:
     x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * scale + offset

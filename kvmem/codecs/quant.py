@@ -76,8 +76,11 @@ class QuantCodec:
         lo_f, step_f = lo_s.float(), step.float()
         worst = torch.maximum(torch.maximum(step_f / 2, lo_f - lo), hi - (lo_f + self.levels * step_f))
         worst = torch.where(hi > lo, worst, (lo_f - lo).abs())
-        tol = (hi - lo) / self.levels * (0.5 + _SLACK) + (lo.abs() + hi.abs()) * _FP32_EPS
-        return bool((worst <= tol).all())
+        # NOTE: the arithmetic slack is relative to the group's smallest magnitude (0 when it spans 0),
+        # so it never exceeds an element's own; a constant group must come back exactly.
+        smallest = torch.where((lo <= 0) & (hi >= 0), torch.zeros_like(lo), torch.minimum(lo.abs(), hi.abs()))
+        tol = (hi - lo) / self.levels * (0.5 + _SLACK) + smallest * _FP32_EPS
+        return bool((worst <= torch.where(hi > lo, tol, torch.zeros_like(tol))).all())
 
     def decode(self, parts: dict[str, torch.Tensor], meta: dict[str, Any],
                dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
