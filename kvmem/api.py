@@ -7,12 +7,13 @@ in), values into blobs (codec pipeline), and drives the tiers and the catalog.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from prometheus_client import CollectorRegistry
@@ -28,6 +29,9 @@ from kvmem.keys import storage_key
 from kvmem.maintenance import GcReport, VerifyReport, collect_garbage, verify_entries
 from kvmem.metrics import Metrics
 from kvmem.stores import TieredStore, build_tiers
+
+if TYPE_CHECKING:  # NOTE: kvmem.semantic loads only when a text is stored or looked up
+    from kvmem.semantic import Embedder, Match, SemanticIndex
 
 __all__ = ["Memory", "Loaded", "EntryInfo", "TierStats", "Stats"]
 
@@ -101,6 +105,8 @@ class Memory:
         config: a full :class:`~kvmem.config.Config`; ``settings`` override it.
         config_file: YAML settings file (default: ``$KVMEM_CONFIG`` if set).
         registry: Prometheus registry for this instance's metrics (a private one if ``None``).
+        embedder: embedder of the semantic layer (default: the packaged all-MiniLM-L6-v2,
+            loaded on the first ``store(text=...)`` or :meth:`lookup_similar`).
         **settings: any :class:`~kvmem.config.Config` field, e.g. ``cpu_bytes="4GiB"``.
 
     Raises:
@@ -109,7 +115,8 @@ class Memory:
     """
 
     def __init__(self, path: str | None = None, *, config: Config | None = None, config_file: str | None = None,
-                 registry: CollectorRegistry | None = None, **settings: Any) -> None:
+                 registry: CollectorRegistry | None = None, embedder: Embedder | None = None,
+                 **settings: Any) -> None:
         if path is not None:
             settings["path"] = path
         self.config = config.replace(**settings) if config is not None else load_config(config_file, **settings)
@@ -121,6 +128,9 @@ class Memory:
                                  write_policy=self.config.write_policy, queue_size=self.config.write_back_queue,
                                  retry_seconds=self.config.tier_retry_seconds,
                                  on_removed=self.catalog.record_removed)
+        self._embedder = embedder
+        self._semantic: SemanticIndex | None = None
+        self._semantic_lock = threading.Lock()
         self._closed = False
 
     # -- keys -----------------------------------------------------------------
@@ -130,7 +140,7 @@ class Memory:
 
     # -- store / load -----------------------------------------------------------
     def store(self, key: str | bytes, value: object, *, metadata: dict[str, Any] | None = None,
-              namespace: str | None = None, compression: str | None = None) -> str:
+              namespace: str | None = None, compression: str | None = None, text: str | None = None) -> str:
         """Store ``value`` under ``key``; a key that exists gets a new version.
 
         Args:
@@ -142,6 +152,7 @@ class Memory:
             compression: codec spec for floating-point tensors (``none``, ``fp16``,
                 ``bf16``, ``int8``, ``int4``, each optionally ``+lz4``). Default:
                 lossless ``none``; ``config.compression`` is the default of the KV layers.
+            text: index this text for :meth:`lookup_similar` in ``namespace`` (loads the embedder).
 
         Returns:
             The storage key (64 hex digits) the entry lives under.
@@ -170,9 +181,52 @@ class Memory:
         self._catalog_write(lambda: self.catalog.upsert(
             skey, namespace=namespace or "", user_key=preview, kind=value_kind(value), size=raw,
             stored_size=encoded.nbytes, codec=str(spec), crc=encoded.crc, tiers=written, metadata=metadata or {}))
+        if text is not None:
+            self.semantic_index().add(skey, text, namespace or "")
         self.metrics.stored(raw, encoded.nbytes)
         self.metrics.store_seconds.observe(time.perf_counter() - start)
         return skey
+
+    # -- semantic lookup ---------------------------------------------------------
+    def semantic_index(self) -> SemanticIndex:
+        """The semantic layer, built (embedder loaded, index read back) on first use."""
+        with self._semantic_lock:
+            if self._semantic is None:
+                from kvmem.semantic import SemanticIndex
+
+                self._semantic = SemanticIndex(self.catalog.engine, self._embedder)
+            return self._semantic
+
+    def lookup_similar(self, query: str, k: int = 3, *, namespace: str | None = None,
+                       threshold: float | None = None, verify: bool = True) -> list[Match]:
+        """Entries of ``namespace`` whose indexed text means the same as ``query``, best first.
+
+        Only ``namespace`` is searched, never another. A candidate counts when its cosine
+        score is at least ``threshold`` and, with ``verify``, the strict verifier finds no
+        differing number, unit, negation, polar word or named entity (see
+        :mod:`kvmem.semantic.verify`). Entries no tier holds any more are dropped from the index.
+
+        Args:
+            query: the text to match.
+            k: most matches returned.
+            namespace: the namespace given to :meth:`store`.
+            threshold: cosine floor (inclusive); default: the embedder's calibrated one.
+            verify: apply the strict verifier (on by default).
+
+        Returns:
+            ``Match(key, score, text, metadata)`` list; ``key`` is the storage key.
+        """
+        from kvmem.semantic import Match
+
+        index = self.semantic_index()
+        matches: list[Match] = []
+        for skey, score, text in index.search(query, namespace or "", k, threshold, verify):
+            if not self.tiers.contains(skey):  # NOTE: evicted from every tier: never a dangling hit
+                index.remove(skey)
+                continue
+            row = self._catalog_write(functools.partial(self.catalog.get, skey))
+            matches.append(Match(skey, score, text, row.metadata if row is not None else {}))
+        return matches
 
     def fetch(self, key: str | bytes, *, namespace: str | None = None,
               device: torch.device | str | None = None) -> Loaded | None:
@@ -256,6 +310,12 @@ class Memory:
         skey = self.storage_key(key, namespace)
         found = self.tiers.delete(skey)
         removed = self._catalog_write(lambda: self.catalog.delete(skey))
+        if self._semantic is not None:
+            self._semantic.remove(skey)
+        else:
+            from kvmem.semantic.layer import forget
+
+            self._catalog_write(lambda: forget(self.catalog.engine, skey))
         return found or removed is True
 
     def info(self, key: str | bytes, *, namespace: str | None = None) -> EntryInfo | None:

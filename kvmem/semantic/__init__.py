@@ -1,0 +1,30 @@
+"""Semantic lookup: entry texts embedded, indexed per namespace, strictly verified.
+
+``Memory.store(..., text=...)`` indexes a text; ``Memory.lookup_similar`` finds
+entries whose text means the same. Importing this package is cheap: the
+embedding model (sentence-transformers) loads when the first text is embedded.
+"""
+
+from kvmem.semantic.embedder import (
+           CachedEmbedder,
+           Embedder,
+           SentenceTransformerEmbedder,
+           text_hash,
+)
+from kvmem.semantic.index import ExactIndex, VectorIndex
+from kvmem.semantic.layer import Match, SemanticIndex
+from kvmem.semantic.verify import ProtectedTokenVerifier, Verifier, differs
+
+__all__ = [
+           "CachedEmbedder",
+           "Embedder",
+           "ExactIndex",
+           "Match",
+           "ProtectedTokenVerifier",
+           "SemanticIndex",
+           "SentenceTransformerEmbedder",
+           "VectorIndex",
+           "Verifier",
+           "differs",
+           "text_hash",
+]
