@@ -191,7 +191,7 @@ class TieredStore:
 
     def contains(self, key: str) -> bool:
         """Whether any usable tier holds ``key`` (no CRC check)."""
-        return any(self._call(t, lambda t=t: t.contains(key)) is True for t in self.tiers)
+        return self.locate(key) is not None
 
     def contains_many(self, keys: Sequence[str]) -> list[bool]:
         """``contains`` for several keys with one batched call per tier."""
