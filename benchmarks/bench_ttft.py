@@ -284,7 +284,6 @@ class Bench:
         warm = {"oracle", "kvmem_cpu", "disk_layerwise", "disk_load_all"} | (set(FULL_LENGTH) if warm_full else set())
         first = time_series(series, repeat, warm)
         diff = {name: (first[name] - first["full"]).abs().max().item() for name in CHECKED}
-        del oracle_cache
         params = sum(p.numel() for p in self.model.parameters())
         return Result(size, dtype, params, prefix_len, {s.name: s.times for s in series}, diff)
 
