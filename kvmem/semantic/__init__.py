@@ -5,6 +5,7 @@ entries whose text means the same. Importing this package is cheap: the
 embedding model (sentence-transformers) loads when the first text is embedded.
 """
 
+from kvmem.semantic.cache import SemanticCache
 from kvmem.semantic.embedder import (
            CachedEmbedder,
            Embedder,
@@ -21,6 +22,7 @@ __all__ = [
            "ExactIndex",
            "Match",
            "ProtectedTokenVerifier",
+           "SemanticCache",
            "SemanticIndex",
            "SentenceTransformerEmbedder",
            "VectorIndex",
