@@ -1,0 +1,373 @@
+"""kvmem's semantic lookup on a labelled evaluation set, side by side with GPTCache.
+
+Not a test: a measurement (issue 4, requirements 5 and 6).
+
+Quality. For every pair of ``benchmarks/data/semantic_pairs.jsonl`` (see
+``data/make_semantic_pairs.py``), ``stored`` is stored with ``text=`` in a fresh
+:class:`~kvmem.Memory` (its own temporary directory) and ``query`` is looked up
+with :meth:`Memory.lookup_similar`; a *hit* is the stored entry coming back.
+
+- precision: hits on paraphrases / all hits;
+- recall: paraphrases hit / paraphrases;
+- false-hit rate: near misses (or unrelated pairs) hit / near misses.
+
+The default-threshold rows are real ``lookup_similar`` calls (``threshold=None``),
+verifier on and off. The sweep reuses each pair's cosine score (one lookup with
+threshold -1) and the verifier's verdict on it; the script checks the sweep
+reproduces the real calls at the default threshold.
+
+GPTCache (``pip install gptcache``, if present) runs beside it with the same
+embedder (the vectors come from the same cached all-MiniLM-L6-v2), its usual
+``sqlite`` + ``faiss`` data manager and ``SearchDistanceEvaluation``, one fresh
+cache per pair, via ``gptcache.adapter.api.put/get``. Its ``similarity_threshold``
+``s`` is a fraction of the rank range of the L2 distance: on unit vectors it
+hits at cosine >= ``2 s - 1`` (its default 0.8 is cosine 0.6), so the sweep sets
+``s = (c + 1) / 2`` for each cosine threshold ``c``.
+
+Latency. Lookup time excluding the embedding: the query vector is computed
+before the clock starts. ``ExactIndex.search`` over N vectors (random unit
+384-d vectors, with the real embeddings of the evaluation texts mixed in, and
+queries taken from the real paraphrase queries), then GPTCache's faiss store
+(``IndexFlatL2`` via its ``VectorBase``) on the same vectors, and a raw faiss
+HNSW index for reference (kvmem has no HNSW index yet; its recall@1 against the
+exact result is reported).
+
+Usage (from the repository root, offline)::
+
+    HF_HUB_OFFLINE=1 python benchmarks/bench_semantic.py
+    HF_HUB_OFFLINE=1 python benchmarks/bench_semantic.py --quick --json benchmarks/results/semantic.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import os
+import platform
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvmem import Memory
+from kvmem.semantic import CachedEmbedder, SentenceTransformerEmbedder
+from kvmem.semantic.index import ExactIndex
+from machine import load_average
+
+DATA = Path(__file__).parent / "data" / "semantic_pairs.jsonl"
+SWEEP = [0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95]
+NEAR_KINDS = ["entity", "person", "number", "unit", "negation", "antonym", "order"]
+GOAL_FALSE_HIT, GOAL_RECALL = 0.01, 0.70
+
+
+@dataclass
+class Pair:
+    query: str
+    stored: str
+    label: str
+    kind: str
+    score: float = float("nan")  # cosine of query and stored
+    verified: bool = False  # the verifier accepts stored for query
+    hit_default_off: bool = False  # real lookup_similar at the default threshold, verify=False
+    hit_default_on: bool = False  # the same, verify=True
+    gpt_hits: dict[float, bool] | None = None  # cosine threshold -> GPTCache hit
+
+
+def load_pairs(path: Path) -> list[Pair]:
+    with path.open(encoding="utf-8") as f:
+        return [Pair(**json.loads(line)) for line in f if line.strip()]
+
+
+def run_kvmem(pairs: list[Pair], embedder: CachedEmbedder, root: Path) -> None:
+    """Fresh Memory per pair: store ``stored`` with text=, look ``query`` up (default threshold, -1)."""
+    for i, pair in enumerate(pairs):
+        mem = Memory(str(root / f"kv{i}"), embedder=embedder)
+        try:
+            mem.store("entry", "answer", text=pair.stored)
+            pair.hit_default_off = bool(mem.lookup_similar(pair.query, k=1, verify=False))
+            pair.hit_default_on = bool(mem.lookup_similar(pair.query, k=1))
+            found = mem.lookup_similar(pair.query, k=1, threshold=-1.0, verify=False)
+            pair.score = found[0].score
+            pair.verified = bool(mem.lookup_similar(pair.query, k=1, threshold=-1.0, verify=True))
+        finally:
+            mem.close()
+
+
+def gptcache_available() -> str | None:
+    """``None`` when GPTCache imports, else why not."""
+    try:
+        import gptcache  # noqa: F401
+        from gptcache.manager import CacheBase, VectorBase, get_data_manager  # noqa: F401
+        import faiss  # noqa: F401
+    except Exception as exc:  # noqa: BLE001  NOTE: any import failure means: skip, and say why
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def run_gptcache(pairs: list[Pair], embedder: CachedEmbedder, root: Path, thresholds: list[float]) -> None:
+    """Fresh GPTCache (sqlite + faiss, SearchDistanceEvaluation) per pair, same embedder; hit per threshold."""
+    from gptcache import Cache, Config
+    from gptcache.adapter.api import get, put
+    from gptcache.manager import CacheBase, VectorBase, get_data_manager
+    from gptcache.processor.pre import get_prompt
+    from gptcache.similarity_evaluation.distance import SearchDistanceEvaluation
+
+    def embed(data: str, **_: object) -> np.ndarray:
+        return embedder.embed([data])[0]
+
+    for i, pair in enumerate(pairs):
+        d = root / f"gpt{i}"
+        d.mkdir()
+        manager = get_data_manager(CacheBase("sqlite", sql_url=f"sqlite:///{d}/sqlite.db"),
+                                   VectorBase("faiss", dimension=embedder.dim, index_path=str(d / "faiss.index")))
+        cache = Cache()
+        cache.init(pre_embedding_func=get_prompt, embedding_func=embed, data_manager=manager,
+                   similarity_evaluation=SearchDistanceEvaluation(), config=Config(similarity_threshold=0.8))
+        put(pair.stored, "answer", cache_obj=cache)
+        pair.gpt_hits = {}
+        for c in thresholds:
+            cache.config.similarity_threshold = (c + 1) / 2
+            pair.gpt_hits[c] = get(pair.query, cache_obj=cache) is not None
+        manager.close()
+        # NOTE: Cache.init registers an atexit hook that closes (flushes) its data manager again,
+        # after the temporary directory is gone; give it a no-op one instead
+        cache.data_manager = _Closed()
+
+
+class _Closed:
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class Rates:
+    hits: int
+    precision: float
+    recall: float
+    false_hit: float  # near misses
+    unrelated_hit: float
+    per_kind: dict[str, float]
+
+
+def rates(pairs: list[Pair], hit: list[bool]) -> Rates:
+    def frac(sel: list[bool]) -> float:
+        idx = [h for h, s in zip(hit, sel) if s]
+        return sum(idx) / len(idx) if idx else float("nan")
+
+    para = [p.label == "paraphrase" for p in pairs]
+    near = [p.label == "near_miss" for p in pairs]
+    unrel = [p.label == "unrelated" for p in pairs]
+    true_hits = sum(h and s for h, s in zip(hit, para))
+    hits = sum(hit)
+    return Rates(hits, true_hits / hits if hits else float("nan"), frac(para), frac(near), frac(unrel),
+                 {k: frac([p.kind == k for p in pairs]) for k in NEAR_KINDS})
+
+
+def pct(x: float) -> str:
+    return "   n/a" if x != x else f"{100 * x:5.1f}%"
+
+
+def print_rates_table(title: str, rows: list[tuple[str, Rates]]) -> None:
+    print(f"\n{title}")
+    head = f"{'':>28} {'hits':>5} {'prec':>6} {'recall':>6} {'false':>6} {'unrel':>6}  " + \
+        " ".join(f"{k[:6]:>6}" for k in NEAR_KINDS)
+    print(head)
+    print("-" * len(head))
+    for name, r in rows:
+        print(f"{name:>28} {r.hits:5d} {pct(r.precision)} {pct(r.recall)} {pct(r.false_hit)} {pct(r.unrelated_hit)}  "
+              + " ".join(pct(r.per_kind[k]) for k in NEAR_KINDS))
+
+
+def verdict(r: Rates) -> str:
+    ok = r.false_hit <= GOAL_FALSE_HIT and r.recall >= GOAL_RECALL
+    return f"{'PASS' if ok else 'MISS'} (false-hit {pct(r.false_hit).strip()} <= 1%, recall {pct(r.recall).strip()} >= 70%)"
+
+
+# -- latency ---------------------------------------------------------------------------------
+def percentiles(times: list[float]) -> tuple[float, float]:
+    arr = np.array(times) * 1e3
+    return float(np.percentile(arr, 50)), float(np.percentile(arr, 99))
+
+
+def latency(real: np.ndarray, queries: np.ndarray, sizes: list[int], n_queries: int, k: int,
+            with_gptcache: bool, root: Path) -> list[dict[str, object]]:
+    rng = np.random.default_rng(0)
+    out: list[dict[str, object]] = []
+    for n in sizes:
+        rand = rng.standard_normal((n - len(real), real.shape[1]), dtype=np.float32)
+        rand /= np.linalg.norm(rand, axis=1, keepdims=True)
+        vectors = np.ascontiguousarray(np.concatenate([real, rand]))
+        ids = [str(i) for i in range(n)]
+        index = ExactIndex(real.shape[1])
+        index.add(ids, vectors)
+        qs = queries[np.arange(n_queries) % len(queries)]
+        exact_top1: list[str] = []
+        times = []
+        for q in qs:
+            t0 = time.perf_counter()
+            res = index.search(q, k)
+            times.append(time.perf_counter() - t0)
+            exact_top1.append(res[0][0])
+        p50, p99 = percentiles(times)
+        out.append({"n": n, "index": "kvmem ExactIndex (numpy matmul)", "p50_ms": p50, "p99_ms": p99,
+                    "recall@1": 1.0})
+
+        import faiss
+        hnsw = faiss.IndexHNSWFlat(real.shape[1], 32, faiss.METRIC_INNER_PRODUCT)
+        hnsw.hnsw.efConstruction, hnsw.hnsw.efSearch = 200, 64
+        t0 = time.perf_counter()
+        hnsw.add(vectors)
+        build_s = time.perf_counter() - t0
+        times, agree = [], 0
+        for q, want in zip(qs, exact_top1):
+            t0 = time.perf_counter()
+            _, idx = hnsw.search(q[None, :], k)
+            times.append(time.perf_counter() - t0)
+            agree += str(int(idx[0][0])) == want
+        p50, p99 = percentiles(times)
+        out.append({"n": n, "index": f"faiss HNSW M=32 ef=64 (reference, not in kvmem; build {build_s:.1f}s)",
+                    "p50_ms": p50, "p99_ms": p99, "recall@1": agree / len(qs)})
+
+        if with_gptcache:
+            from gptcache.manager.vector_data.base import VectorData
+            from gptcache.manager import VectorBase
+            store = VectorBase("faiss", dimension=real.shape[1], index_path=str(root / f"lat{n}.index"), top_k=k)
+            store.mul_add([VectorData(id=i, data=v) for i, v in enumerate(vectors)])
+            times, agree = [], 0
+            for q, want in zip(qs, exact_top1):
+                t0 = time.perf_counter()
+                res = store.search(q, top_k=k)
+                times.append(time.perf_counter() - t0)
+                agree += str(int(res[0][1])) == want
+            p50, p99 = percentiles(times)
+            out.append({"n": n, "index": "GPTCache faiss VectorBase (IndexFlatL2)", "p50_ms": p50, "p99_ms": p99,
+                        "recall@1": agree / len(qs)})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--quick", action="store_true", help="every 4th pair, 10k entries and 200 queries only")
+    ap.add_argument("--sizes", default=None, help="comma-separated index sizes for latency (default 10000,100000)")
+    ap.add_argument("--queries", type=int, default=None, help="latency queries per size (default 1000)")
+    ap.add_argument("--no-gptcache", action="store_true")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    logging.getLogger("gptcache").setLevel(logging.ERROR)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    pairs = load_pairs(args.data)
+    if args.quick:
+        pairs = pairs[::4]
+    sizes = [int(s) for s in (args.sizes or ("10000" if args.quick else "10000,100000")).split(",")]
+    n_queries = args.queries or (200 if args.quick else 1000)
+
+    t0 = time.perf_counter()
+    embedder = CachedEmbedder(SentenceTransformerEmbedder())
+    load_s = time.perf_counter() - t0
+    texts = sorted({p.query for p in pairs} | {p.stored for p in pairs})
+    t0 = time.perf_counter()
+    embedder.embed(texts)  # NOTE: embeds once, batched; every later lookup reuses the cached vectors
+    embed_s = time.perf_counter() - t0
+    default = embedder.threshold
+    print(f"kvmem semantic benchmark  |  {platform.node()}  load {load_average()}  |  embedder {embedder.name} "
+          f"(load {load_s:.1f}s, {len(texts)} texts in {embed_s:.1f}s = {len(texts) / embed_s:.0f}/s), "
+          f"default threshold {default}")
+    counts = {k: sum(p.kind == k for p in pairs) for k in ["paraphrase", *NEAR_KINDS, "unrelated"]}
+    print(f"{len(pairs)} pairs from {args.data.name}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+
+    gpt_reason = None if not args.no_gptcache else "--no-gptcache"
+    gpt_reason = gpt_reason or gptcache_available()
+    with tempfile.TemporaryDirectory(prefix="kvmem-bench-semantic-") as tmp:
+        root = Path(tmp)
+        t0 = time.perf_counter()
+        run_kvmem(pairs, embedder, root)
+        kv_s = time.perf_counter() - t0
+        thresholds = sorted({*SWEEP, default, 0.6})
+        if gpt_reason is None:
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    run_gptcache(pairs, embedder, root, thresholds)
+            except Exception as exc:  # noqa: BLE001  NOTE: reported, never faked
+                gpt_reason = f"configuration failed: {type(exc).__name__}: {exc}"
+        print(f"kvmem: {len(pairs)} fresh Memory instances, 4 lookups each, in {kv_s:.1f}s")
+
+        # consistency: the sweep's model of a hit must reproduce the real default-threshold calls
+        model_off = [p.score >= default for p in pairs]
+        model_on = [p.score >= default and p.verified for p in pairs]
+        bad = sum(a != p.hit_default_off for a, p in zip(model_off, pairs)) + \
+            sum(a != p.hit_default_on for a, p in zip(model_on, pairs))
+        if bad:
+            print(f"WARNING: the sweep disagrees with {bad} real lookup_similar calls at the default threshold")
+
+        rows = [(f"kvmem @{default} verify=on", rates(pairs, [p.hit_default_on for p in pairs])),
+                (f"kvmem @{default} verify=off", rates(pairs, [p.hit_default_off for p in pairs]))]
+        if gpt_reason is None:
+            rows.append(("GPTCache s=0.8 (cos>=0.6)", rates(pairs, [p.gpt_hits[0.6] for p in pairs])))
+            rows.append((f"GPTCache cos>={default}", rates(pairs, [p.gpt_hits[default] for p in pairs])))
+        print_rates_table("Default threshold (prec = precision; recall on paraphrases; false = near-miss hit rate; "
+                          "unrel = unrelated hit rate; then near-miss hit rate per kind)", rows)
+        print(f"\nGoal at the default threshold: {verdict(rows[0][1])}  [kvmem, verifier on]")
+        if gpt_reason is not None:
+            print(f"GPTCache: skipped ({gpt_reason})")
+
+        sweep_rows: list[tuple[str, Rates]] = []
+        for c in SWEEP:
+            sweep_rows.append((f"kvmem cos>={c:.2f} verify=off", rates(pairs, [p.score >= c for p in pairs])))
+            sweep_rows.append((f"kvmem cos>={c:.2f} verify=on",
+                               rates(pairs, [p.score >= c and p.verified for p in pairs])))
+            if gpt_reason is None:
+                sweep_rows.append((f"GPTCache s={(c + 1) / 2:.3f}", rates(pairs, [p.gpt_hits[c] for p in pairs])))
+        print_rates_table("Threshold sweep (cosine threshold; GPTCache's similarity_threshold s = (cos + 1) / 2)",
+                          sweep_rows)
+
+        # score bands, to read where a threshold can and cannot separate
+        print("\nCosine score bands (min / median / max) and verifier acceptance per kind")
+        for kind in ["paraphrase", *NEAR_KINDS, "unrelated"]:
+            sel = [p for p in pairs if p.kind == kind]
+            if not sel:
+                continue
+            sc = [p.score for p in sel]
+            acc = sum(p.verified for p in sel) / len(sel)
+            print(f"  {kind:>10}: {min(sc):.3f} / {statistics.median(sc):.3f} / {max(sc):.3f}   "
+                  f"verifier accepts {pct(acc)}")
+        misses = [p for p in pairs if p.label != "paraphrase" and p.hit_default_on]
+        if misses:
+            print(f"\nFalse hits of kvmem @{default} verify=on:")
+            for p in misses:
+                print(f"  [{p.kind}] {p.score:.3f}  {p.query!r}  ->  {p.stored!r}")
+        rejected = [p for p in pairs if p.label == "paraphrase" and p.score >= default and not p.verified]
+        if rejected:
+            print(f"\nParaphrases over {default} rejected by the verifier ({len(rejected)}):")
+            for p in rejected:
+                print(f"  {p.score:.3f}  {p.query!r}  ->  {p.stored!r}")
+
+        # latency
+        real = embedder.embed(texts)
+        qvecs = embedder.embed(sorted({p.query for p in pairs if p.label == "paraphrase"}))
+        lat = latency(real, qvecs, sizes, n_queries, 1, gpt_reason is None, root)
+        print(f"\nLookup latency, excluding the embedding ({n_queries} queries, k=1; {len(real)} real embeddings "
+              f"+ random unit vectors, queries = real paraphrase queries)")
+        print(f"{'N':>7}  {'index':<68} {'p50 ms':>7} {'p99 ms':>7} {'rec@1':>6}")
+        for r in lat:
+            print(f"{r['n']:>7}  {r['index']:<68} {r['p50_ms']:7.3f} {r['p99_ms']:7.3f} {r['recall@1']:6.3f}")
+        print("Goal (req 6): <= 1 ms p50 at 100k with recall@1 >= 0.99; kvmem has only the exact index so far.")
+
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "default_threshold": default, "gptcache": gpt_reason or "ok",
+            "default": {n: r.__dict__ for n, r in rows}, "sweep": {n: r.__dict__ for n, r in sweep_rows},
+            "latency": lat, "pairs": [{k: v for k, v in p.__dict__.items() if k != "gpt_hits"} for p in pairs],
+        }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
