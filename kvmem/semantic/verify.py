@@ -14,6 +14,8 @@ The rule (:func:`differs`): tokenize both texts; a token is *protected* when it 
 - a capitalized word that is not a function word and does not start a sentence
   (a likely named entity: "France", "Python", "Alice"); case is compared folded.
 
+Contractions are split first ("don't" -> "do n't"), and a possessive ``'s`` or a
+trailing apostrophe is dropped ("France's" names France).
 Negation words (not, no, never, n't, ...) collapse into one ``<neg>`` token, so
 "not" and "never" agree but "include" and "not include" do not. The candidate is
 rejected when some token protected in either text is missing from the other.
@@ -34,6 +36,8 @@ from typing import Protocol
 __all__ = ["ProtectedTokenVerifier", "Verifier", "differs", "protected_tokens"]
 
 _TOKEN = re.compile(r"n't|\d+(?:[.,]\d+)*|[A-Za-z][A-Za-z'-]*")
+_CONTRACTION = re.compile(r"(?i)\b([a-z]+)n't\b")
+_POSSESSIVE = re.compile(r"(?:'s|')$")
 _NEGATIONS = frozenset({"not", "no", "never", "n't", "none", "nobody", "nothing", "neither", "nor", "without",
                         "cannot", "nowhere"})
 _NUMBER_WORDS = {w: str(i) for i, w in enumerate(
@@ -75,8 +79,10 @@ def protected_tokens(text: str) -> tuple[set[str], set[str]]:
         ``(protected, vocabulary)``: both normalized (numbers as digits, units
         canonical, negations as ``<neg>``, quantities as ``"<number> <unit>"``).
     """
+    # NOTE: split contractions ("don't" -> "do n't") before tokenizing, or the negation hides inside a word
+    text = _CONTRACTION.sub(r"\1 n't", text)
     matches = list(_TOKEN.finditer(text))
-    raw = [m.group() for m in matches]
+    raw = [_POSSESSIVE.sub("", m.group()) or m.group() for m in matches]  # "France's" names France
     # a token starts a sentence when it is the first, or the gap before it holds . ? ! or :
     gaps = [text[:matches[0].start()] if matches else ""] + [
         text[a.end():b.start()] for a, b in itertools.pairwise(matches)]

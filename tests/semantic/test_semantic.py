@@ -91,6 +91,20 @@ def test_verifier_accepts_paraphrases(a, b):
     assert not differs("Convert 10 miles to km", "How many km is 10 miles?")
 
 
+@pytest.mark.parametrize("a,b", [("Can't I cancel my order?", "Can I cancel my order?"),
+                                 ("Why doesn't the app start?", "Why does the app start?"),
+                                 ("The shop won't open on Sunday", "The shop will open on Sunday")])
+def test_a_negation_inside_a_contraction_is_seen(a, b):
+    assert differs(a, b)
+
+
+@pytest.mark.parametrize("a,b", [("What is France's capital?", "What is the capital of France?"),
+                                 ("Who proved Pythagoras' theorem?", "Who proved the theorem of Pythagoras?"),
+                                 ("I don't like it", "I do not like it")])
+def test_possessives_and_spelled_out_negations_are_the_same_words(a, b):
+    assert not differs(a, b)
+
+
 def test_namespaces_never_cross(mem):
     mem.store("q", "answer-a", text="How do I reset my password?", namespace="tenant-a")
     mem.store("q", "answer-b", text="How do I reset my password?", namespace="tenant-b")
