@@ -188,6 +188,16 @@ def test_same_config_different_weights_never_share_chunks(tiny_model: ModelFacto
     assert _max_diff(result, _full_logits(other, ids)) <= EXACT
 
 
+def _store_and_close(model: torch.nn.Module, ids: torch.Tensor, open_memory: MemoryFactory,
+                     prefix_cache: PrefixCacheFactory) -> None:
+    """Prefill ``ids`` through one Memory and close it: its chunks are on disk, its CPU tier gone."""
+    writer = open_memory()
+    pc = prefix_cache(model, writer)
+    pc.prefill(ids)
+    pc.close()
+    writer.close()
+
+
 # -- corruption -------------------------------------------------------------------------------------------------
 
 
@@ -195,11 +205,7 @@ def test_corrupt_middle_chunk_on_disk_stops_reuse_before_it(tiny_model: ModelFac
                                                             prefix_cache: PrefixCacheFactory) -> None:
     model = tiny_model("llama")
     ids = prompt(13, 5 * BLOCK + 3)
-    writer = open_memory()
-    pc = prefix_cache(model, writer)
-    pc.prefill(ids)
-    pc.close()
-    writer.close()
+    _store_and_close(model, ids, open_memory, prefix_cache)
 
     reader = open_memory(cpu_bytes=0)  # every load reads the disk tier
     pc = prefix_cache(model, reader)
@@ -265,11 +271,7 @@ def test_prefetch_warms_chunks_from_disk_into_the_cpu_tier(tiny_model: ModelFact
                                                            prefix_cache: PrefixCacheFactory) -> None:
     model = tiny_model("llama")
     ids = prompt(17, 4 * BLOCK + 2)
-    writer = open_memory()
-    pc = prefix_cache(model, writer)
-    pc.prefill(ids)
-    pc.close()
-    writer.close()
+    _store_and_close(model, ids, open_memory, prefix_cache)
 
     memory = open_memory()  # reopened: the CPU tier starts empty, the disk tier holds the chunks
     cpu = next(t for t in memory.tiers.tiers if t.name == "cpu")

@@ -9,7 +9,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from kvmem import Memory, UnsupportedValueError
-from kvmem.semantic import CachedEmbedder, SemanticCache, SentenceTransformerEmbedder
+from kvmem.semantic import CachedEmbedder, SemanticCache
 
 MODEL_X = {"llm": "model-x", "system": "You are a helpful assistant."}
 
@@ -34,17 +34,6 @@ class CountingEmbedder(CachedEmbedder):
     def embed(self, texts):  # type: ignore[no-untyped-def]
         self.calls += 1
         return super().embed(texts)
-
-
-@pytest.fixture(scope="module")
-def embedder() -> CachedEmbedder:
-    return CachedEmbedder(SentenceTransformerEmbedder())
-
-
-@pytest.fixture
-def mem(tmp_path, embedder):
-    with Memory(str(tmp_path), embedder=embedder) as m:
-        yield m
 
 
 @pytest.fixture

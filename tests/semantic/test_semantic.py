@@ -15,7 +15,6 @@ from kvmem import Memory
 from kvmem.semantic import (
     CachedEmbedder,
     ExactIndex,
-    SentenceTransformerEmbedder,
     differs,
 )
 
@@ -33,17 +32,6 @@ NEAR_MISSES = [  # (stored, query): each scores high with MiniLM and must not hi
 ]
 UNRELATED = [("How do I reset my password?", "How do I change my email address?"),
              ("How do I reset my password?", "What's the weather like in Paris today?")]
-
-
-@pytest.fixture(scope="module")
-def embedder() -> CachedEmbedder:
-    return CachedEmbedder(SentenceTransformerEmbedder())
-
-
-@pytest.fixture
-def mem(tmp_path, embedder):
-    with Memory(str(tmp_path), embedder=embedder) as m:
-        yield m
 
 
 def _cos(embedder: CachedEmbedder, a: str, b: str) -> float:
