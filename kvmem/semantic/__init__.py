@@ -14,19 +14,20 @@ from kvmem.semantic.embedder import (
 )
 from kvmem.semantic.index import ExactIndex, VectorIndex
 from kvmem.semantic.layer import Match, SemanticIndex
-from kvmem.semantic.verify import ProtectedTokenVerifier, Verifier, differs
+from kvmem.semantic.verify import RuleVerifier, Verifier, differs, reason
 
 __all__ = [
            "CachedEmbedder",
            "Embedder",
            "ExactIndex",
            "Match",
-           "ProtectedTokenVerifier",
+           "RuleVerifier",
            "SemanticCache",
            "SemanticIndex",
            "SentenceTransformerEmbedder",
            "VectorIndex",
            "Verifier",
            "differs",
+           "reason",
            "text_hash",
 ]

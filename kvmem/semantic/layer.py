@@ -37,7 +37,7 @@ from kvmem.semantic.embedder import (
     SentenceTransformerEmbedder,
 )
 from kvmem.semantic.index import ExactIndex
-from kvmem.semantic.verify import ProtectedTokenVerifier, Verifier
+from kvmem.semantic.verify import RuleVerifier, Verifier
 
 __all__ = ["Match", "SemanticIndex"]
 
@@ -68,13 +68,13 @@ class SemanticIndex:
     Args:
         engine: the catalog's database engine (the side table is created there).
         embedder: default: the packaged all-MiniLM-L6-v2 (loaded here, so build lazily).
-        verifier: strict second stage; default :class:`ProtectedTokenVerifier`.
+        verifier: strict second stage; default :class:`RuleVerifier`.
     """
 
     def __init__(self, engine: Engine, embedder: Embedder | None = None, verifier: Verifier | None = None) -> None:
         inner = embedder if embedder is not None else SentenceTransformerEmbedder()
         self.embedder = inner if isinstance(inner, CachedEmbedder) else CachedEmbedder(inner)
-        self.verifier: Verifier = verifier if verifier is not None else ProtectedTokenVerifier()
+        self.verifier: Verifier = verifier if verifier is not None else RuleVerifier()
         self._engine = engine
         self._lock = threading.RLock()
         self._indexes: dict[str, ExactIndex] = {}

@@ -10,8 +10,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from kvmem import Memory  # noqa: E402
-from kvmem.semantic import CachedEmbedder, SentenceTransformerEmbedder  # noqa: E402
+from kvmem import Memory
+from kvmem.semantic import CachedEmbedder, SentenceTransformerEmbedder
 
 
 @pytest.fixture(scope="session")
