@@ -6,6 +6,7 @@ in), values into blobs (codec pipeline), and drives the tiers and the catalog.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import functools
 import logging
@@ -121,16 +122,16 @@ class Memory:
             settings["path"] = path
         self.config = config.replace(**settings) if config is not None else load_config(config_file, **settings)
         self.metrics = Metrics(registry)
+        self._embedder = embedder
+        self._semantic: SemanticIndex | None = None
+        self._semantic_lock = threading.Lock()
         self.catalog = Catalog(self.config.resolved_catalog_url, flush_seconds=_CATALOG_FLUSH_SECONDS,
                                on_error=self._catalog_failed)
         self.tiers = TieredStore(build_tiers(self.config), self.metrics,
                                  offload_threshold=self.config.offload_threshold,
                                  write_policy=self.config.write_policy, queue_size=self.config.write_back_queue,
                                  retry_seconds=self.config.tier_retry_seconds,
-                                 on_removed=self.catalog.record_removed)
-        self._embedder = embedder
-        self._semantic: SemanticIndex | None = None
-        self._semantic_lock = threading.Lock()
+                                 on_removed=self._removed)
         self._closed = False
 
     # -- keys -----------------------------------------------------------------
@@ -194,7 +195,7 @@ class Memory:
             if self._semantic is None:
                 from kvmem.semantic import SemanticIndex
 
-                self._semantic = SemanticIndex(self.catalog.engine, self._embedder)
+                self._semantic = SemanticIndex(self.catalog.engine, self._embedder, live=self.tiers.contains_many)
             return self._semantic
 
     def lookup_similar(self, query: str, k: int = 3, *, namespace: str | None = None,
@@ -227,6 +228,12 @@ class Memory:
             row = self._catalog_write(functools.partial(self.catalog.get, skey))
             matches.append(Match(skey, score, text, row.metadata if row is not None else {}))
         return matches
+
+    async def alookup_similar(self, query: str, k: int = 3, *, namespace: str | None = None,
+                              threshold: float | None = None, verify: bool = True) -> list[Match]:
+        """:meth:`lookup_similar` in a worker thread: the event loop goes on while the query is embedded."""
+        return await asyncio.to_thread(self.lookup_similar, query, k, namespace=namespace, threshold=threshold,
+                                       verify=verify)
 
     def fetch(self, key: str | bytes, *, namespace: str | None = None,
               device: torch.device | str | None = None) -> Loaded | None:
@@ -383,6 +390,8 @@ class Memory:
         """Finish write-backs, fsync pending files, write buffered catalog updates."""
         self.tiers.flush()
         self._catalog_write(self.catalog.flush)
+        if self._semantic is not None:
+            self._catalog_write(self._semantic.flush)
 
     def close(self) -> None:
         """Flush and release everything. Idempotent."""
@@ -390,6 +399,8 @@ class Memory:
             return
         self._closed = True
         self.tiers.close()
+        if self._semantic is not None:
+            self._catalog_write(self._semantic.flush)
         self._catalog_write(self.catalog.close)
 
     def __enter__(self) -> "Memory":
@@ -399,6 +410,12 @@ class Memory:
         self.close()
 
     # -- helpers -------------------------------------------------------------------
+    def _removed(self, skey: str) -> None:
+        """An entry left its last tier (evicted): forget its catalog row and its vector."""
+        self.catalog.record_removed(skey)
+        if self._semantic is not None:
+            self._semantic.discard(skey)
+
     def _catalog_write(self, fn: Callable[[], V]) -> V | None:
         """Run a catalog operation; a database failure is counted and logged, never raised."""
         try:

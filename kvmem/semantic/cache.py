@@ -23,6 +23,7 @@ deletes it when met.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -116,6 +117,15 @@ class SemanticCache:
         """The response cached for ``prompt`` (or a verified paraphrase of it) in ``partition``, or ``None``."""
         found = self._find(prompt, partition)
         return found[1] if found is not None else None
+
+    async def aput(self, prompt: Prompt, response: Any, partition: Mapping[str, Any] | None = None,
+                   ttl: float | None = None) -> str:
+        """:meth:`put` in a worker thread (embedding and disk writes do not block the event loop)."""
+        return await asyncio.to_thread(self.put, prompt, response, partition, ttl)
+
+    async def aget(self, prompt: Prompt, partition: Mapping[str, Any] | None = None) -> Any | None:
+        """:meth:`get` in a worker thread (embedding and disk reads do not block the event loop)."""
+        return await asyncio.to_thread(self.get, prompt, partition)
 
     def invalidate(self, prompt: Prompt, partition: Mapping[str, Any] | None = None) -> bool:
         """Remove the entry :meth:`get` would return for ``prompt`` (e.g. a bad similar hit); whether one was."""
