@@ -150,3 +150,16 @@ def test_exact_index_swap_remove_and_allowed():
     assert index.search(np.array([1, 0], dtype=np.float32), 1)[0] == ("b", pytest.approx(1.0))
     with pytest.raises(ValueError):
         index.add(["x"], np.zeros((1, 3), dtype=np.float32))
+
+
+def test_module_level_store_text_and_lookup(tmp_path, embedder):
+    import kvmem
+
+    kvmem.configure(path=str(tmp_path), embedder=embedder)
+    try:
+        key = kvmem.store("faq/7", "Press 'Forgot password' on the login page.", text="How do I reset my password?")
+        hits = kvmem.lookup_similar("I forgot my password, how to reset it?")
+        assert [h.key for h in hits] == [key]
+        assert kvmem.lookup_similar("How do I reset my router?") == []
+    finally:
+        kvmem.configure(path=str(tmp_path / "after"))
