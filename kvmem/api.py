@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -195,7 +196,9 @@ class Memory:
             if self._semantic is None:
                 from kvmem.semantic import SemanticIndex
 
-                self._semantic = SemanticIndex(self.catalog.engine, self._embedder, live=self.tiers.contains_many)
+                self._semantic = SemanticIndex(self.catalog.engine, self._embedder, live=self.tiers.contains_many,
+                                               directory=Path(self.config.path) / "semantic",
+                                               hnsw_from=self.config.semantic_hnsw_from)
             return self._semantic
 
     def lookup_similar(self, query: str, k: int = 3, *, namespace: str | None = None,

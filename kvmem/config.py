@@ -91,6 +91,7 @@ class Config:
     tenant_salt: str = ""
     strict: bool = False
     tier_retry_seconds: float = 5.0
+    semantic_hnsw_from: int = 20_000
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -130,6 +131,8 @@ def _validate(c: Config) -> None:
         raise bad("write_policy", " | ".join(WRITE_POLICIES))
     if not (number(c.write_back_queue) and c.write_back_queue >= 1):
         raise bad("write_back_queue", "an integer >= 1")
+    if not (number(c.semantic_hnsw_from) and c.semantic_hnsw_from >= 2):
+        raise bad("semantic_hnsw_from", "an integer >= 2")
     if not (number(c.tier_retry_seconds, (int, float)) and c.tier_retry_seconds >= 0):
         raise bad("tier_retry_seconds", "a number of seconds >= 0")
     for name in _SIZE_FIELDS:

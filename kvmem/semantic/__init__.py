@@ -5,6 +5,7 @@ entries whose text means the same. Importing this package is cheap: the
 embedding model (sentence-transformers) loads when the first text is embedded.
 """
 
+from kvmem.semantic.auto import AutoIndex
 from kvmem.semantic.cache import SemanticCache
 from kvmem.semantic.embedder import (
            CachedEmbedder,
@@ -12,14 +13,17 @@ from kvmem.semantic.embedder import (
            SentenceTransformerEmbedder,
            text_hash,
 )
+from kvmem.semantic.hnsw import HnswIndex, content_digest
 from kvmem.semantic.index import ExactIndex, VectorIndex
 from kvmem.semantic.layer import Match, SemanticIndex
 from kvmem.semantic.verify import RuleVerifier, Verifier, differs, reason
 
 __all__ = [
+           "AutoIndex",
            "CachedEmbedder",
            "Embedder",
            "ExactIndex",
+           "HnswIndex",
            "Match",
            "RuleVerifier",
            "SemanticCache",
@@ -27,6 +31,7 @@ __all__ = [
            "SentenceTransformerEmbedder",
            "VectorIndex",
            "Verifier",
+           "content_digest",
            "differs",
            "reason",
            "text_hash",

@@ -1,11 +1,21 @@
-"""Vector indexes: exact nearest-neighbour search over unit vectors by inner product.
+"""Vector indexes: nearest-neighbour search over unit vectors by inner product.
 
 A :class:`VectorIndex` holds one partition's vectors (one namespace and embedder);
 partitions are separate index objects, so a search can never cross them.
+
+- :class:`ExactIndex` (here): brute force over one contiguous matrix. Exact, and the
+  fastest below some 20k vectors (a matmul: ~0.2 ms at 10k, 7-9 ms at 100k on 2 cores).
+- :class:`~kvmem.semantic.hnsw.HnswIndex`: a faiss HNSW graph (approximate, sub-linear).
+- :class:`~kvmem.semantic.auto.AutoIndex`: exact while small, HNSW once large, graphs
+  built in the background; what the semantic layer uses.
+
+Every index breaks score ties by id, so equal scores come back in one order
+whatever the insertion history.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from typing import Protocol
 
@@ -27,11 +37,36 @@ class VectorIndex(Protocol):
 
     def search(self, vector: np.ndarray, k: int,
                allowed: Collection[str] | None = None) -> list[tuple[str, float]]:
-        """The ``k`` ids closest to ``vector``, best first, restricted to ``allowed`` when given."""
+        """The ``k`` ids closest to ``vector``, best first (ties by id), only ids in ``allowed`` when given."""
         ...
 
     def __len__(self) -> int:
         ...
+
+
+def checked_rows(ids: Sequence[str], vectors: np.ndarray, dim: int) -> np.ndarray:
+    """``vectors`` as float32, or ValueError when it is not ``[len(ids), dim]``."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    if vectors.shape != (len(ids), dim):
+        raise ValueError(f"vectors of shape {vectors.shape}: expected ({len(ids)}, {dim})")
+    return vectors
+
+
+def _best(scores: np.ndarray, ids: Sequence[str], k: int) -> list[tuple[str, float]]:
+    """The ``k`` best finite ``scores`` as ``(ids[i], score)``, best first, equal scores by id.
+
+    NOTE: everything tied with the k-th score is a candidate, so which of several
+    equal ids makes the cut does not depend on row order.
+    """
+    if len(scores) > k:
+        cut = np.partition(scores, len(scores) - k)[len(scores) - k]
+        rows = np.flatnonzero(scores >= cut)
+    else:
+        rows = np.arange(len(scores))
+    found = [(float(scores[i]), ids[i]) for i in rows.tolist()]
+    found = [(s, id_) for s, id_ in found if math.isfinite(s)]
+    found.sort(key=lambda c: (-c[0], c[1]))
+    return [(id_, s) for s, id_ in found[:k]]
 
 
 class ExactIndex:
@@ -54,15 +89,28 @@ class ExactIndex:
     def __len__(self) -> int:
         return len(self._ids)
 
+    def __contains__(self, id_: object) -> bool:
+        return id_ in self._row
+
+    @property
+    def ids(self) -> list[str]:
+        """Live ids; ``ids[i]`` owns row ``i`` of :attr:`vectors` (a copy)."""
+        return list(self._ids)
+
+    @property
+    def vectors(self) -> np.ndarray:
+        """The live ``[n, dim]`` rows, a read-only view (valid until the next add or remove)."""
+        view = self._matrix[:len(self._ids)]
+        view.flags.writeable = False
+        return view
+
     def add(self, ids: Sequence[str], vectors: np.ndarray) -> None:
         """See :meth:`VectorIndex.add`.
 
         Raises:
             ValueError: ``vectors`` is not ``[len(ids), dim]``.
         """
-        vectors = np.asarray(vectors, dtype=np.float32)
-        if vectors.shape != (len(ids), self.dim):
-            raise ValueError(f"vectors of shape {vectors.shape}: expected ({len(ids)}, {self.dim})")
+        vectors = checked_rows(ids, vectors, self.dim)
         for id_, vec in zip(ids, vectors):
             row = self._row.get(id_)
             if row is None:
@@ -94,15 +142,27 @@ class ExactIndex:
 
     def search(self, vector: np.ndarray, k: int,
                allowed: Collection[str] | None = None) -> list[tuple[str, float]]:
-        """See :meth:`VectorIndex.search`."""
+        """See :meth:`VectorIndex.search`; with ``allowed``, only its rows are scored."""
         n = len(self._ids)
         if n == 0 or k <= 0:
             return []
-        scores = self._matrix[:n] @ np.asarray(vector, dtype=np.float32).reshape(self.dim)
-        if allowed is not None:
-            mask = np.fromiter((i in allowed for i in self._ids), dtype=bool, count=n)
-            scores = np.where(mask, scores, -np.inf)
-        top = min(k, n)
-        best = np.argpartition(-scores, top - 1)[:top]
-        best = best[np.argsort(-scores[best], kind="stable")]
-        return [(self._ids[i], float(scores[i])) for i in best if np.isfinite(scores[i])]
+        query = np.asarray(vector, dtype=np.float32).reshape(self.dim)
+        if allowed is None:
+            return _best(self._matrix[:n] @ query, self._ids, k)
+        rows = np.unique(np.fromiter((r for r in map(self._row.get, allowed) if r is not None), dtype=np.int64))
+        if rows.size == 0:
+            return []
+        return _best(self._matrix[rows] @ query, [self._ids[r] for r in rows.tolist()], k)
+
+    def copy(self) -> ExactIndex:
+        """An independent index with the same ids and vectors."""
+        twin = ExactIndex(self.dim)
+        twin._matrix = self._matrix[:max(16, len(self._ids))].copy()
+        twin._ids = list(self._ids)
+        twin._row = dict(self._row)
+        return twin
+
+    def has(self, id_: str, vector: np.ndarray) -> bool:
+        """Whether ``id_`` is live with exactly ``vector``."""
+        row = self._row.get(id_)
+        return row is not None and bool(np.array_equal(self._matrix[row], vector))

@@ -8,6 +8,12 @@ vectors also seed the embedding cache); rows of entries gone meanwhile are
 deleted. Rows of another embedder are ignored (and re-embedded only when stored
 again).
 
+The vector index of a namespace is an :class:`~kvmem.semantic.auto.AutoIndex`
+(exact while small, an HNSW graph built off-thread once large). Graphs are
+saved under ``directory`` on :meth:`SemanticIndex.flush` and loaded on open
+when they still match the rows exactly (else rebuilt in the background; the
+rows, not the graph file, are the truth).
+
 Evictions: the store calls :meth:`SemanticIndex.discard` when an entry leaves its
 last tier; the vector goes at once (no dangling hit), the row at the next write.
 
@@ -17,9 +23,11 @@ lookup in one namespace never scores another's vectors.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,12 +44,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Engine
 
+from kvmem.semantic.auto import AutoIndex
 from kvmem.semantic.embedder import (
     CachedEmbedder,
     Embedder,
     SentenceTransformerEmbedder,
 )
-from kvmem.semantic.index import ExactIndex
 from kvmem.semantic.verify import RuleVerifier, Verifier
 
 __all__ = ["Match", "SemanticIndex"]
@@ -76,17 +84,24 @@ class SemanticIndex:
         verifier: strict second stage; default :class:`RuleVerifier`.
         live: which of the given storage keys the store still holds (rows of the others are
             dropped on open); default: all of them.
+        directory: where HNSW graphs are saved (one file pair per namespace); None: never saved,
+            rebuilt on every open.
+        hnsw_from: vectors in one namespace above which its search goes through an HNSW graph.
     """
 
     def __init__(self, engine: Engine, embedder: Embedder | None = None, verifier: Verifier | None = None,
-                 live: Callable[[Sequence[str]], list[bool]] | None = None) -> None:
+                 live: Callable[[Sequence[str]], list[bool]] | None = None,
+                 directory: str | Path | None = None, hnsw_from: int = 20_000) -> None:
         inner = embedder if embedder is not None else SentenceTransformerEmbedder()
         self.embedder = inner if isinstance(inner, CachedEmbedder) else CachedEmbedder(inner)
         self.verifier: Verifier = verifier if verifier is not None else RuleVerifier()
         self._engine = engine
         self._lock = threading.RLock()
-        self._indexes: dict[str, ExactIndex] = {}
-        self._texts: dict[str, str] = {}
+        self._directory = Path(directory) if directory is not None else None
+        self._hnsw_from = hnsw_from
+        self._indexes: dict[str, AutoIndex] = {}
+        self._saved: dict[str, int] = {}  # namespace -> index version last saved (or loaded)
+        self._entries: dict[str, tuple[str, str]] = {}  # storage key -> (namespace, text)
         self._stale: set[str] = set()  # NOTE: discarded keys whose rows are still in the side table
         _meta.create_all(engine)
         self._rebuild(live)
@@ -101,28 +116,63 @@ class SemanticIndex:
             self._stale.update(row["key"] for row, ok in zip(rows, alive) if not ok)
             rows = [row for row, ok in zip(rows, alive) if ok]
             self._purge()
+        grouped: dict[str, tuple[list[str], list[np.ndarray]]] = {}
         for row in rows:
             vec = np.frombuffer(row["vector"], dtype=np.float32)
             if vec.shape != (self.embedder.dim,):
                 continue  # NOTE: written by a model of the same name and another width: re-embedded on store
-            self._partition(row["namespace"]).add([row["key"]], vec[None, :])
-            self._texts[row["key"]] = row["text"]
+            ids, vecs = grouped.setdefault(row["namespace"], ([], []))
+            ids.append(row["key"])
+            vecs.append(vec)
+            self._entries[row["key"]] = (row["namespace"], row["text"])
             self.embedder.remember(row["text"], vec)
+        for namespace, (ids, vecs) in grouped.items():
+            path = self._graph_path(namespace)
+            matrix = np.stack(vecs)
+            if path is None:
+                index = self._partition(namespace)
+                index.add(ids, matrix)
+            else:
+                index = AutoIndex.load(path, ids, matrix, hnsw_from=self._hnsw_from)
+                self._indexes[namespace] = index
+            self._saved[namespace] = index.version
 
-    def _partition(self, namespace: str) -> ExactIndex:
+    def _partition(self, namespace: str) -> AutoIndex:
         index = self._indexes.get(namespace)
         if index is None:
-            index = self._indexes[namespace] = ExactIndex(self.embedder.dim)
+            index = self._indexes[namespace] = AutoIndex(self.embedder.dim, hnsw_from=self._hnsw_from)
         return index
+
+    def _graph_path(self, namespace: str) -> Path | None:
+        """Where ``namespace``'s graph is saved: a hash of embedder and namespace, never a caller's string."""
+        if self._directory is None:
+            return None
+        name = hashlib.sha256(f"{self.embedder.name}\0{namespace}".encode()).hexdigest()[:32]
+        return self._directory / f"{name}.hnsw"
 
     def __contains__(self, key: object) -> bool:
         """Whether storage key ``key`` has a vector in some namespace's index."""
         with self._lock:
-            return key in self._texts
+            return key in self._entries
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._texts)
+            return len(self._entries)
+
+    def kind(self, namespace: str) -> str:
+        """How ``namespace`` is searched now: ``"exact"`` or ``"hnsw"`` (``"exact"`` when it is empty)."""
+        with self._lock:
+            index = self._indexes.get(namespace)
+            return index.kind if index is not None else "exact"
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for graph builds in progress (each up to ``timeout`` s); whether none is left running."""
+        with self._lock:
+            indexes = list(self._indexes.values())
+        for index in indexes:
+            index.join(timeout)  # NOTE: outside the lock: lookups and stores go on meanwhile
+        with self._lock:
+            return not any(index.building for index in indexes)
 
     def add(self, key: str, text: str, namespace: str) -> None:
         """Index ``text`` for storage key ``key`` in ``namespace`` (replacing any earlier text)."""
@@ -135,10 +185,9 @@ class SemanticIndex:
             with self._engine.begin() as conn:
                 conn.execute(delete(semantic_rows).where(semantic_rows.c.key == key))
                 conn.execute(semantic_rows.insert(), row)
-            for index in self._indexes.values():  # NOTE: a storage key lives in exactly one namespace
-                index.remove([key])
+            self._forget(key)  # NOTE: a storage key lives in exactly one namespace
             self._partition(namespace).add([key], vec[None, :])
-            self._texts[key] = text
+            self._entries[key] = (namespace, text)
 
     def discard(self, key: str) -> None:
         """Drop ``key``'s vector now (its entry was evicted); its row goes at the next write or :meth:`flush`.
@@ -150,9 +199,15 @@ class SemanticIndex:
                 self._stale.add(key)
 
     def flush(self) -> None:
-        """Delete the rows of discarded keys."""
+        """Delete the rows of discarded keys; save the graphs that changed since the last save."""
         with self._lock:
             self._purge()
+            for namespace, index in self._indexes.items():
+                path = self._graph_path(namespace)
+                if path is not None and self._saved.get(namespace) != index.version:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    index.save(path)
+                    self._saved[namespace] = index.version
 
     def _purge(self) -> None:
         if self._stale:
@@ -163,8 +218,11 @@ class SemanticIndex:
 
     def _forget(self, key: str) -> bool:
         """Drop ``key`` from the in-memory indexes; whether it was there."""
-        found = [index.remove([key]) for index in self._indexes.values()]  # NOTE: every index, no short cut
-        return self._texts.pop(key, None) is not None or any(found)
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return False
+        self._indexes[entry[0]].remove([key])
+        return True
 
     def remove(self, key: str) -> bool:
         """Forget ``key``'s vector and text; whether it was indexed."""
@@ -192,7 +250,7 @@ class SemanticIndex:
             index = self._indexes.get(namespace)
             # NOTE: over-fetch, since the verifier may reject some of the nearest
             found = index.search(vec, max(4 * k, k + 8)) if index is not None else []
-            scored = [(key, score, self._texts[key]) for key, score in found if score >= floor]
+            scored = [(key, score, self._entries[key][1]) for key, score in found if score >= floor]
         if verify:
             scored = [c for c in scored if self.verifier.accepts(query, c[2])]
         return scored[:k]

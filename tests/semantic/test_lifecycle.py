@@ -109,3 +109,46 @@ def test_async_lookup_and_cache_run_off_the_event_loop(tmp_path, embedder):
     hits, got, missed = asyncio.run(main())
     assert [h.text for h in hits] == [TOPICS[0]]
     assert got == "9 to 5" and missed is None
+
+
+def test_large_namespace_gets_a_graph_that_is_saved_and_reused_on_reopen(tmp_path, embedder, monkeypatch):
+    texts = [f"How do I configure feature number {i} of product {chr(65 + i % 26)}?" for i in range(30)]
+    with Memory(str(tmp_path), embedder=embedder, semantic_hnsw_from=20) as mem:
+        keys = [mem.store(f"doc/{i}", BLOB[:100], text=text, namespace="big") for i, text in enumerate(texts)]
+        mem.store("other", BLOB[:100], text=texts[0], namespace="small")
+        index = mem.semantic_index()
+        assert index.wait(30) and index.kind("big") == "hnsw" and index.kind("small") == "exact"
+        assert [m.key for m in mem.lookup_similar(texts[7], namespace="big")] == [keys[7]]
+    saved = sorted(p.suffix for p in (tmp_path / "semantic").iterdir())
+    assert saved == [".hnsw", ".json"]  # one graph (the small namespace has none), no temporaries
+
+    from kvmem.semantic import HnswIndex
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("rebuilt although the saved graph matches the rows")
+
+    with monkeypatch.context() as m:
+        m.setattr(HnswIndex, "from_exact", no_build)
+        with Memory(str(tmp_path), embedder=embedder, semantic_hnsw_from=20) as mem:
+            index = mem.semantic_index()
+            assert index.kind("big") == "hnsw" and index.wait(0)
+            assert [m.key for m in mem.lookup_similar(texts[7], namespace="big")] == [keys[7]]
+            assert mem.lookup_similar(texts[7], namespace="small") == []
+            assert mem.delete("doc/7", namespace="big")
+            assert mem.lookup_similar(texts[7], namespace="big") == []
+    builds = []
+    real_build = HnswIndex.from_exact
+
+    def counted_build(*args, **kwargs):
+        builds.append(1)
+        return real_build(*args, **kwargs)
+
+    with Memory(str(tmp_path)) as mem:  # another run, without the semantic layer, deletes an entry
+        mem.tiers.delete(mem.storage_key("doc/8", "big"))
+    monkeypatch.setattr(HnswIndex, "from_exact", counted_build)
+    with Memory(str(tmp_path), embedder=embedder, semantic_hnsw_from=20) as mem:
+        index = mem.semantic_index()  # the saved graph holds doc/8: stale, so rebuilt from the rows
+        assert index.wait(30) and index.kind("big") == "hnsw" and builds == [1]
+        assert len(index) == 29  # 28 in "big", 1 in "small"
+        assert mem.lookup_similar(texts[8], namespace="big") == []
+        assert [m.key for m in mem.lookup_similar(texts[9], namespace="big")] == [keys[9]]
