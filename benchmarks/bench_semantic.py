@@ -24,13 +24,15 @@ cache per pair, via ``gptcache.adapter.api.put/get``. Its ``similarity_threshold
 hits at cosine >= ``2 s - 1`` (its default 0.8 is cosine 0.6), so the sweep sets
 ``s = (c + 1) / 2`` for each cosine threshold ``c``.
 
-Latency. Lookup time excluding the embedding: the query vector is computed
-before the clock starts. ``ExactIndex.search`` over N vectors (random unit
-384-d vectors, with the real embeddings of the evaluation texts mixed in, and
-queries taken from the real paraphrase queries), then GPTCache's faiss store
-(``IndexFlatL2`` via its ``VectorBase``) on the same vectors, and a raw faiss
-HNSW index for reference (kvmem has no HNSW index yet; its recall@1 against the
-exact result is reported).
+Latency. Index time of one lookup, excluding the embedding (the query vector is
+computed before the clock starts), for the first N of ~110k real English
+sentences (``corpus.py``: prose from the installed packages' sources, embedded
+once and cached under ``~/.cache/kvmem/bench``), queried with sentences not
+indexed: :class:`ExactIndex`, :class:`HnswIndex` (build time shown), the
+:class:`AutoIndex` that ``lookup_similar`` uses, opened the way a reopen does
+(the saved graph, its load time shown), and GPTCache's faiss store
+(``IndexFlatL2`` via its ``VectorBase``). recall@1 is agreement with the exact
+top result.
 
 Usage (from the repository root, offline)::
 
@@ -52,15 +54,18 @@ import statistics
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from corpus import embedded_corpus
 from machine import load_average
 
 from kvmem import Memory
-from kvmem.semantic import CachedEmbedder, SentenceTransformerEmbedder, reason
-from kvmem.semantic.index import ExactIndex
+from kvmem.config import Config
+from kvmem.semantic import AutoIndex, CachedEmbedder, ExactIndex, HnswIndex, SentenceTransformerEmbedder, reason
+from kvmem.semantic.layer import candidate_count
 
 DATA_DIR = Path(__file__).parent / "data"
 # dev: the verifier's rules were written against it; holdout: looked at once, after the first rules, and the
@@ -70,6 +75,7 @@ DATASETS = [DATA_DIR / "semantic_pairs.jsonl", DATA_DIR / "semantic_holdout.json
 SWEEP = [0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95]
 NEAR_KINDS = ["entity", "person", "number", "unit", "negation", "antonym", "order"]
 GOAL_FALSE_HIT, GOAL_RECALL = 0.01, 0.70
+AUTO_HNSW_FROM = Config().semantic_hnsw_from
 
 
 @dataclass
@@ -204,59 +210,83 @@ def percentiles(times: list[float]) -> tuple[float, float]:
     return float(np.percentile(arr, 50)), float(np.percentile(arr, 99))
 
 
-def latency(real: np.ndarray, queries: np.ndarray, sizes: list[int], n_queries: int, k: int,
+Search = Callable[[np.ndarray, int], list[tuple[str, float]]]
+
+
+def timed_search(search: Search, k: int, queries: np.ndarray, truth: list[str] | None,
+                 split: int) -> tuple[dict[str, float], list[str]]:
+    """p50/p99 of ``search(q, k)`` over ``queries``, recall@1 of the top ids against ``truth``
+    for ``queries[:split]`` and ``queries[split:]``; and the top ids."""
+    times, top = [], []
+    for q in queries:
+        t0 = time.perf_counter()
+        found = search(q, k)
+        times.append(time.perf_counter() - t0)
+        top.append(found[0][0])
+    p50, p99 = percentiles(times)
+    truth = truth or top
+    agree = [a == b for a, b in zip(top, truth)]
+    return {"p50_ms": p50, "p99_ms": p99, "recall@1 held-out": sum(agree[:split]) / split,
+            "recall@1 paraphrase": sum(agree[split:]) / (len(agree) - split)}, top
+
+
+class GptSearch:
+    """GPTCache's ``VectorBase.search`` returning ``(id, distance)`` like a kvmem index."""
+
+    def __init__(self, store: object) -> None:
+        self.store = store
+
+    def search(self, q: np.ndarray, k: int) -> list[tuple[str, float]]:
+        return [(str(int(i)), float(d)) for d, i in self.store.search(q, top_k=k)]  # type: ignore[attr-defined]
+
+
+def latency(stored: np.ndarray, pool: np.ndarray, held_out: np.ndarray, paraphrases: np.ndarray, sizes: list[int],
             with_gptcache: bool, root: Path) -> list[dict[str, object]]:
-    rng = np.random.default_rng(0)
+    """Every index over ``stored`` plus the first ``n - len(stored)`` of ``pool``, for each ``n`` in ``sizes``.
+
+    Each query asks for ``candidate_count(1)`` ids, what ``lookup_similar(k=1)`` asks of the index.
+    """
+    k = candidate_count(1)
+    queries, split = np.concatenate([held_out, paraphrases]), len(held_out)
     out: list[dict[str, object]] = []
     for n in sizes:
-        rand = rng.standard_normal((n - len(real), real.shape[1]), dtype=np.float32)
-        rand /= np.linalg.norm(rand, axis=1, keepdims=True)
-        vectors = np.ascontiguousarray(np.concatenate([real, rand]))
+        rows = np.ascontiguousarray(np.concatenate([stored, pool[:n - len(stored)]]))
         ids = [str(i) for i in range(n)]
-        index = ExactIndex(real.shape[1])
-        index.add(ids, vectors)
-        qs = queries[np.arange(n_queries) % len(queries)]
-        exact_top1: list[str] = []
-        times = []
-        for q in qs:
-            t0 = time.perf_counter()
-            res = index.search(q, k)
-            times.append(time.perf_counter() - t0)
-            exact_top1.append(res[0][0])
-        p50, p99 = percentiles(times)
-        out.append({"n": n, "index": "kvmem ExactIndex (numpy matmul)", "p50_ms": p50, "p99_ms": p99,
-                    "recall@1": 1.0})
+        exact = ExactIndex(rows.shape[1])
+        exact.add(ids, rows)
+        res, truth = timed_search(exact.search, k, queries, None, split)
+        out.append({"n": n, "index": "kvmem ExactIndex (numpy matmul)", **res})
 
-        import faiss
-        hnsw = faiss.IndexHNSWFlat(real.shape[1], 32, faiss.METRIC_INNER_PRODUCT)
-        hnsw.hnsw.efConstruction, hnsw.hnsw.efSearch = 200, 64
         t0 = time.perf_counter()
-        hnsw.add(vectors)
+        hnsw = HnswIndex(rows.shape[1])
+        hnsw.add(ids, rows)
         build_s = time.perf_counter() - t0
-        times, agree = [], 0
-        for q, want in zip(qs, exact_top1):
-            t0 = time.perf_counter()
-            _, idx = hnsw.search(q[None, :], k)
-            times.append(time.perf_counter() - t0)
-            agree += str(int(idx[0][0])) == want
-        p50, p99 = percentiles(times)
-        out.append({"n": n, "index": f"faiss HNSW M=32 ef=64 (reference, not in kvmem; build {build_s:.1f}s)",
-                    "p50_ms": p50, "p99_ms": p99, "recall@1": agree / len(qs)})
+        res, _ = timed_search(hnsw.search, k, queries, truth, split)
+        out.append({"n": n, "index": f"kvmem HnswIndex M=32 efC=200 efS=64 (build {build_s:.0f}s)", **res})
+
+        path = root / f"lat{n}.hnsw"
+        hnsw.save(path)
+        size_mib = path.stat().st_size / 2**20
+        del hnsw
+        t0 = time.perf_counter()
+        if n > AUTO_HNSW_FROM:  # NOTE: as a reopen finds it: the graph saved when the namespace grew past 20k
+            auto = AutoIndex.load(path, ids, rows, hnsw_from=AUTO_HNSW_FROM)
+            how = f"graph file {size_mib:.0f} MiB loaded in {time.perf_counter() - t0:.1f}s"
+        else:
+            auto = AutoIndex(rows.shape[1], hnsw_from=AUTO_HNSW_FROM)
+            auto.add(ids, rows)
+            how = f"at most {AUTO_HNSW_FROM}"
+        res, _ = timed_search(auto.search, k, queries, truth, split)
+        out.append({"n": n, "index": f"kvmem AutoIndex, lookup_similar's ({auto.kind}: {how})", **res})
+        del auto
 
         if with_gptcache:
             from gptcache.manager import VectorBase
             from gptcache.manager.vector_data.base import VectorData
-            store = VectorBase("faiss", dimension=real.shape[1], index_path=str(root / f"lat{n}.index"), top_k=k)
-            store.mul_add([VectorData(id=i, data=v) for i, v in enumerate(vectors)])
-            times, agree = [], 0
-            for q, want in zip(qs, exact_top1):
-                t0 = time.perf_counter()
-                res = store.search(q, top_k=k)
-                times.append(time.perf_counter() - t0)
-                agree += str(int(res[0][1])) == want
-            p50, p99 = percentiles(times)
-            out.append({"n": n, "index": "GPTCache faiss VectorBase (IndexFlatL2)", "p50_ms": p50, "p99_ms": p99,
-                        "recall@1": agree / len(qs)})
+            store = VectorBase("faiss", dimension=rows.shape[1], index_path=str(root / f"lat{n}.index"), top_k=k)
+            store.mul_add([VectorData(id=i, data=v) for i, v in enumerate(rows)])
+            res, _ = timed_search(GptSearch(store).search, k, queries, truth, split)
+            out.append({"n": n, "index": "GPTCache faiss VectorBase (IndexFlatL2)", **res})
     return out
 
 
@@ -371,15 +401,21 @@ def main() -> None:
                 print(f"  [{p.dataset}/{p.rule}] {p.score:.3f}  {p.query!r}  ->  {p.stored!r}")
 
         # latency
-        real = embedder.embed(texts)
-        qvecs = embedder.embed(sorted({p.query for p in pairs if p.label == "paraphrase"}))
-        lat = latency(real, qvecs, sizes, n_queries, 1, gpt_reason is None, root)
-        print(f"\nLookup latency, excluding the embedding ({n_queries} queries, k=1; {len(real)} real embeddings "
-              f"+ random unit vectors, queries = real paraphrase queries)")
-        print(f"{'N':>7}  {'index':<68} {'p50 ms':>7} {'p99 ms':>7} {'rec@1':>6}")
+        n_max = max(sizes)
+        stored = embedder.embed(sorted({p.stored for p in pairs if p.label == "paraphrase"}))
+        para = embedder.embed(sorted({p.query for p in pairs if p.label == "paraphrase"}))
+        _, corpus = embedded_corpus(n_max + n_queries, embedder.inner.embed, embedder.name)
+        lat = latency(stored, corpus[n_queries:], corpus[:n_queries], para, sizes, gpt_reason is None, root)
+        print(f"\nLookup latency, excluding the embedding, over {n_queries} + {len(para)} queries, each for the "
+              f"{candidate_count(1)} nearest (what lookup_similar(k=1) fetches).\nIndexed: the {len(stored)} stored "
+              f"texts of the paraphrase pairs, then real sentences (benchmarks/corpus.py) up to N. Queries: "
+              f"{n_queries} sentences not indexed\n(held-out) and the {len(para)} paraphrase queries. recall@1: "
+              "the same top id as ExactIndex.")
+        print(f"{'N':>7}  {'index':<76} {'p50 ms':>7} {'p99 ms':>7} {'rec@1 held-out':>14} {'rec@1 para':>10}")
         for r in lat:
-            print(f"{r['n']:>7}  {r['index']:<68} {r['p50_ms']:7.3f} {r['p99_ms']:7.3f} {r['recall@1']:6.3f}")
-        print("Goal (req 6): <= 1 ms p50 at 100k with recall@1 >= 0.99; kvmem has only the exact index so far.")
+            print(f"{r['n']:>7}  {r['index']:<76} {r['p50_ms']:7.3f} {r['p99_ms']:7.3f} "
+                  f"{r['recall@1 held-out']:14.3f} {r['recall@1 paraphrase']:10.3f}")
+        print("Goal (req 6): <= 1 ms p50 at 100k with recall@1 >= 0.99.")
 
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -207,8 +207,9 @@ class Memory:
 
         Only ``namespace`` is searched, never another. A candidate counts when its cosine
         score is at least ``threshold`` and, with ``verify``, the strict verifier finds no
-        differing number, unit, negation, polar word or named entity (see
-        :mod:`kvmem.semantic.verify`). Entries no tier holds any more are dropped from the index.
+        differing number, unit, negation, opposite, name, argument order, direction or
+        swapped word (see :mod:`kvmem.semantic.verify`). Entries no tier holds any more are
+        dropped from the index.
 
         Args:
             query: the text to match.

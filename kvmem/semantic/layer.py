@@ -249,11 +249,16 @@ class SemanticIndex:
         with self._lock:
             index = self._indexes.get(namespace)
             # NOTE: over-fetch, since the verifier may reject some of the nearest
-            found = index.search(vec, max(4 * k, k + 8)) if index is not None else []
+            found = index.search(vec, candidate_count(k)) if index is not None else []
             scored = [(key, score, self._entries[key][1]) for key, score in found if score >= floor]
         if verify:
             scored = [c for c in scored if self.verifier.accepts(query, c[2])]
         return scored[:k]
+
+
+def candidate_count(k: int) -> int:
+    """How many nearest vectors a lookup for ``k`` results fetches before threshold and verifier."""
+    return max(4 * k, k + 8)
 
 
 def forget(engine: Engine, key: str) -> None:
