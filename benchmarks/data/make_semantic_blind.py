@@ -35,10 +35,10 @@ Regenerate (deterministic, fixed seed) with::
 
 from __future__ import annotations
 
-import json
 import random
-from collections import Counter
 from pathlib import Path
+
+from pairs_io import write_pairs
 
 SEED: int = 20240917
 OUT_PATH: Path = Path(__file__).resolve().parent / "semantic_blind.jsonl"
@@ -399,15 +399,7 @@ def build_rows() -> list[dict[str, str]]:
 
 
 def main() -> None:
-    rows = build_rows()
-    with OUT_PATH.open("w", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    by_label = Counter(row["label"] for row in rows)
-    by_kind = Counter(row["kind"] for row in rows)
-    print(f"wrote {len(rows)} pairs to {OUT_PATH}")
-    print("by label:", dict(sorted(by_label.items())))
-    print("by kind: ", dict(sorted(by_kind.items())))
+    write_pairs(build_rows(), OUT_PATH)
 
 
 if __name__ == "__main__":

@@ -38,10 +38,11 @@ them out, so the output is byte-for-byte deterministic. Regenerate with::
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter
 from pathlib import Path
+
+from pairs_io import write_pairs
 
 SEED = 20240917
 OUT_PATH = Path(__file__).with_name("semantic_holdout.jsonl")
@@ -431,15 +432,7 @@ def build_rows() -> list[dict[str, str]]:
 
 
 def main() -> None:
-    rows = build_rows()
-    with OUT_PATH.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    labels = Counter(row["label"] for row in rows)
-    kinds = Counter(row["kind"] for row in rows)
-    print(f"wrote {len(rows)} pairs to {OUT_PATH}")
-    print("labels:", dict(sorted(labels.items())))
-    print("kinds:", dict(sorted(kinds.items())))
+    write_pairs(build_rows(), OUT_PATH)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,10 @@ Deterministic: the slot lists are fixed and the only randomness is a seeded
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
+
+from pairs_io import write_pairs
 
 SEED = 4
 OUT = Path(__file__).with_name("semantic_pairs.jsonl")
@@ -280,14 +281,7 @@ def build(rng: random.Random) -> list[dict[str, str]]:
 
 
 def main() -> None:
-    rows = build(random.Random(SEED))
-    with OUT.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row["kind"]] = counts.get(row["kind"], 0) + 1
-    print(f"{len(rows)} pairs -> {OUT}: {counts}")
+    write_pairs(build(random.Random(SEED)), OUT)
 
 
 if __name__ == "__main__":
