@@ -124,7 +124,7 @@ class Memory:
         self.config = config.replace(**settings) if config is not None else load_config(config_file, **settings)
         self.metrics = Metrics(registry)
         self._embedder = embedder
-        self._semantic: SemanticIndex | None = None
+        self._semantics: dict[str, SemanticIndex] = {}  # "" -> the text layer; else an embedder's name
         self._semantic_lock = threading.Lock()
         self.catalog = Catalog(self.config.resolved_catalog_url, flush_seconds=_CATALOG_FLUSH_SECONDS,
                                on_error=self._catalog_failed)
@@ -190,16 +190,26 @@ class Memory:
         return skey
 
     # -- semantic lookup ---------------------------------------------------------
-    def semantic_index(self) -> SemanticIndex:
-        """The semantic layer, built (embedder loaded, index read back) on first use."""
+    def semantic_index(self, embedder: Embedder | None = None) -> SemanticIndex:
+        """A semantic index, built (embedder loaded, index read back) on first use.
+
+        Args:
+            embedder: None: the text layer (``store(text=)``, :meth:`lookup_similar`) with this
+                memory's embedder. Another embedder (e.g. an image encoder's, see
+                :mod:`kvmem.multimodal`) gets its own index, one per embedder name; each
+                follows the store's deletes and evictions.
+        """
+        slot = "" if embedder is None else embedder.name
         with self._semantic_lock:
-            if self._semantic is None:
+            index = self._semantics.get(slot)
+            if index is None:
                 from kvmem.semantic import SemanticIndex
 
-                self._semantic = SemanticIndex(self.catalog.engine, self._embedder, live=self.tiers.contains_many,
-                                               directory=Path(self.config.path) / "semantic",
-                                               hnsw_from=self.config.semantic_hnsw_from)
-            return self._semantic
+                index = self._semantics[slot] = SemanticIndex(
+                    self.catalog.engine, self._embedder if embedder is None else embedder,
+                    live=self.tiers.contains_many, directory=Path(self.config.path) / "semantic",
+                    hnsw_from=self.config.semantic_hnsw_from)
+            return index
 
     def lookup_similar(self, query: str, k: int = 3, *, namespace: str | None = None,
                        threshold: float | None = None, verify: bool = True) -> list[Match]:
@@ -321,9 +331,9 @@ class Memory:
         skey = self.storage_key(key, namespace)
         found = self.tiers.delete(skey)
         removed = self._catalog_write(lambda: self.catalog.delete(skey))
-        if self._semantic is not None:
-            self._semantic.remove(skey)
-        else:
+        for index in self._semantic_indexes():
+            index.remove(skey)
+        if not self._semantics:
             from kvmem.semantic.layer import forget
 
             self._catalog_write(lambda: forget(self.catalog.engine, skey))
@@ -394,8 +404,8 @@ class Memory:
         """Finish write-backs, fsync pending files, write buffered catalog updates."""
         self.tiers.flush()
         self._catalog_write(self.catalog.flush)
-        if self._semantic is not None:
-            self._catalog_write(self._semantic.flush)
+        for index in self._semantic_indexes():
+            self._catalog_write(index.flush)
 
     def close(self) -> None:
         """Flush and release everything. Idempotent."""
@@ -403,8 +413,8 @@ class Memory:
             return
         self._closed = True
         self.tiers.close()
-        if self._semantic is not None:
-            self._catalog_write(self._semantic.flush)
+        for index in self._semantic_indexes():
+            self._catalog_write(index.flush)
         self._catalog_write(self.catalog.close)
 
     def __enter__(self) -> "Memory":
@@ -417,8 +427,13 @@ class Memory:
     def _removed(self, skey: str) -> None:
         """An entry left its last tier (evicted): forget its catalog row and its vector."""
         self.catalog.record_removed(skey)
-        if self._semantic is not None:
-            self._semantic.discard(skey)
+        for index in self._semantic_indexes():
+            index.discard(skey)
+
+    def _semantic_indexes(self) -> list[SemanticIndex]:
+        # NOTE: no _semantic_lock: evictions call this holding tier locks, which an index being
+        # built under that lock may wait for (live=contains_many); list() of a dict is atomic
+        return list(self._semantics.values())
 
     def _catalog_write(self, fn: Callable[[], V]) -> V | None:
         """Run a catalog operation; a database failure is counted and logged, never raised."""

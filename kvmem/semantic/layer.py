@@ -176,7 +176,17 @@ class SemanticIndex:
 
     def add(self, key: str, text: str, namespace: str) -> None:
         """Index ``text`` for storage key ``key`` in ``namespace`` (replacing any earlier text)."""
-        vec = self.embedder.embed([text])[0]
+        self.add_vector(key, self.embedder.embed([text])[0], namespace, text)
+
+    def add_vector(self, key: str, vector: np.ndarray, namespace: str, text: str = "") -> None:
+        """Index a vector made elsewhere (an image's CLIP embedding) for ``key``; ``text`` is its label.
+
+        Raises:
+            ValueError: ``vector`` is not a unit float32 vector of this index's width.
+        """
+        vec = np.asarray(vector, dtype=np.float32).reshape(-1)
+        if vec.shape != (self.embedder.dim,) or not abs(float(np.linalg.norm(vec)) - 1.0) < 1e-3:
+            raise ValueError(f"vector of shape {vec.shape}: expected a unit vector of {self.embedder.dim} floats")
         row = {"key": key, "namespace": namespace, "embedder": self.embedder.name, "text": text,
                "vector": vec.tobytes()}
         with self._lock:
@@ -244,16 +254,21 @@ class SemanticIndex:
             threshold: cosine floor (inclusive); default the embedder's calibrated one.
             verify: apply the strict verifier to each candidate over the threshold.
         """
-        floor = self.embedder.threshold if threshold is None else threshold
-        vec = self.embedder.embed([query])[0]
-        with self._lock:
-            index = self._indexes.get(namespace)
-            # NOTE: over-fetch, since the verifier may reject some of the nearest
-            found = index.search(vec, candidate_count(k)) if index is not None else []
-            scored = [(key, score, self._entries[key][1]) for key, score in found if score >= floor]
+        # NOTE: over-fetch, since the verifier may reject some of the nearest
+        scored = self.search_vector(self.embedder.embed([query])[0], namespace, candidate_count(k), threshold)
         if verify:
             scored = [c for c in scored if self.verifier.accepts(query, c[2])]
         return scored[:k]
+
+    def search_vector(self, vector: np.ndarray, namespace: str, k: int,
+                      threshold: float | None = None) -> list[tuple[str, float, str]]:
+        """The ``k`` nearest entries of ``namespace`` to a unit ``vector`` scoring at least ``threshold``
+        (default: the embedder's): ``(key, score, text)``, best first; no verifier."""
+        floor = self.embedder.threshold if threshold is None else threshold
+        with self._lock:
+            index = self._indexes.get(namespace)
+            found = index.search(np.asarray(vector, dtype=np.float32), k) if index is not None else []
+            return [(key, score, self._entries[key][1]) for key, score in found if score >= floor]
 
 
 def candidate_count(k: int) -> int:
