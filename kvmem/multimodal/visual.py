@@ -175,5 +175,7 @@ class VisualTokenCache:
         with self._lock:
             self.hits += len(images) - len(misses)
             self.misses += len(misses)
+        if len(digests) == 1:  # NOTE: a loaded or fresh value is already the caller's own: no second copy
+            return found[digests[0]].unsqueeze(0)
         return torch.stack([found[d] for d in digests])
 
