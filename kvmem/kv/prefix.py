@@ -9,6 +9,13 @@ stores the new chunks from a background thread.
 NOTE: at least the last prompt token is always computed, never loaded: the
 logits of the last position are needed, and ``generate()`` given a cache that
 covers the whole prompt re-feeds it and goes wrong.
+
+A prompt whose KV depends on more than its token ids (a multimodal prompt,
+whose image placeholder ids are the same for every image while the embeddings
+at those positions are the image's) is prefilled from ``inputs_embeds`` and
+keyed with a ``scope`` naming what else went into the embeddings (the image's
+content hash and the encoder's identity): the scope is folded into every chunk
+hash, so two images never share a chunk, while two turns about one image do.
 """
 
 from __future__ import annotations
@@ -26,13 +33,13 @@ from transformers import DynamicCache
 from kvmem.api import Memory, default_memory
 from kvmem.codecs import parse_codec
 from kvmem.errors import InvalidKeyError, UnsupportedModelError
-from kvmem.keys import chunk_hashes
+from kvmem.keys import chunk_hashes, content_hash
 from kvmem.kv.fingerprint import model_fingerprint
 from kvmem.kv.layout import cache_argument, chunk_value, new_cache, trim_sliding_layers
 from kvmem.kv.stream import ChunkLoadError, ChunkSource, LayerwiseLoader, StreamingCache
 from kvmem.pipeline import Prefetcher, WriteBehind
 
-__all__ = ["PrefixCache", "PrefillResult"]
+__all__ = ["PrefillResult", "PrefixCache"]
 
 T = TypeVar("T")
 
@@ -64,12 +71,32 @@ def _as_ids(input_ids: torch.Tensor | list[int]) -> torch.Tensor:
     return ids.long()
 
 
+def _as_embeds(inputs_embeds: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | None:
+    """``inputs_embeds`` as ``[1, n, hidden]`` on ``ids``' device, checked against ``ids`` (``[1, n]``)."""
+    if inputs_embeds is None:
+        return None
+    embeds = inputs_embeds.unsqueeze(0) if inputs_embeds.ndim == 2 else inputs_embeds
+    if embeds.ndim != 3 or embeds.shape[:2] != ids.shape or not embeds.is_floating_point():
+        raise InvalidKeyError(f"inputs_embeds of shape {tuple(inputs_embeds.shape)} and dtype {inputs_embeds.dtype}: "
+                              f"expected floating point [{ids.shape[1]}, hidden] or [1, {ids.shape[1]}, hidden], "
+                              "one vector per token of input_ids")
+    return embeds.to(ids.device)
+
+
+def _check_scope(scope: str) -> str:
+    if not isinstance(scope, str):
+        raise InvalidKeyError(f"scope={scope!r:.80}: expected a str (e.g. an image's content hash)")
+    return scope
+
+
 class PrefixCache:
     """Prefix KV reuse for a transformers causal LM.
 
     Args:
         model: any transformers causal LM whose cache is a ``DynamicCache`` of full or
-            sliding-window attention layers (Llama, Qwen2, Mistral, GPT-2, ...).
+            sliding-window attention layers (Llama, Qwen2, Mistral, GPT-2, ...), or an
+            image-text model whose language model is one (``LlavaForConditionalGeneration``:
+            prefill it with ``inputs_embeds`` and a ``scope``, see :meth:`prefill`).
         memory: where chunks live (the module default when ``None``).
         block_size: tokens per chunk (default ``memory.config.block_size``).
         compression: codec for the chunks (default ``memory.config.compression``;
@@ -96,35 +123,54 @@ class PrefixCache:
                                       self.memory.metrics.prefetch_seconds.observe)
 
     # -- keys ---------------------------------------------------------------------
-    def chunk_keys(self, input_ids: torch.Tensor | list[int]) -> list[str]:
-        """Keys of the full chunks of ``input_ids``."""
-        return chunk_hashes(_as_ids(input_ids)[0], self.block_size, self.namespace)
+    def chunk_keys(self, input_ids: torch.Tensor | list[int], *, scope: str = "") -> list[str]:
+        """Keys of the full chunks of ``input_ids`` in ``scope`` (see :meth:`prefill`)."""
+        return chunk_hashes(_as_ids(input_ids)[0], self.block_size, self._chunk_namespace(scope))
 
-    def lookup(self, input_ids: torch.Tensor | list[int]) -> int:
-        """How many leading tokens of ``input_ids`` are stored (a multiple of ``block_size``)."""
-        found = self.memory.contains_many(self.chunk_keys(input_ids), namespace=self.namespace)
+    def lookup(self, input_ids: torch.Tensor | list[int], *, scope: str = "") -> int:
+        """How many leading tokens of ``input_ids`` (in ``scope``) are stored (a multiple of ``block_size``)."""
+        found = self.memory.contains_many(self.chunk_keys(input_ids, scope=scope), namespace=self.namespace)
         return (found.index(False) if False in found else len(found)) * self.block_size
+
+    def _chunk_namespace(self, scope: str) -> str:
+        """What the chunk hashes fold in: the namespace, and the scope when there is one.
+
+        NOTE: a digest of both, not a concatenation, so no (namespace, scope) pair spells
+        another; it is hex and never starts with ``kv/``, so no scoped key equals an unscoped one.
+        """
+        return content_hash(scope, self.namespace, "prefix-scope") if _check_scope(scope) else self.namespace
 
     # -- prefill -----------------------------------------------------------------
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor | list[int], *, logits_to_keep: int = 0) -> PrefillResult:
+    def prefill(self, input_ids: torch.Tensor | list[int], *, inputs_embeds: torch.Tensor | None = None,
+                scope: str = "", logits_to_keep: int = 0) -> PrefillResult:
         """Run the model on ``input_ids`` with every stored prefix chunk loaded, not computed.
 
         New full chunks are stored in the background (see :meth:`flush`).
 
         Args:
-            input_ids: one sequence, ``[n]`` or ``[1, n]``.
+            input_ids: one sequence, ``[n]`` or ``[1, n]``; the chunks are keyed by them.
+            inputs_embeds: what the model runs on instead of ``input_ids`` (``[n, hidden]`` or
+                ``[1, n, hidden]``), e.g. text embeddings with image features at the image
+                placeholder positions; the computed positions' rows are fed as ``inputs_embeds``.
+            scope: folded into every chunk key. NOTE: the KV of a chunk must be a function
+                of its prefix's ids and the scope: with ``inputs_embeds`` that are not the
+                model's own embeddings of the ids, ``scope`` must name what else they depend
+                on (the image's content hash and the encoder's identity), or another image's
+                prefix would be reused.
             logits_to_keep: return logits of the last this many positions only (0: every
                 computed position). ``1`` is what serving needs, and skips a
                 ``[tokens, vocab]`` projection on a long miss.
         """
         start = time.perf_counter()
         ids = _as_ids(input_ids).to(self._device)
-        keys = self.chunk_keys(ids)
+        embeds = _as_embeds(inputs_embeds, ids)
+        keys = self.chunk_keys(ids, scope=scope)
         extra = {"logits_to_keep": logits_to_keep} if logits_to_keep and self._keeps_logits else {}
 
         def forward(cache: DynamicCache, reused: int) -> torch.Tensor:
-            out = self.model(ids[:, reused:], use_cache=True, **{self._cache_arg: cache}, **extra)
+            inputs = {"input_ids": ids[:, reused:]} if embeds is None else {"inputs_embeds": embeds[:, reused:]}
+            out = self.model(**inputs, use_cache=True, **{self._cache_arg: cache}, **extra)
             return out.logits[:, -logits_to_keep:] if logits_to_keep else out.logits
 
         logits, cache, reused, loaded = self._with_prefix(keys, ids.shape[1] - 1, forward)
@@ -134,14 +180,14 @@ class PrefixCache:
         return PrefillResult(cache, logits, reused, ids.shape[1] - reused)
 
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor | list[int], **generate_kwargs: Any) -> Any:
-        """``model.generate`` with the stored prefix loaded; same tokens, less prefill.
+    def generate(self, input_ids: torch.Tensor | list[int], *, scope: str = "", **generate_kwargs: Any) -> Any:
+        """``model.generate`` with the stored prefix (in ``scope``) loaded; same tokens, less prefill.
 
         The chunks of the prompt *and* of the generated text are stored afterwards,
         so a follow-up turn that extends this conversation reuses all of it.
         """
         ids = _as_ids(input_ids).to(self._device)
-        keys = self.chunk_keys(ids)
+        keys = self.chunk_keys(ids, scope=scope)
 
         def run(cache: DynamicCache, reused: int) -> Any:
             return self.model.generate(ids, use_cache=True, **{self._cache_arg: cache}, **generate_kwargs)
@@ -150,25 +196,26 @@ class PrefixCache:
         self._count_tokens(ids.shape[1], reused)
         seq = out.sequences if hasattr(out, "sequences") else out
         if seq.shape[0] == 1:
-            self._store_new_chunks(seq, cache, self.chunk_keys(seq), first=loaded)
+            self._store_new_chunks(seq, cache, self.chunk_keys(seq, scope=scope), first=loaded)
         return out
 
-    def store(self, input_ids: torch.Tensor | list[int], cache: DynamicCache, *, wait: bool = True) -> int:
-        """Store the full chunks of a cache you computed yourself for ``input_ids``.
+    def store(self, input_ids: torch.Tensor | list[int], cache: DynamicCache, *, scope: str = "",
+              wait: bool = True) -> int:
+        """Store the full chunks of a cache you computed yourself for ``input_ids`` (in ``scope``).
 
         Returns:
             How many chunks were queued for storing (chunks the cache no longer holds are skipped).
         """
         ids = _as_ids(input_ids)
-        keys = self.chunk_keys(ids)
+        keys = self.chunk_keys(ids, scope=scope)
         count = self._store_new_chunks(ids, cache, keys, first=0, trim=False)
         if wait:
             self.flush()
         return count
 
-    def prefetch(self, input_ids: torch.Tensor | list[int]) -> Future[int]:
-        """Start warming the stored chunks of ``input_ids`` into the CPU tier; the future gives chunks found."""
-        return self._prefetcher.prefetch(self.chunk_keys(input_ids))
+    def prefetch(self, input_ids: torch.Tensor | list[int], *, scope: str = "") -> Future[int]:
+        """Warm the stored chunks of ``input_ids`` (in ``scope``) into the CPU tier; the future gives chunks found."""
+        return self._prefetcher.prefetch(self.chunk_keys(input_ids, scope=scope))
 
     def flush(self) -> None:
         """Wait for background chunk stores to finish."""
