@@ -72,11 +72,12 @@ def disk_files(mem: Memory, vc: VisualTokenCache, images: list[bytes]) -> list[P
     return [disk.path(mem.storage_key(vc.digest(img), vc.namespace)) for img in images]
 
 
-def bench_model(name: str, images: list[bytes], repeat: int, root: Path) -> list[dict[str, object]]:
+def bench_model(name: str, images: list[bytes], repeat: int, root: Path,
+                dtype: torch.dtype | None) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     t0 = time.perf_counter()
     cpu_mem = Memory(str(root / f"{name}-cpu"), disk_bytes=0, cpu_bytes="4GiB")
-    vc = VisualTokenCache(name, memory=cpu_mem)
+    vc = VisualTokenCache(name, memory=cpu_mem, dtype=dtype)
     build_s = time.perf_counter() - t0
     enc = vc.encoder
 
@@ -84,12 +85,12 @@ def bench_model(name: str, images: list[bytes], repeat: int, root: Path) -> list
         return enc.tokens(torch.stack([enc.preprocess(decode_image(img)) for img in batch]))
 
     disk_mem = Memory(str(root / f"{name}-disk"), cpu_bytes=0, fsync="always")
-    vc_disk = VisualTokenCache.from_encoder(enc, memory=disk_mem)
+    vc_disk = VisualTokenCache.from_encoder(enc, memory=disk_mem, dtype=dtype)
     tokens = vc.encode(images)
     assert torch.equal(vc_disk.encode(images), tokens)  # stored on disk, fsynced
     files = disk_files(disk_mem, vc_disk, images)
     shape = tuple(tokens.shape[1:])
-    print(f"\n{name}: tokens {shape} fp32 ({tokens[0].numel() * 4 / 1024:.0f} KiB an image), layer "
+    print(f"\n{name}: tokens {shape} {tokens.dtype} ({tokens[0].nbytes / 1024:.0f} KiB an image), layer "
           f"{enc.identity['layer']}, built in {build_s:.1f}s")
     for batch_size in (1, 8):
         batches = [images[i:i + batch_size] for i in range(0, len(images), batch_size)]
@@ -118,6 +119,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5, help="repetitions; the table shows medians")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--dir", type=Path, default=None, help="scratch directory on the disk to measure")
+    ap.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32",
+                    help="storage dtype of the tokens (fp32: as encoded, lossless)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -131,7 +134,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kvmem-bench-visual-", dir=args.dir) as tmp:
         print(f"scratch: {tmp} ({filesystem_of(Path(tmp))})")
         for name in args.models.split(","):
-            rows += bench_model(name, images, args.repeat, Path(tmp))
+            rows += bench_model(name, images, args.repeat, Path(tmp),
+                                torch.float16 if args.dtype == "fp16" else None)
     print(f"\n{'model':<10} {'batch':>5} {'tier':<10} {'encode ms/img':>13} {'cached ms/img':>13} "
           f"{'speed-up':>9} {'goal':>6}")
     for r in rows:
