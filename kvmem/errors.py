@@ -16,6 +16,8 @@ __all__ = [
     "TierUnavailable",
     "ConfigError",
     "UnsupportedModelError",
+    "SessionConflict",
+    "SessionNotFound",
 ]
 
 
@@ -53,3 +55,11 @@ class ConfigError(KVMemError, ValueError):
 
 class UnsupportedModelError(KVMemError, TypeError):
     """A model whose KV cache kvmem cannot split into chunks (e.g. linear-attention layers)."""
+
+
+class SessionConflict(KVMemError):
+    """An agent session moved on under this writer: another one appended first."""
+
+
+class SessionNotFound(KVMemError, KeyError):
+    """No agent session of that name."""
