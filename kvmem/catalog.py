@@ -25,7 +25,7 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from kvmem.errors import ConfigError, TierUnavailable
 
-__all__ = ["Catalog", "EntryRow"]
+__all__ = ["Catalog", "EntryRow", "create_tables"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,25 @@ class EntryRow:
 
 _UPSERT_SET = ("namespace", "user_key", "kind", "size", "stored_size", "codec", "crc", "tiers", "metadata",
                "last_access", "state")
+
+
+def create_tables(metadata: MetaData, engine: Engine, attempts: int = 3) -> None:
+    """``metadata.create_all(engine)``, tolerating another process creating the same tables at once.
+
+    NOTE: create_all checks, then creates; two processes opening a fresh database both
+    see no table and one fails with "already exists" (a duplicate-type error on
+    PostgreSQL). Trying again sees the other's tables and creates nothing.
+
+    Raises:
+        SQLAlchemyError: the database keeps failing (unreachable, read-only, ...).
+    """
+    for attempt in range(attempts):
+        try:
+            metadata.create_all(engine)
+            return
+        except SQLAlchemyError:
+            if attempt == attempts - 1:
+                raise
 
 
 def _upsert_statement(insert: Any) -> Any:
@@ -144,7 +163,7 @@ class Catalog:
         self._timer: threading.Timer | None = None
         self._closed = False
         try:
-            metadata_obj.create_all(self.engine)
+            create_tables(metadata_obj, self.engine)
         except SQLAlchemyError as exc:
             raise TierUnavailable(f"catalog {parsed.render_as_string(hide_password=True)} cannot be "
                                   f"reached: {exc.__class__.__name__}: {exc.orig if hasattr(exc, 'orig') else exc}"

@@ -24,6 +24,7 @@ from sqlalchemy import Column, Float, Integer, LargeBinary, MetaData, String, Ta
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError as SqlIntegrityError
 
+from kvmem.catalog import create_tables
 from kvmem.errors import IntegrityError
 from kvmem.keys import content_hash
 
@@ -175,8 +176,9 @@ def sweep(engine: Engine) -> int:
     return len(dead)
 
 
-def create_tables(engine: Engine) -> None:
-    _meta.create_all(engine)
+def ensure_tables(engine: Engine) -> None:
+    """Create the session and step tables if absent."""
+    create_tables(_meta, engine)
 
 
 def iter_names(conn: Connection) -> Iterator[str]:

@@ -44,6 +44,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Engine
 
+from kvmem.catalog import create_tables
 from kvmem.semantic.auto import AutoIndex
 from kvmem.semantic.embedder import (
     CachedEmbedder,
@@ -103,7 +104,7 @@ class SemanticIndex:
         self._saved: dict[str, int] = {}  # namespace -> index version last saved (or loaded)
         self._entries: dict[str, tuple[str, str]] = {}  # storage key -> (namespace, text)
         self._stale: set[str] = set()  # NOTE: discarded keys whose rows are still in the side table
-        _meta.create_all(engine)
+        create_tables(_meta, engine)
         self._rebuild(live)
 
     def _rebuild(self, live: Callable[[Sequence[str]], list[bool]] | None) -> None:
