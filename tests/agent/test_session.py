@@ -221,7 +221,7 @@ def test_each_step_reuses_the_previous_prompts_full_chunks(memory: Memory) -> No
     for i in range(5):
         ids = s.prompt_ids("Thought:")
         result = s.prefill("Thought:")
-        s._prefix.flush()  # type: ignore[union-attr]  NOTE: the chunks are stored in the background
+        s.flush()  # NOTE: the chunks are stored in the background
         assert result.reused_tokens == (previous // 16) * 16  # every full chunk of the last prompt
         with torch.no_grad():
             full = model(ids[None, :]).logits[0, -1]
