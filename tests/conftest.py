@@ -31,6 +31,15 @@ def kv_value() -> dict[str, torch.Tensor]:
     return {"k": torch.randn(2, 1, 4, 32, 16, generator=g), "v": torch.randn(2, 1, 4, 32, 16, generator=g)}
 
 
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """torch on one thread for the test, restored after: small models only spin-wait on shared cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``cuda``-marked tests skip without a CUDA device."""
     if torch.cuda.is_available():

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import tempfile
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,14 +22,6 @@ REPO = Path(__file__).resolve().parents[1]
 # request, prompt, cold s, warm s, reused, computed, tier, chunks, speedup, max |dlogit|
 _REQUEST_ROW = re.compile(r"^(q\d+)\s+(\d+)\s+([\d.]+) s\s+([\d.]+) s\s+(\d+)\s+(\d+)\s+(\w+) (\d+)\s+"
                           r"([\d.]+)x\s+(\S+)$", re.M)
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # NOTE: small prompts: threads only add spin-waiting on shared cores
-    yield
-    torch.set_num_threads(before)
 
 
 def test_demo_reuses_the_document_and_reports_ttft(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -9,7 +9,6 @@ on the directory.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -240,11 +239,8 @@ def test_histogram_summary_from_real_metrics(memory: kvmem.Memory) -> None:
 
 # -- real data directories ----------------------------------------------------------------------------------
 @pytest.fixture
-def llama() -> Iterator[torch.nn.Module]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # NOTE: a tiny model: threads only add spin-waiting on shared cores
-    yield build_model("llama")
-    torch.set_num_threads(before)
+def llama(one_thread: None) -> torch.nn.Module:
+    return build_model("llama")
 
 
 def test_diagnose_judges_live_prefix_cache_traffic(tmp_path: Path, llama: torch.nn.Module) -> None:

@@ -5,11 +5,8 @@ Small catalogues keep these fast; the default 2,000-item run is what a user sees
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -17,31 +14,17 @@ import pytest
 import torch
 
 import kvmem
-
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "recsys_feature_cache.py"
+from tests.examples_loader import load_example
 
 # pass, wall, encode, store, load, encoder calls, items encoded, users encoded, hit rate, served by, speed-up
 _ROW = re.compile(r"^(\d \w+)\s+([\d.]+) s\s+([\d.]+) s\s+([\d.]+) s\s+([\d.]+) s\s+(\d+)\s+(\d+)\s+(\d+)\s+"
-                  r"([\d.]+)%\s+(.+?)\s+([\d.]+)x$", re.MULTILINE)
+                  r"([\d.]+)%\s+(.+?)\s+([\d.]+)x$", re.M)
 
 
 @pytest.fixture(scope="module")
 def recsys() -> ModuleType:
     """The example script, imported by path (``examples/`` is not a package)."""
-    spec = importlib.util.spec_from_file_location("recsys_feature_cache", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # NOTE: dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # NOTE: small batches: threads only add spin-waiting on shared cores
-    yield
-    torch.set_num_threads(before)
+    return load_example("recsys_feature_cache.py")
 
 
 def test_main_runs_cold_warm_and_reopened_passes(recsys: ModuleType, tmp_path: Path, one_thread: None,
@@ -66,9 +49,9 @@ def test_main_runs_cold_warm_and_reopened_passes(recsys: ModuleType, tmp_path: P
         assert re.fullmatch(rf"{tier} \d+", row[9]), row  # reopened: only the disk tier survived
         assert float(row[1]) > 0 and float(row[10]) > 0
     assert re.search(r"^no cache\s+[\d.]+ s a pass .*pass 2 warm [\d.]+x faster, pass 3 reopened [\d.]+x faster$",
-                     out, re.MULTILINE)
-    assert re.search(r"^OK: 2 warm scores == 1 cold scores \(12 users, 240 candidate scores, bit for bit\)$", out, re.MULTILINE)
-    assert re.search(r"^OK: 3 reopened scores == 1 cold scores", out, re.MULTILINE)
+                     out, re.M)
+    assert re.search(r"^OK: 2 warm scores == 1 cold scores \(12 users, 240 candidate scores, bit for bit\)$", out, re.M)
+    assert re.search(r"^OK: 3 reopened scores == 1 cold scores", out, re.M)
     assert (tmp_path / "catalog.sqlite3").exists()  # --path: a real directory, kept
 
     assert recsys.main([*argv, "--fsync", "batch"]) == 0  # a second run on the same directory: nothing encoded

@@ -5,20 +5,16 @@ The full run (with the second process) takes ~10 s here, most of it the second i
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-import torch
 
 from kvmem import Memory
 from kvmem.agent import AgentSession, SessionNotFound
+from tests.examples_loader import load_example
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "react_agent.py"
 BLOCK = 32
 
 # The scripted policy's run: every action, and what the real tools answered.
@@ -39,19 +35,10 @@ _ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+) ms\s+([\d.]+) ms\s+([\d
 @pytest.fixture(scope="module")
 def agent() -> ModuleType:
     """The example script, imported by path (``examples/`` is not a package)."""
-    spec = importlib.util.spec_from_file_location("react_agent", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # NOTE: dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_example("react_agent.py")
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads() -> Iterator[None]:
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)  # NOTE: the runs pass --threads 1, which main() applies
+pytestmark = pytest.mark.usefixtures("one_thread")  # NOTE: the runs pass --threads 1, which main() applies
 
 
 def _run(agent: ModuleType, *argv: str) -> object:
@@ -135,7 +122,8 @@ def test_calculator(agent: ModuleType, expression: str, value: float) -> None:
 
 @pytest.mark.parametrize("expression", [
     "__import__('os').system('true')", "x + 1", "abs(-1)", "(1).real", "'a' * 3", "True + 1", "[1, 2]",
-    "1 if 1 else 2", "2 ** 1000", "((10 ** 64) ** 64) ** 64", "9 ** 9 ** 9", "1 / 0", "1 +", "1" * 201, "3 // 2", "3 % 2", "1 < 2"])
+    "1 if 1 else 2", "2 ** 1000", "((10 ** 64) ** 64) ** 64", "9 ** 9 ** 9", "1 / 0", "1 +", "1" * 201,
+    "3 // 2", "3 % 2", "1 < 2"])
 def test_calculator_refuses_everything_but_arithmetic(agent: ModuleType, expression: str) -> None:
     with pytest.raises(agent.ToolError):
         agent.calculate(expression)

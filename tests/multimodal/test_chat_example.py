@@ -5,19 +5,15 @@ Each run is a few seconds on one thread; the default run (torch's threads) is wh
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-import torch
 
+from tests.examples_loader import load_example
 from tests.multimodal.conftest import picture, png
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "multimodal_chat.py"
 BLOCK = 32
 
 # turn, prompt, reused, visual, TTFT plain, TTFT kvmem, speed-up, max |dlogit|
@@ -28,19 +24,10 @@ _ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+(\d+)\s+(hit|miss)\s+([\d.]+) ms\s+([\d.
 @pytest.fixture(scope="module")
 def chat() -> ModuleType:
     """The example script, imported by path (``examples/`` is not a package)."""
-    spec = importlib.util.spec_from_file_location("multimodal_chat", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # NOTE: dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_example("multimodal_chat.py")
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads() -> Iterator[None]:
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)  # NOTE: the runs pass --threads 1, which main() applies
+pytestmark = pytest.mark.usefixtures("one_thread")  # NOTE: the runs pass --threads 1, which main() applies
 
 
 def _run(chat: ModuleType, *argv: str) -> object:
