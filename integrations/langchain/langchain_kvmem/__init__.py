@@ -1,0 +1,15 @@
+"""LangChain and LangGraph integrations for kvmem.
+
+- :class:`KVMemStore`: a LangGraph ``BaseStore`` (long-term memory) in kvmem's catalog database; semantic search
+  with kvmem's embedder (:class:`KVMemEmbeddings`), exact cosine over the searched namespaces' vectors;
+- :class:`KVMemCache`: a LangChain LLM cache, exact by prompt and model, optionally semantic;
+- :class:`KVMemByteStore`: a LangChain ``ByteStore`` (e.g. for ``CacheBackedEmbeddings``);
+- :class:`KVMemChatMessageHistory`: a legacy chat-history shim over kvmem agent sessions.
+"""
+
+from langchain_kvmem.bytestore import KVMemByteStore
+from langchain_kvmem.cache import KVMemCache
+from langchain_kvmem.history import KVMemChatMessageHistory
+from langchain_kvmem.store import KVMemEmbeddings, KVMemStore
+
+__all__ = ["KVMemByteStore", "KVMemCache", "KVMemChatMessageHistory", "KVMemEmbeddings", "KVMemStore"]
