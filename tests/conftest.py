@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import kvmem
+from tests.servers import PostgresServer, RedisServer
 
 # Tests never read the developer's own settings or cache directory.
 for _name in [n for n in os.environ if n.startswith("KVMEM_") and not n.startswith("KVMEM_TEST_")]:
@@ -29,6 +30,44 @@ def kv_value() -> dict[str, torch.Tensor]:
     """A small KV-shaped value: one chunk of 2 layers, GQA layout [batch, kv_heads, tokens, head_dim]."""
     g = torch.Generator().manual_seed(0)
     return {"k": torch.randn(2, 1, 4, 32, 16, generator=g), "v": torch.randn(2, 1, 4, 32, 16, generator=g)}
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Redis URL: ``KVMEM_TEST_REDIS_URL``, or a throwaway server for this session (see tests/servers.py)."""
+    if os.environ.get("KVMEM_TEST_REDIS_URL"):
+        yield os.environ["KVMEM_TEST_REDIS_URL"]
+        return
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A throwaway Redis server of this test's own, to stop and start (faults)."""
+    server = RedisServer(tmp_path / "redis")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A PostgreSQL URL: ``KVMEM_TEST_POSTGRES_URL``, or a throwaway cluster for this session."""
+    if os.environ.get("KVMEM_TEST_POSTGRES_URL"):
+        yield os.environ["KVMEM_TEST_POSTGRES_URL"]
+        return
+    server = PostgresServer(tmp_path_factory.mktemp("postgres"))
+    yield server.url
+    server.remove()
+
+
+@pytest.fixture
+def postgres_server(tmp_path: Path) -> Iterator[PostgresServer]:
+    """A throwaway PostgreSQL cluster of this test's own, to stop and start (faults)."""
+    server = PostgresServer(tmp_path / "postgres")
+    yield server
+    server.remove()
 
 
 @pytest.fixture
