@@ -183,8 +183,9 @@ class Memory:
         self._catalog_write(lambda: self.catalog.upsert(
             skey, namespace=namespace or "", user_key=preview, kind=value_kind(value), size=raw,
             stored_size=encoded.nbytes, codec=str(spec), crc=encoded.crc, tiers=written, metadata=metadata or {}))
-        if text is not None:
-            self.semantic_index().add(skey, text, namespace or "")
+        if text is not None:  # NOTE: a catalog outage costs the text its index row, never the store
+            index = self.semantic_index()
+            self._catalog_write(lambda: index.add(skey, text, namespace or ""))
         self.metrics.stored(raw, encoded.nbytes)
         self.metrics.store_seconds.observe(time.perf_counter() - start)
         return skey

@@ -5,6 +5,13 @@ kind, sizes, codec, CRC, version, hits) for ``ls``, ``stats``, ``verify`` and
 ``gc``. A load never waits on the catalog: hit counts are buffered in memory
 and written in one transaction by :meth:`Catalog.flush`, which a timer thread
 runs within ``flush_seconds`` of the first buffered update.
+
+The same code serves SQLite (one machine) and PostgreSQL (a catalog shared by
+several machines). Every write is one atomic statement per row (an upsert that
+adds to ``version``, an ``UPDATE .. SET hits = hits + n``), so concurrent
+writers never lose each other's updates and no global lock is taken. A write
+that fails because the database cannot be reached is kept in memory and retried
+by the timer thread until the database answers again (see :meth:`Catalog.upsert`).
 """
 
 from __future__ import annotations
@@ -12,20 +19,36 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import (JSON, BigInteger, Column, Float, Integer, MetaData, String, Table, bindparam, create_engine,
-                        delete, event, func, select, update)
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    bindparam,
+    create_engine,
+    delete,
+    event,
+    func,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 
 from kvmem.errors import ConfigError, TierUnavailable
 
-__all__ = ["Catalog", "EntryRow", "create_tables"]
+__all__ = ["Catalog", "EntryRow", "create_tables", "dialect_insert", "unreachable"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +73,10 @@ entries = Table(
 )
 
 _INSERTS = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
+_MAX_PENDING = 100_000  # rows kept for a retry while the database is unreachable
+_PG_CONNECT_TIMEOUT = 5  # seconds; libpq's default waits on the OS (minutes on a dropped route)
+# NOTE: one fixed key for pg_advisory_xact_lock, shared by every kvmem process and table set
+_SCHEMA_LOCK = zlib.crc32(b"kvmem/schema")
 
 
 @dataclass(frozen=True)
@@ -80,20 +107,41 @@ _UPSERT_SET = ("namespace", "user_key", "kind", "size", "stored_size", "codec", 
 def create_tables(metadata: MetaData, engine: Engine, attempts: int = 3) -> None:
     """``metadata.create_all(engine)``, tolerating another process creating the same tables at once.
 
+    Idempotent: tables and indexes that exist are left as they are.
+
     NOTE: create_all checks, then creates; two processes opening a fresh database both
     see no table and one fails with "already exists" (a duplicate-type error on
-    PostgreSQL). Trying again sees the other's tables and creates nothing.
+    PostgreSQL). Trying again sees the other's tables and creates nothing. On
+    PostgreSQL the check and the DDL also run in one transaction holding an advisory
+    lock (DDL is transactional there): the second process waits, then finds the tables.
 
     Raises:
         SQLAlchemyError: the database keeps failing (unreachable, read-only, ...).
     """
     for attempt in range(attempts):
         try:
-            metadata.create_all(engine)
+            if engine.dialect.name == "postgresql":
+                with engine.begin() as conn:
+                    conn.execute(select(func.pg_advisory_xact_lock(_SCHEMA_LOCK)))
+                    metadata.create_all(conn)
+            else:
+                metadata.create_all(engine)
             return
-        except SQLAlchemyError:
-            if attempt == attempts - 1:
+        except SQLAlchemyError as exc:
+            if attempt == attempts - 1 or (engine.dialect.name == "postgresql" and unreachable(exc)):
                 raise
+            time.sleep(0.05 * (attempt + 1))
+
+
+def dialect_insert(dialect: str) -> Any:
+    """The ``insert`` construct with ``on_conflict_do_update`` for ``dialect`` (``sqlite`` or ``postgresql``)."""
+    return _INSERTS[dialect]
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database could not be reached (worth a retry), not that a write was wrong."""
+    return isinstance(exc, (OperationalError, InterfaceError)) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated)
 
 
 def _upsert_statement(insert: Any) -> Any:
@@ -106,7 +154,10 @@ def _upsert_statement(insert: Any) -> Any:
     stmt = insert(entries)
     return stmt.on_conflict_do_update(
         index_elements=[entries.c.key],
-        set_={**{name: stmt.excluded[name] for name in _UPSERT_SET}, "version": entries.c.version + 1},
+        # NOTE: the row's ``version`` is the number of stores it records (1, or more replayed
+        # after an outage): added in the same statement, so concurrent upserts never lose one
+        set_={**{name: stmt.excluded[name] for name in _UPSERT_SET},
+              "version": entries.c.version + stmt.excluded.version},
     ).returning(entries.c.version)
 
 
@@ -114,6 +165,11 @@ def _upsert_statement(insert: Any) -> Any:
 # ~0.4 ms each (measured: 256 buffered hits flushed in 85-125 ms, vs a few ms now).
 _ADD_HITS = (update(entries).where(entries.c.key == bindparam("k"))
              .values(hits=entries.c.hits + bindparam("n"), last_access=bindparam("t")))
+
+
+def _pg_text(value: str) -> str:
+    """``value`` storable as PostgreSQL text, which refuses NUL characters (written ``\\x00`` instead)."""
+    return value.replace("\x00", "\\x00") if "\x00" in value else value
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -146,18 +202,28 @@ class Catalog:
             raise ConfigError(f"catalog_url={url!r}: expected a SQLAlchemy URL such as "
                               "'sqlite:///path/catalog.sqlite3' or 'postgresql+psycopg://host/db'") from None
         if parsed.get_backend_name() not in _INSERTS:
-            raise ConfigError(f"catalog_url={url!r}: backend {parsed.get_backend_name()!r} is not supported; "
-                              f"accepted {', '.join(_INSERTS)}")
+            raise ConfigError(f"catalog_url={parsed.render_as_string(hide_password=True)!r}: backend "
+                              f"{parsed.get_backend_name()!r} is not supported; accepted {', '.join(_INSERTS)}")
         if parsed.get_backend_name() == "sqlite" and parsed.database:
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         self.url = url
-        self.engine: Engine = create_engine(url, pool_pre_ping=True)
+        connect_args: dict[str, Any] = {}
+        if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+            connect_args["connect_timeout"] = _PG_CONNECT_TIMEOUT
+        try:
+            self.engine: Engine = create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+        except (ArgumentError, ImportError) as exc:
+            raise ConfigError(f"catalog_url={parsed.render_as_string(hide_password=True)!r}: {exc} "
+                              "(PostgreSQL needs kvmem[postgres]: psycopg)") from None
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self._upsert = _upsert_statement(_INSERTS[self.engine.dialect.name])
+        self._text: Callable[[str], str] = _pg_text if self.engine.dialect.name == "postgresql" else str
         self._lock = threading.Lock()
         self._hits: dict[str, tuple[int, float]] = {}
         self._removed: set[str] = set()
+        self._pending: dict[str, dict[str, Any]] = {}  # NOTE: upserts the database missed, replayed by flush
+        self.dropped = 0  # pending writes given up (queue full, or refused by the database)
         self._flush_seconds = flush_seconds
         self._on_error = on_error
         self._timer: threading.Timer | None = None
@@ -165,25 +231,61 @@ class Catalog:
         try:
             create_tables(metadata_obj, self.engine)
         except SQLAlchemyError as exc:
+            self.engine.dispose()
             raise TierUnavailable(f"catalog {parsed.render_as_string(hide_password=True)} cannot be "
                                   f"reached: {exc.__class__.__name__}: {exc.orig if hasattr(exc, 'orig') else exc}"
                                   ) from None
+
+    @property
+    def pending(self) -> int:
+        """Writes waiting for the database (it failed them as unreachable); retried by :meth:`flush`."""
+        with self._lock:
+            return len(self._pending) + len(self._removed)
 
     def upsert(self, key: str, *, namespace: str, user_key: str, kind: str, size: int, stored_size: int,
                codec: str, crc: int, tiers: list[str], metadata: dict[str, Any]) -> int:
         """Record a store of ``key``: a new row at version 1, or the next version of an existing one.
 
+        NOTE: when the database cannot be reached, the row is kept (with the count of
+        stores it stands for) and the error raised; the timer thread, or the next
+        :meth:`flush`, writes it once the database answers, so the catalog catches up
+        with every store made meanwhile, versions included.
+
         Returns:
             The version now current.
         """
         now = time.time()
-        row = dict(key=key, namespace=namespace, user_key=user_key[:256], kind=kind, size=size,
-                   stored_size=stored_size, codec=codec, crc=crc, tiers=",".join(tiers), metadata=metadata,
-                   last_access=now, state="ok", version=1, created=now, hits=0)
+        row = {"key": key, "namespace": self._text(namespace), "user_key": self._text(user_key[:256]), "kind": kind,
+               "size": size, "stored_size": stored_size, "codec": codec, "crc": crc, "tiers": ",".join(tiers),
+               "metadata": metadata, "last_access": now, "state": "ok", "version": 1, "created": now, "hits": 0}
         with self._lock:
             self._removed.discard(key)
-        with self.engine.begin() as conn:
-            return int(conn.execute(self._upsert, row).scalar_one())
+            missed = self._pending.pop(key, None)
+            if missed is not None:
+                row["version"] += missed["version"]
+                row["created"] = missed["created"]
+        try:
+            with self.engine.begin() as conn:
+                return int(conn.execute(self._upsert, row).scalar_one())
+        except SQLAlchemyError as exc:
+            if unreachable(exc):
+                with self._lock:
+                    self._keep([row])
+                    self._schedule_flush()
+            raise
+
+    def _keep(self, rows: list[dict[str, Any]]) -> None:
+        """Queue upserts for a retry, merged with newer ones of the same keys (caller holds ``_lock``)."""
+        for row in rows:
+            newer = self._pending.get(row["key"])
+            if newer is not None:  # NOTE: stored again while this one was being retried
+                newer["version"] += row["version"]
+                newer["created"] = min(newer["created"], row["created"])
+            elif row["key"] not in self._removed:
+                if len(self._pending) >= _MAX_PENDING:
+                    self.dropped += 1
+                    continue
+                self._pending[row["key"]] = row
 
     def get(self, key: str) -> EntryRow | None:
         """The row of ``key``, or ``None``."""
@@ -203,6 +305,7 @@ class Catalog:
         with self._lock:
             self._removed.add(key)
             self._hits.pop(key, None)
+            self._pending.pop(key, None)
             self._schedule_flush()
 
     def _schedule_flush(self) -> None:
@@ -224,34 +327,70 @@ class Catalog:
             self.flush()
         except SQLAlchemyError as exc:
             if self._on_error is None:
-                log.warning("kvmem: catalog flush failed (%s); buffered hits were dropped", exc)
+                log.warning("kvmem: catalog flush failed (%s); %s", exc,
+                            "retrying" if unreachable(exc) else "buffered updates were dropped")
             else:
                 self._on_error(exc)
         finally:
             with self._lock:
                 self._timer = None
-                if self._hits or self._removed:
-                    self._schedule_flush()  # buffered while this flush ran
+                if self._hits or self._removed or self._pending:
+                    self._schedule_flush()  # buffered while this flush ran, or kept for a retry
 
     def flush(self) -> None:
-        """Write buffered hits and removals in one transaction."""
+        """Write missed upserts, buffered hits and removals in one transaction.
+
+        Raises:
+            SQLAlchemyError: the database failed; when it could not be reached, everything is
+                kept for the next flush, else (the database refused the writes) dropped.
+        """
         with self._lock:
             hits, self._hits = self._hits, {}
             removed, self._removed = self._removed, set()
-        if not hits and not removed:
+            pending, self._pending = self._pending, {}
+        if not hits and not removed and not pending:
             return
-        with self.engine.begin() as conn:
-            if hits:
-                conn.execute(_ADD_HITS, [{"k": key, "n": count, "t": when} for key, (count, when) in hits.items()])
-            if removed:
-                conn.execute(delete(entries).where(entries.c.key.in_(sorted(removed))))
+        try:
+            with self.engine.begin() as conn:
+                # NOTE: rows in key order: two processes flushing overlapping keys lock them in
+                # the same order, never into a deadlock (PostgreSQL locks each updated row)
+                for key in sorted(pending):
+                    conn.execute(self._upsert, pending[key])
+                if hits:
+                    conn.execute(_ADD_HITS, [{"k": key, "n": hits[key][0], "t": hits[key][1]} for key in sorted(hits)])
+                if removed:
+                    conn.execute(delete(entries).where(entries.c.key.in_(sorted(removed))))
+        except SQLAlchemyError as exc:
+            if not unreachable(exc):
+                with self._lock:
+                    self.dropped += len(pending) + len(removed)
+                raise
+            with self._lock:  # NOTE: merged with what was buffered meanwhile, which is newer
+                for key in removed:
+                    if key not in self._pending:
+                        self._removed.add(key)
+                self._keep([pending[key] for key in sorted(pending)])
+                for key, (count, when) in hits.items():
+                    if key not in self._removed:
+                        now_count, now_when = self._hits.get(key, (0, 0.0))
+                        self._hits[key] = (count + now_count, max(when, now_when))
+            raise
 
     def delete(self, key: str) -> bool:
-        """Remove the row of ``key``; whether there was one."""
+        """Remove the row of ``key``; whether there was one.
+
+        NOTE: when the database cannot be reached, the removal is kept for :meth:`flush`.
+        """
         with self._lock:
             self._hits.pop(key, None)
-        with self.engine.begin() as conn:
-            return conn.execute(delete(entries).where(entries.c.key == key)).rowcount > 0
+            self._pending.pop(key, None)
+        try:
+            with self.engine.begin() as conn:
+                return conn.execute(delete(entries).where(entries.c.key == key)).rowcount > 0
+        except SQLAlchemyError as exc:
+            if unreachable(exc):
+                self.record_removed(key)
+            raise
 
     def set_state(self, key: str, state: str) -> None:
         """Mark ``key`` (``ok`` or ``quarantined``)."""
@@ -266,7 +405,7 @@ class Catalog:
             raise ConfigError(f"order={order!r}: accepted last_access, hits, size")
         stmt = select(entries).order_by(col.desc())
         if namespace is not None:
-            stmt = stmt.where(entries.c.namespace == namespace)
+            stmt = stmt.where(entries.c.namespace == self._text(namespace))
         if limit is not None:
             stmt = stmt.limit(limit)
         with self.engine.connect() as conn:
@@ -293,6 +432,7 @@ class Catalog:
         if timer is not None:
             timer.cancel()
             timer.join()  # a flush already running finishes before the engine goes
-        self.flush()
-        self.engine.dispose()
-
+        try:
+            self.flush()
+        finally:
+            self.engine.dispose()

@@ -44,7 +44,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Engine
 
-from kvmem.catalog import create_tables
+from kvmem.catalog import create_tables, dialect_insert
 from kvmem.semantic.auto import AutoIndex
 from kvmem.semantic.embedder import (
     CachedEmbedder,
@@ -194,8 +194,7 @@ class SemanticIndex:
             self._stale.discard(key)
             self._purge()
             with self._engine.begin() as conn:
-                conn.execute(delete(semantic_rows).where(semantic_rows.c.key == key))
-                conn.execute(semantic_rows.insert(), row)
+                conn.execute(_upsert(self._engine.dialect.name), row)
             self._forget(key)  # NOTE: a storage key lives in exactly one namespace
             self._partition(namespace).add([key], vec[None, :])
             self._entries[key] = (namespace, text)
@@ -270,6 +269,24 @@ class SemanticIndex:
             index = self._indexes.get(namespace)
             found = index.search(np.asarray(vector, dtype=np.float32), k) if index is not None else []
             return [(key, score, self._entries[key][1]) for key, score in found if score >= floor]
+
+
+_UPSERTS: dict[str, Any] = {}
+
+
+def _upsert(dialect: str) -> Any:
+    """``INSERT .. ON CONFLICT (key) DO UPDATE`` of a side-table row, built once per dialect.
+
+    NOTE: one statement, not a delete and an insert: on PostgreSQL two processes indexing the
+    same key at once both delete nothing, and the second insert then fails on the primary key.
+    """
+    stmt = _UPSERTS.get(dialect)
+    if stmt is None:
+        insert = dialect_insert(dialect)(semantic_rows)
+        stmt = _UPSERTS[dialect] = insert.on_conflict_do_update(
+            index_elements=[semantic_rows.c.key],
+            set_={name: insert.excluded[name] for name in ("namespace", "embedder", "text", "vector")})
+    return stmt
 
 
 def candidate_count(k: int) -> int:

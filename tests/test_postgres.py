@@ -1,0 +1,196 @@
+"""The catalog on PostgreSQL: the Memory API, several processes ("nodes") at once, agent sessions, faults.
+
+Each test gets a database of its own on the session's throwaway server (``postgres_url``);
+the outage test runs a server of its own to stop and start.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+import pytest
+import torch
+from sqlalchemy import create_engine, inspect
+
+from kvmem import Memory
+from kvmem.agent import AgentSession, SessionConflict
+from kvmem.agent.chain import ensure_tables
+from kvmem.catalog import Catalog, create_tables, metadata_obj
+from kvmem.errors import TierUnavailable
+from tests.servers import PostgresServer, free_port, scratch_database
+from tests.workers import check_value, make_value
+
+SMALL = {"cpu_bytes": "16MiB", "disk_bytes": "128MiB", "fsync": "never"}
+
+
+@pytest.fixture
+def pg(postgres_url: str) -> Iterator[str]:
+    """A fresh PostgreSQL database for this test."""
+    with scratch_database(postgres_url) as url:
+        yield url
+
+
+def node(path: Path | str, url: str) -> Memory:
+    """A Memory with tiers of its own (one machine) and the shared catalog at ``url``."""
+    return Memory(str(path), catalog_url=url, **SMALL)
+
+
+def test_store_load_info_versions_delete_and_entries(tmp_path: Path, pg: str) -> None:
+    with node(tmp_path / "a", pg) as mem:
+        t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+        mem.store("k1", t, metadata={"who": "me", "nul": "a\x00b"})
+        mem.store("k1", t + 1)
+        mem.store("k2", b"bytes", namespace="ns")
+        mem.store("nul\x00key", "text")  # PostgreSQL refuses NUL in text: escaped in the catalog
+        assert torch.equal(mem.load("k1"), t + 1) and mem.load("k2", namespace="ns") == b"bytes"
+        info = mem.info("k1")
+        assert info is not None and info.version == 2 and info.hits == 1 and info.metadata == {}
+        assert info.kind == "tensor" and info.user_key == "k1" and info.tiers
+        assert mem.info("k2", namespace="ns").version == 1
+        assert {e.user_key for e in mem.entries()} == {"k1", "k2", "nul\\x00key"}
+        assert [e.user_key for e in mem.entries(namespace="ns")] == ["k2"]
+        assert mem.stats().entries == 3
+        assert mem.delete("k1") and mem.info("k1") is None and mem.load("k1") is None
+        assert mem.catalog.engine.dialect.name == "postgresql"
+    with node(tmp_path / "b", pg) as other:  # another machine sees the rows, not the bytes
+        assert other.info("k2", namespace="ns").version == 1 and other.stats().entries == 2
+
+
+def test_schema_creation_is_idempotent_and_safe_when_racing(pg: str) -> None:
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def open_catalog() -> None:
+        try:
+            barrier.wait()
+            Catalog(pg).close()
+            engine = create_engine(pg)
+            ensure_tables(engine)
+            create_tables(metadata_obj, engine)
+            engine.dispose()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_catalog) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    engine = create_engine(pg)
+    assert {"kvmem_entries", "kvmem_agent_sessions", "kvmem_agent_steps"} <= set(inspect(engine).get_table_names())
+    engine.dispose()
+
+
+def _store_rounds(path: str, url: str, worker: int, keys: list[str], rounds: int) -> int:
+    """Store every key ``rounds`` times (and load it back) from its own process and tiers; loads done."""
+    loads = 0
+    with node(path, url) as mem:
+        for r in range(rounds):
+            for key in keys:
+                ver = worker * 1000 + r
+                mem.store(key, make_value(key, ver, 256))
+                assert check_value(key, mem.load(key), 256) == ver  # its own tiers: its own last write
+                loads += 1
+    return loads
+
+
+def test_processes_on_several_nodes_lose_no_update(tmp_path: Path, pg: str) -> None:
+    keys, rounds, workers = [f"shared/{i}" for i in range(4)], 12, 3
+    node(tmp_path / "init", pg).close()  # schema made once; the race on it is tested above
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        loads = sum(pool.map(_store_rounds, [str(tmp_path / f"node{w}") for w in range(workers)], [pg] * workers,
+                             range(workers), [keys] * workers, [rounds] * workers))
+    with node(tmp_path / "check", pg) as mem:
+        for key in keys:
+            info = mem.info(key)
+            assert info is not None and info.version == workers * rounds, (key, info)
+        assert mem.stats().recorded_hits == loads == workers * rounds * len(keys)
+
+
+def _append_with_retry(path: str, url: str, worker: int, n: int) -> int:
+    """Append ``n`` steps to session 'race', resuming on every conflict; how many conflicts."""
+    conflicts = 0
+    with node(path, url) as mem:
+        for i in range(n):
+            while True:
+                try:
+                    AgentSession.resume("race", memory=mem).append_step(f"w{worker} step {i}", "", "")
+                    break
+                except SessionConflict:
+                    conflicts += 1
+    return conflicts
+
+
+def test_agent_session_compare_and_swap_race(tmp_path: Path, pg: str) -> None:
+    with node(tmp_path / "init", pg) as mem:
+        AgentSession("race", memory=mem, system_prompt="sys")
+    workers, n = 3, 8
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        list(pool.map(_append_with_retry, [str(tmp_path / f"node{w}") for w in range(workers)], [pg] * workers,
+                      range(workers), [n] * workers))
+    with node(tmp_path / "check", pg) as mem:
+        session = AgentSession.resume("race", memory=mem)
+        chain = session.steps  # verified link by link
+        assert len(chain) == workers * n
+        for w in range(workers):  # every worker's steps, each exactly once and in its own order
+            assert [x.thought for x in chain if x.thought.startswith(f"w{w} ")] == [f"w{w} step {i}" for i in range(n)]
+        fork = session.fork("race-fork")
+        fork.append_step("only in the fork", "", "")
+        from kvmem.agent.chain import sweep
+
+        assert sweep(mem.catalog.engine) == 0  # every committed step is reachable
+
+
+def test_unreachable_at_start_is_a_clear_error_without_the_password(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"postgresql+psycopg://kvmem:s3cret@127.0.0.1:{port}/kvmem"
+    started = time.monotonic()
+    with pytest.raises(TierUnavailable, match=f"127.0.0.1:{port}") as caught:
+        Memory(str(tmp_path), catalog_url=url, **SMALL)
+    assert "s3cret" not in str(caught.value) and "***" in str(caught.value)
+    assert time.monotonic() - started < 10
+
+
+def _wait(condition: Callable[[], bool], seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_outage_mid_run_keeps_serving_and_the_catalog_catches_up(tmp_path: Path,
+                                                                  postgres_server: PostgresServer) -> None:
+    url = postgres_server.url
+    with node(tmp_path / "a", url) as mem:
+        for i in range(4):
+            mem.store(f"k{i}", make_value(f"k{i}", 1, 256))
+        assert mem.load("k0") is not None
+        mem.flush()
+
+        postgres_server.stop()
+        for i in range(2, 6):  # new versions of k2, k3; new keys k4, k5
+            mem.store(f"k{i}", make_value(f"k{i}", 2, 256))
+        mem.store("k5", make_value("k5", 3, 256))
+        assert mem.delete("k1")
+        for i in (0, 2, 3, 4, 5):  # the data path goes on through the local tiers
+            assert check_value(f"k{i}", mem.load(f"k{i}"), 256) == (3 if i == 5 else 1 if i == 0 else 2)
+        assert mem.info("k2") is None  # the catalog is down: no facts, no exception
+        assert list(mem.entries()) == []
+        assert mem.catalog.pending == 5  # k2..k5 upserts and the removal of k1
+        assert mem.metrics.total("kvmem_tier_errors_total") > 0
+
+        postgres_server.start()
+        _wait(lambda: mem.catalog.pending == 0)  # the timer thread retried without being asked
+        mem.flush()
+        versions = {e.user_key: e.version for e in mem.entries()}
+        assert versions == {"k0": 1, "k2": 2, "k3": 2, "k4": 1, "k5": 2}
+        assert mem.info("k0").hits == 2 and mem.info("k2").hits == 1  # hits counted during the outage too
+        assert mem.catalog.dropped == 0
+    with node(tmp_path / "b", url) as other:  # and another node sees it all
+        assert {e.user_key: e.version for e in other.entries()} == versions
