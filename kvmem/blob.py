@@ -302,8 +302,10 @@ def verify(buf: torch.Tensor) -> None:
     checker.finish(buf.numel())
 
 
-def copy_verified(src: torch.Tensor, pin_memory: bool = False) -> torch.Tensor:
+def copy_verified(src: torch.Tensor | np.ndarray, pin_memory: bool = False) -> torch.Tensor:
     """Copy a CPU blob and check its CRCs in the same pass.
+
+    ``src`` is a tensor or a uint8 array (e.g. a read-only view of received bytes).
 
     The CRCs are computed over the *destination* one step (``_COPY_STEP``) at a
     time, while that step is still in cache, so checking costs little more than
@@ -312,9 +314,10 @@ def copy_verified(src: torch.Tensor, pin_memory: bool = False) -> torch.Tensor:
     Raises:
         IntegrityError: the copy does not match its CRCs.
     """
-    n = src.numel()
+    s = src if isinstance(src, np.ndarray) else src.numpy()
+    n = s.size
     dst = empty_buffer(n, pin_memory)
-    s, d = src.numpy(), dst.numpy()
+    d = dst.numpy()
     checker = StreamVerifier()
     for start in range(0, n, _COPY_STEP):
         stop = min(start + _COPY_STEP, n)

@@ -35,6 +35,18 @@ def register_remote(scheme: str, factory: RemoteFactory) -> None:
     _REMOTES[scheme] = factory
 
 
+def _redis(url: str, config: Config) -> StorageTier:
+    try:
+        from kvmem.stores.redis import RedisTier  # NOTE: late import: redis-py is the optional extra kvmem[redis]
+    except ImportError as exc:
+        raise ConfigError(f"remote_url={url.split('@')[-1]!r} needs redis-py: pip install 'kvmem[redis]'") from exc
+    return RedisTier.from_url(url, config)
+
+
+register_remote("redis", _redis)
+register_remote("rediss", _redis)
+
+
 def _gpu(config: Config) -> StorageTier | None:
     if not config.gpu_bytes:
         return None

@@ -23,6 +23,8 @@ class StorageTier(Protocol):
       before handing it out (memory tiers); otherwise ``get`` returns a fresh buffer.
     - ``checks_crc``: loads from this tier are CRC-checked (every tier below the GPU).
     - ``persistent``: entries survive the process (disk, remote): write-through targets.
+    - ``self_evicting``: the tier makes room by itself (Redis's ``maxmemory-policy``);
+      the tiered store never sheds it.
 
     Tiers do not evict by themselves; :class:`~kvmem.stores.tiered.TieredStore`
     demotes and evicts, in the LRU order ``keys()`` gives.
@@ -33,6 +35,7 @@ class StorageTier(Protocol):
     shares_buffers: bool
     checks_crc: bool
     persistent: bool
+    self_evicting: bool
 
     def get(self, key: str) -> torch.Tensor | None:
         """The blob stored under ``key`` as a contiguous uint8 tensor, or ``None``; marks it recently used."""
@@ -108,6 +111,7 @@ class TierBase:
     shares_buffers = False
     checks_crc = True
     persistent = False
+    self_evicting = False
 
     def get(self, key: str) -> torch.Tensor | None:  # pragma: no cover - overridden
         raise NotImplementedError

@@ -28,7 +28,7 @@ import torch
 
 from kvmem import blob as blobfmt
 from kvmem.blob import EncodedBlob
-from kvmem.errors import IntegrityError, TierUnavailable
+from kvmem.errors import CapacityError, IntegrityError, TierUnavailable
 from kvmem.metrics import Metrics
 from kvmem.stores.base import StorageTier
 
@@ -212,6 +212,9 @@ class TieredStore:
 
         Returns:
             Names of the tiers written now (write-back targets not included).
+
+        Raises:
+            CapacityError: every target refused the value as too large for one entry.
         """
         written: list[str] = []
         home = next((i for i, t in enumerate(self.tiers)
@@ -220,16 +223,25 @@ class TieredStore:
             return written
         targets = [self.tiers[home]] + [t for t in self.tiers[home + 1:] if t.persistent]
         later: list[StorageTier] = []
+        refused: CapacityError | None = None
         for n, tier in enumerate(targets):
             if n and self.write_back:
                 later.append(tier)
                 continue
             self._make_room(tier, encoded.nbytes)
-            if self._call(tier, lambda t=tier: t.put(key, encoded)) is not _FAILED:
+            try:
+                done = self._call(tier, lambda t=tier: t.put(key, encoded))
+            except CapacityError as exc:  # NOTE: a per-value limit (Redis's 512 MiB): this value only, tier stays up
+                log.warning("kvmem: tier %s refused key %s: %s", tier.name, key, exc)
+                refused = exc
+                continue
+            if done is not _FAILED:
                 written.append(tier.name)
                 self._offload(tier)
         if later:
             self._enqueue(key, EncodedBlob.from_buffer(encoded.to_tensor()) if written else encoded, later)
+        elif refused is not None and not written:
+            raise refused
         return written
 
     def delete(self, key: str) -> bool:
@@ -261,7 +273,7 @@ class TieredStore:
                 self._shed(tier, int(tier.capacity * self.offload_threshold))
 
     def _shed(self, tier: StorageTier, limit: int) -> None:
-        if tier.usage() <= limit:
+        if tier.self_evicting or tier.usage() <= limit:
             return
         lower = self.tiers[self.tiers.index(tier) + 1:]
         for victim in tier.keys():

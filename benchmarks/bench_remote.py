@@ -1,0 +1,117 @@
+"""kvmem's Redis tier side by side with raw redis-py on the same server and the same bytes.
+
+Not a test: a measurement. ``RedisTier.put`` / ``get_verified`` against redis-py
+``SET`` / ``GET`` of exactly the blob bytes the tier stores, on a throwaway
+``redis-server`` (loopback, no persistence) started for the run:
+
+=================  ==========================================  ======
+operation          baseline                                    target
+=================  ==========================================  ======
+redis store        ``client.set(key, blob_bytes)``             >= 0.8
+redis load         ``client.get(key)``                          >= 0.8
+=================  ==========================================  ======
+
+kvmem does more than its baseline: ``put`` frames the blob from its parts
+(one join when it has several), ``get_verified`` copies the reply into a buffer
+the caller owns and CRC32C-checks it in the same pass.
+
+Workload: KV chunks of the Llama-3-8B layout (see bench_store.py: 33.5 MB
+blobs, encoded by kvmem's lossless codec), then 64 KiB items (per-op µs).
+
+Usage (from the repository root)::
+
+    python benchmarks/bench_remote.py                 # 8 chunks, 200 small items, median of 5
+    python benchmarks/bench_remote.py --quick
+    python benchmarks/bench_remote.py --url redis://host:6379/0   # an existing server (keys under bench:)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import redis
+from bench_store import Row, make_chunk, make_small, side_by_side
+
+from kvmem import content_hash
+from kvmem.codecs import parse_codec
+from kvmem.codecs.pipeline import encode_value
+from kvmem.stores.redis import RedisTier
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.servers import RedisServer
+
+TARGET = 0.8
+
+
+def rows_for(tier: RedisTier, values: list[object], label: str, repeat: int) -> list[Row]:
+    """Store and load rows for ``values``, each timed as kvmem vs raw redis-py."""
+    blobs = [encode_value(v, parse_codec("none"))[0] for v in values]
+    raw = [b.to_tensor().numpy().tobytes() for b in blobs]
+    keys = [content_hash(f"bench-{label}-{i}") for i in range(len(values))]
+    client = tier.client
+
+    def kv_put() -> None:
+        for k, b in zip(keys, blobs):
+            tier.put(k, b)
+
+    def raw_put() -> None:
+        for k, b in zip(keys, raw):
+            client.set("raw:" + k, b)
+
+    def kv_get() -> None:
+        for k in keys:
+            assert tier.get_verified(k) is not None
+
+    def raw_get() -> None:
+        for k in keys:
+            assert client.get("raw:" + k) is not None
+
+    size, n = len(raw[0]), len(values)
+    put = side_by_side(kv_put, raw_put, repeat)
+    get = side_by_side(kv_get, raw_get, repeat)
+    client.delete(*["raw:" + k for k in keys], *[tier.prefix + k for k in keys])
+    return [Row(f"redis store {label}", "redis-py SET", size, n, *put, TARGET),
+            Row(f"redis load {label}", "redis-py GET", size, n, *get, TARGET)]
+
+
+def report(rows: list[Row]) -> None:
+    print(f"{'operation':<22} {'size':>10} {'kvmem':>12} {'redis-py':>12} {'ratio':>6} {'best':>6}  target")
+    for r in rows:
+        if r.size >= 1 << 20:
+            kv, base = f"{r.gbps(r.kvmem_s):.2f} GB/s", f"{r.gbps(r.baseline_s):.2f} GB/s"
+        else:
+            kv, base = f"{r.us_per_op(r.kvmem_s):.0f} us/op", f"{r.us_per_op(r.baseline_s):.0f} us/op"
+        print(f"{r.operation:<22} {r.size:>10} {kv:>12} {base:>12} {r.ratio:>6.2f} {r.best_ratio:>6.2f}  "
+              f">= {r.target} {r.verdict}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="an existing Redis (default: a throwaway redis-server)")
+    parser.add_argument("--chunks", type=int, default=8)
+    parser.add_argument("--small", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="2 chunks, 50 small items, 3 repeats")
+    args = parser.parse_args()
+    if args.quick:
+        args.chunks, args.small, args.repeat = 2, 50, 3
+    server = None if args.url else RedisServer(Path(tempfile.mkdtemp(prefix="kvmem-bench-redis-")))
+    url = args.url or server.url  # type: ignore[union-attr]
+    tier = RedisTier.from_url(url + ("&" if "?" in url else "?") + "prefix=bench:")
+    try:
+        rows = rows_for(tier, [make_chunk(i) for i in range(args.chunks)], "33.5MB", args.repeat)
+        rows += rows_for(tier, [make_small(i) for i in range(args.small)], "64KiB", args.repeat)
+        print(f"redis-server {tier.client.info('server')['redis_version']} at {tier.url}, "
+              f"redis-py {redis.__version__}, median of {args.repeat}")
+        report(rows)
+    finally:
+        tier.close()
+        if server is not None:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

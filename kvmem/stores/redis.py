@@ -1,0 +1,315 @@
+"""The remote tier on Redis: blobs as plain values under ``<prefix><storage key>``.
+
+Configured by URL (``remote_url``)::
+
+    redis://[[user]:password@]host[:port][/db][?prefix=kvmem:&ttl=3600&max_value=512MiB&capacity=64GiB]
+    rediss://...                      the same over TLS (redis-py's ``ssl_*`` query options apply)
+
+kvmem's own query options are taken off the URL; the rest (``socket_timeout``,
+``ssl_cert_reqs``...) are redis-py's. Values are the blob bytes exactly as the
+other tiers hold them, so every load is CRC-checked here like on disk; nothing
+is ever unpickled. Keys are the prefix and the storage key (64 hex digits): a
+tenant salt already makes two tenants' storage keys disjoint, a prefix keeps two
+deployments apart on one server.
+
+NOTE: Redis evicts by itself (``maxmemory-policy``, and ``ttl`` when set), so the
+tier is ``self_evicting``: :class:`~kvmem.stores.tiered.TieredStore` never sheds
+it by scanning keys, whose order Redis does not keep. ``usage()`` is the
+server's ``used_memory``; ``capacity`` its ``maxmemory`` (or ``?capacity=``).
+
+Every redis-py failure (connection refused, timeout, server loading, OOM
+refusal...) surfaces as :class:`~kvmem.errors.TierUnavailable`, which the
+tiered store counts and answers by skipping the tier for ``tier_retry_seconds``;
+redis-py reconnects on the next call after that.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import numpy as np
+import redis
+import torch
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from kvmem import blob as blobfmt
+from kvmem.blob import EncodedBlob, empty_buffer
+from kvmem.config import Config, parse_size
+from kvmem.errors import CapacityError, ConfigError, TierUnavailable
+from kvmem.keys import is_storage_key
+from kvmem.stores.base import TierBase
+
+__all__ = ["RedisTier", "redact"]
+
+log = logging.getLogger(__name__)
+
+REDIS_MAX_VALUE = 512 * 1024**2  # Redis's default proto-max-bulk-len: the largest string it accepts
+_UNBOUNDED = 1 << 50  # capacity when the server sets no maxmemory: Redis, not kvmem, decides what fits
+_QUARANTINE = "quarantine:"
+_QUARANTINE_TTL = 7 * 24 * 3600  # a quarantined value is kept a week for inspection, then Redis drops it
+_USAGE_TTL = 1.0  # seconds a used_memory reading is reused (usage() is called per put)
+_DEFAULT_TIMEOUT = 2.0  # socket timeouts: a dead server costs at most this per attempt
+_OPTIONS = ("prefix", "ttl", "max_value", "capacity")
+
+
+def redact(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for messages and logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class RedisTier(TierBase):
+    """Blobs on a Redis server, one string value per entry.
+
+    Args:
+        client: a redis-py client (``decode_responses`` off).
+        prefix: prepended to every storage key (one per deployment).
+        ttl: seconds an entry lives after its last write or read, or ``None`` (Redis's eviction only).
+        max_value: largest blob accepted, bytes (Redis refuses strings over 512 MiB by default).
+        capacity: bytes the tier may hold; ``None``: the server's ``maxmemory`` when set.
+        url: the URL the client came from, for messages (its password is never shown).
+
+    Raises:
+        ConfigError: the server refuses the credentials, or an option is out of range.
+    """
+
+    persistent = True
+    self_evicting = True
+
+    def __init__(self, client: redis.Redis, *, prefix: str = "kvmem:", ttl: int | None = None,
+                 max_value: int = REDIS_MAX_VALUE, capacity: int | None = None, url: str = "redis://") -> None:
+        if ttl is not None and ttl <= 0:
+            raise ConfigError(f"remote_url ttl={ttl!r}: accepted a whole number of seconds > 0")
+        if not 0 < max_value <= REDIS_MAX_VALUE:
+            raise ConfigError(f"remote_url max_value={max_value!r}: accepted 1 to {REDIS_MAX_VALUE} bytes")
+        self.name = "redis"
+        self.client = client
+        self.prefix = prefix
+        self.ttl = ttl
+        self.max_value = max_value
+        self.url = redact(url)
+        self._pattern = re.sub(r"([*?\[\]\\])", r"\\\1", prefix) + "?" * 64
+        self._usage = (0, float("-inf"))  # (bytes, monotonic time read)
+        self.capacity = capacity if capacity is not None else self._server_capacity()
+
+    @classmethod
+    def from_url(cls, url: str, config: Config | None = None) -> RedisTier:
+        """A tier for ``url`` (``redis://`` or ``rediss://``), kvmem's options taken from its query.
+
+        Raises:
+            ConfigError: a bad option, or credentials the server refuses.
+        """
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        ours = {k: v for k, v in query if k in _OPTIONS}
+        theirs = [(k, v) for k, v in query if k not in _OPTIONS]
+        for name in ("socket_timeout", "socket_connect_timeout"):
+            if name not in dict(theirs):
+                theirs.append((name, str(_DEFAULT_TIMEOUT)))
+        client_url = urlunsplit(parts._replace(query=urlencode(theirs)))
+        try:
+            ttl = int(ours["ttl"]) if ours.get("ttl") else None
+            max_value = parse_size(ours["max_value"], "max_value") if ours.get("max_value") else REDIS_MAX_VALUE
+            capacity = parse_size(ours["capacity"], "capacity") if ours.get("capacity") else None
+            # NOTE: one quick retry covers a pooled connection the server closed (restart, idle timeout);
+            # more would multiply what a dead server costs each call.
+            client = redis.Redis.from_url(client_url, retry=Retry(NoBackoff(), 1))
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"remote_url={redact(url)!r}: {exc}; accepted redis://[[user]:password@]host"
+                              f"[:port][/db][?prefix=...&ttl=SECONDS&max_value=SIZE&capacity=SIZE]") from exc
+        return cls(client, prefix=ours.get("prefix", "kvmem:"), ttl=ttl, max_value=max_value, capacity=capacity,
+                   url=url)
+
+    # -- errors -----------------------------------------------------------------
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Re-raise redis-py failures as ``TierUnavailable`` naming the (redacted) URL."""
+        try:
+            yield
+        except redis.RedisError as exc:
+            raise TierUnavailable(f"redis tier at {self.url}: {type(exc).__name__}: {exc}") from exc
+
+    def _server_capacity(self) -> int:
+        """The server's ``maxmemory``, or unbounded; checks the credentials on the way.
+
+        A server that cannot be reached now is not an error here (the tiered store
+        skips the tier until it answers); one that refuses the credentials is.
+        """
+        try:
+            info = self.client.info("memory")
+        except redis.AuthenticationError as exc:
+            raise ConfigError(f"remote_url={self.url!r}: the server refused the credentials ({exc}); "
+                              "put user:password in the URL") from exc
+        except redis.ResponseError as exc:
+            if "NOAUTH" in str(exc) or "WRONGPASS" in str(exc):
+                raise ConfigError(f"remote_url={self.url!r}: the server requires a password ({exc}); "
+                                  "use redis://:PASSWORD@host:port/db") from exc
+            raise TierUnavailable(f"redis tier at {self.url}: {exc}") from exc
+        except redis.RedisError as exc:
+            log.warning("kvmem: redis tier at %s is not reachable (%s: %s); local tiers serve until it is",
+                        self.url, type(exc).__name__, exc)
+            return _UNBOUNDED
+        self._usage = (int(info.get("used_memory", 0)), time.monotonic())
+        return int(info.get("maxmemory", 0)) or _UNBOUNDED
+
+    def _key(self, key: str) -> str:
+        if not is_storage_key(key):
+            raise ValueError(f"RedisTier key {key[:80]!r}: expected a storage key of 64 hex digits")
+        return self.prefix + key
+
+    # -- StorageTier ------------------------------------------------------------
+    def _fetch(self, key: str) -> bytes | None:
+        with self._errors():
+            if self.ttl is None:
+                return self.client.get(self._key(key))  # type: ignore[return-value]
+            return self.client.getex(self._key(key), ex=self.ttl)  # type: ignore[return-value]
+
+    def get(self, key: str) -> torch.Tensor | None:
+        data = self._fetch(key)
+        if data is None:
+            return None
+        out = empty_buffer(len(data))
+        out.numpy()[:] = np.frombuffer(data, dtype=np.uint8)
+        return out
+
+    def get_verified(self, key: str) -> torch.Tensor | None:
+        """``get`` with the CRCs checked while the reply is copied into the returned buffer.
+
+        Raises:
+            IntegrityError: the value is not a whole blob matching its CRCs.
+        """
+        data = self._fetch(key)
+        return None if data is None else blobfmt.copy_verified(np.frombuffer(data, dtype=np.uint8))
+
+    def get_many(self, keys: Sequence[str]) -> list[torch.Tensor | None]:
+        """``get`` for several keys in one round trip (``MGET``, or pipelined ``GETEX`` with a TTL)."""
+        if not keys:
+            return []
+        with self._errors():
+            if self.ttl is None:
+                found = self.client.mget([self._key(k) for k in keys])
+            else:
+                pipe = self.client.pipeline(transaction=False)
+                for k in keys:
+                    pipe.getex(self._key(k), ex=self.ttl)
+                found = pipe.execute()
+        return [None if d is None else torch.from_numpy(np.frombuffer(d, dtype=np.uint8).copy())
+                for d in found]  # type: ignore[union-attr]
+
+    def read_range(self, key: str, start: int, stop: int) -> torch.Tensor | None:
+        """Bytes ``[start, stop)`` of ``key``'s value with one ``GETRANGE`` (not CRC-checked)."""
+        if stop <= start:
+            return None if not self.contains(key) else empty_buffer(0)
+        with self._errors():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.exists(self._key(key))
+            pipe.getrange(self._key(key), start, stop - 1)
+            exists, data = pipe.execute()
+        if not exists:
+            return None
+        return torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())
+
+    def put(self, key: str, blob: EncodedBlob) -> None:
+        """``SET`` the blob (with ``EX ttl``); one value, replaced atomically.
+
+        Raises:
+            CapacityError: the blob is larger than ``max_value``.
+            TierUnavailable: Redis failed or refused the write (e.g. out of memory).
+        """
+        if blob.nbytes > self.max_value:
+            raise CapacityError(f"value of {blob.nbytes} bytes is larger than the redis tier accepts per value "
+                                f"({self.max_value} bytes; Redis's own limit is {REDIS_MAX_VALUE}): store it "
+                                "compressed, or on local tiers only")
+        # NOTE: a single part goes out as a memoryview without a copy; several are joined once.
+        data = memoryview(blob.parts[0]) if len(blob.parts) == 1 else memoryview(blob.to_tensor().numpy())
+        with self._errors():
+            self.client.set(self._key(key), data, ex=self.ttl)
+
+    def contains(self, key: str) -> bool:
+        with self._errors():
+            return bool(self.client.exists(self._key(key)))
+
+    def contains_many(self, keys: Sequence[str]) -> list[bool]:
+        """``EXISTS`` of each key, pipelined: one round trip for the whole batch."""
+        if not keys:
+            return []
+        with self._errors():
+            pipe = self.client.pipeline(transaction=False)
+            for k in keys:
+                pipe.exists(self._key(k))
+            return [bool(n) for n in pipe.execute()]
+
+    def delete(self, key: str) -> bool:
+        with self._errors():
+            return bool(self.client.delete(self._key(key)))
+
+    def quarantine(self, key: str) -> None:
+        """Rename the value to ``<prefix>quarantine:<key>``, kept a week for inspection."""
+        aside = self.prefix + _QUARANTINE + key
+        with self._errors():
+            pipe = self.client.pipeline(transaction=True)
+            pipe.rename(self._key(key), aside)
+            pipe.expire(aside, _QUARANTINE_TTL)
+            try:
+                pipe.execute()
+            except redis.ResponseError:
+                return  # no such key: deleted or quarantined by another process meanwhile
+        log.warning("kvmem: quarantined corrupt entry %s to redis key %s", key, aside)
+
+    def quarantined(self) -> list[str]:
+        """Redis keys of values moved aside by :meth:`quarantine`."""
+        with self._errors():
+            return sorted(k.decode() for k in self.client.scan_iter(match=self._glob(_QUARANTINE) + "*",
+                                                                    count=1000))
+
+    def purge_quarantine(self) -> int:
+        freed = 0
+        for name in self.quarantined():
+            with self._errors():
+                pipe = self.client.pipeline(transaction=True)
+                pipe.strlen(name)
+                pipe.delete(name)
+                size, deleted = pipe.execute()
+            freed += size if deleted else 0
+        return freed
+
+    def keys(self) -> Iterator[str]:
+        """Stored keys under this prefix, in the server's scan order (Redis keeps the LRU order itself).
+
+        Raises:
+            TierUnavailable: Redis failed during the scan.
+        """
+        start = len(self.prefix)
+        with self._errors():
+            found = [k.decode()[start:] for k in self.client.scan_iter(match=self._pattern, count=1000)]
+        return iter([k for k in found if is_storage_key(k)])
+
+    def usage(self) -> int:
+        """The server's ``used_memory`` (read at most once a second; the last reading when it is down)."""
+        used, when = self._usage
+        if time.monotonic() - when < _USAGE_TTL:
+            return used
+        try:
+            used = int(self.client.info("memory").get("used_memory", used))
+        except redis.RedisError:
+            return used  # NOTE: a gauge, not a decision: a stale reading beats failing stats()
+        self._usage = (used, time.monotonic())
+        return used
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _glob(self, suffix: str) -> str:
+        return re.sub(r"([*?\[\]\\])", r"\\\1", self.prefix + suffix)
+

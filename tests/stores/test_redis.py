@@ -1,0 +1,305 @@
+"""The Redis remote tier on a real redis-server (see tests/servers.py): round trip, CRC, batching,
+TTL, prefix, size limit, faults, auth, tenant salt, and cross-node KV reuse.
+
+Memories here have a small CPU tier and no disk tier, so whatever the CPU tier
+does not hold is loaded from Redis.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+import torch
+
+import kvmem
+from kvmem import blob as blobfmt
+from kvmem.errors import CapacityError, ConfigError, IntegrityError
+from kvmem.stores import StorageTier, build_tiers
+from kvmem.stores.redis import RedisTier, redact
+from tests.servers import RedisServer
+
+MemoryFactory = Callable[..., kvmem.Memory]
+
+
+def blob_of(payload: bytes) -> blobfmt.EncodedBlob:
+    return blobfmt.encode({"kind": "test"}, [np.frombuffer(payload, dtype=np.uint8)])
+
+
+def key(i: int) -> str:
+    return kvmem.content_hash(f"entry-{i}")
+
+
+def unique_prefix(request: pytest.FixtureRequest) -> str:
+    return f"test:{request.node.name}:{time.monotonic_ns()}:"
+
+
+def with_options(url: str, **options: object) -> str:
+    return url + ("&" if "?" in url else "?") + "&".join(f"{k}={v}" for k, v in options.items())
+
+
+@pytest.fixture
+def tier(redis_url: str, request: pytest.FixtureRequest) -> Iterator[RedisTier]:
+    made = RedisTier.from_url(with_options(redis_url, prefix=unique_prefix(request)))
+    yield made
+    made.client.delete(*made.client.keys(made.prefix + "*") or ["-"])
+    made.close()
+
+
+@pytest.fixture
+def open_memory(tmp_path: Path, redis_url: str, request: pytest.FixtureRequest) -> Iterator[MemoryFactory]:
+    """``open_memory(name="a", url=None, **settings)``: a Memory with a 1 MiB CPU tier, no disk, Redis below."""
+    made: list[kvmem.Memory] = []
+    prefix = unique_prefix(request)
+
+    def open_(name: str = "a", url: str | None = None, **settings: object) -> kvmem.Memory:
+        options: dict[str, object] = {"cpu_bytes": "1MiB", "disk_bytes": 0, "fsync": "never",
+                                      "remote_url": url or with_options(redis_url, prefix=prefix), **settings}
+        mem = kvmem.Memory(str(tmp_path / name), **options)
+        made.append(mem)
+        return mem
+
+    yield open_
+    for mem in made:
+        mem.close()
+
+
+def redis_tier(mem: kvmem.Memory) -> RedisTier:
+    found = next(t for t in mem.tiers.tiers if t.name == "redis")
+    assert isinstance(found, RedisTier)
+    return found
+
+
+def commands(client: redis.Redis) -> int:
+    return int(client.info("stats")["total_commands_processed"])
+
+
+# -- the tier alone --------------------------------------------------------------------------------
+def test_tier_contract(tier: RedisTier) -> None:
+    assert isinstance(tier, StorageTier) and tier.persistent and tier.checks_crc and tier.self_evicting
+    enc = blob_of(b"hello redis" * 100)
+    assert tier.get(key(0)) is None and not tier.contains(key(0))
+    tier.put(key(0), enc)
+    got = tier.get_verified(key(0))
+    assert got is not None and got.numpy().tobytes() == enc.to_tensor().numpy().tobytes()
+    got[0] ^= 0xFF  # the caller owns (and may write) the buffer
+    assert tier.client.get(tier.prefix + key(0)) == enc.to_tensor().numpy().tobytes()
+    assert list(tier.keys()) == [key(0)]
+    assert tier.read_range(key(0), 4, 12) is not None
+    assert tier.read_range(key(0), 4, 12).numpy().tobytes() == enc.to_tensor().numpy().tobytes()[4:12]
+    assert tier.read_range(key(1), 0, 8) is None
+    many = tier.get_many([key(0), key(1)])
+    assert many[1] is None and torch.equal(many[0], tier.get(key(0)))
+    assert tier.delete(key(0)) is True and tier.delete(key(0)) is False
+    assert tier.usage() > 0 and tier.capacity > 0
+    with pytest.raises(ValueError, match="storage key"):
+        tier.get("../etc/passwd")
+
+
+def test_contains_many_is_one_round_trip(tier: RedisTier) -> None:
+    for i in range(0, 40, 2):
+        tier.put(key(i), blob_of(bytes([i]) * 10))
+    probe = [key(i) for i in range(40)]
+    before = commands(tier.client)
+    found = tier.contains_many(probe)
+    sent = commands(tier.client) - before - 1  # the INFO call itself counts once
+    assert found == [i % 2 == 0 for i in range(40)]
+    # NOTE: one pipelined request carrying 40 EXISTS: the server counts the commands, not the round trips
+    assert sent == 40
+    calls: list[int] = []
+    real = tier.client.connection_pool.get_connection
+
+    def counting(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    tier.client.connection_pool.get_connection = counting  # type: ignore[method-assign]
+    try:
+        tier.contains_many(probe)
+    finally:
+        tier.client.connection_pool.get_connection = real  # type: ignore[method-assign]
+    assert len(calls) == 1
+
+
+def test_quarantine_moves_the_value_aside(tier: RedisTier) -> None:
+    enc = blob_of(b"bad" * 30)
+    tier.put(key(0), enc)
+    tier.quarantine(key(0))
+    assert not tier.contains(key(0)) and list(tier.keys()) == []
+    assert tier.quarantined() == [tier.prefix + "quarantine:" + key(0)]
+    assert 0 < tier.client.ttl(tier.quarantined()[0]) <= 7 * 24 * 3600
+    assert tier.purge_quarantine() == enc.nbytes and tier.quarantined() == []
+    tier.quarantine(key(1))  # nothing there: no error
+
+
+def test_ttl_expires_entries_and_reads_extend_them(redis_url: str, request: pytest.FixtureRequest) -> None:
+    tier = RedisTier.from_url(with_options(redis_url, prefix=unique_prefix(request), ttl=1))
+    try:
+        tier.put(key(0), blob_of(b"short-lived"))
+        assert 0 < tier.client.pttl(tier.prefix + key(0)) <= 1000
+        time.sleep(0.6)
+        assert tier.get_verified(key(0)) is not None  # a read restarts the clock
+        time.sleep(0.6)
+        assert tier.contains(key(0))
+        time.sleep(1.2)
+        assert tier.get(key(0)) is None and not tier.contains(key(0))
+    finally:
+        tier.close()
+
+
+def test_size_limit_is_a_clear_error(redis_url: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    tier = RedisTier.from_url(with_options(redis_url, prefix=unique_prefix(request), max_value="1KiB"))
+    with pytest.raises(CapacityError, match=r"2\d\d\d bytes .* \(1024 bytes; Redis's own limit is 536870912\)"):
+        tier.put(key(0), blob_of(b"x" * 2000))
+    tier.close()
+    url = with_options(redis_url, prefix=unique_prefix(request), max_value="1KiB")
+    # remote only: the caller gets the error; with a local tier: stored there, Redis skipped (and still up)
+    with kvmem.Memory(str(tmp_path / "r"), cpu_bytes=0, disk_bytes=0, remote_url=url) as only, \
+            pytest.raises(CapacityError, match="1024 bytes"):
+        only.store("big", b"x" * 2000)
+    with kvmem.Memory(str(tmp_path / "l"), cpu_bytes="1MiB", disk_bytes=0, remote_url=url) as both:
+        both.store("big", b"x" * 2000)
+        both.store("small", b"y")
+        assert redis_tier(both).contains(both.storage_key("small")) and both.load("big") == b"x" * 2000
+        assert both.metrics.total("kvmem_tier_errors_total") == 0
+    with pytest.raises(ConfigError, match="max_value"):
+        RedisTier.from_url(with_options(redis_url, max_value="1GiB"))
+    with pytest.raises(ConfigError, match="ttl"):
+        RedisTier.from_url(with_options(redis_url, ttl=0))
+
+
+# -- through Memory -------------------------------------------------------------------------------
+def test_round_trip_through_memory_loads_from_redis(open_memory: MemoryFactory) -> None:
+    mem = open_memory()
+    assert [t.name for t in mem.tiers.tiers] == ["cpu", "redis"]
+    big = {"k": torch.randn(4, 64, 1024), "v": torch.randn(4, 64, 1024)}  # 2 MiB: larger than the CPU tier
+    mem.store("kv", big)
+    mem.store("bytes", b"\x00payload\xff" * 1000)
+    assert mem.tiers.get(mem.storage_key("kv"))[0].tier == "redis"
+    got = mem.load("kv")
+    assert torch.equal(got["k"], big["k"]) and torch.equal(got["v"], big["v"])
+    other = open_memory("b")  # another process's view: nothing local, all from Redis
+    assert other.tiers.get(other.storage_key("bytes"))[0].tier == "redis"  # (and promoted to cpu)
+    assert other.load("bytes") == b"\x00payload\xff" * 1000
+
+
+def test_corruption_in_redis_is_a_miss_and_regenerates(open_memory: MemoryFactory) -> None:
+    writer = open_memory("w")
+    value = torch.arange(4096, dtype=torch.float32)
+    skey = writer.store("x", value)
+    tier = redis_tier(writer)
+    raw = bytearray(tier.client.get(tier.prefix + skey))
+    header, start = blobfmt.parse(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+    raw[start + header["payload_nbytes"] // 2] ^= 0xFF
+    tier.client.set(tier.prefix + skey, bytes(raw))
+
+    reader = open_memory("r")
+    assert reader.load("x") is None
+    assert reader.metrics.total("kvmem_crc_failures_total") == 1
+    assert tier.quarantined() == [tier.prefix + "quarantine:" + skey]
+    assert torch.equal(reader.load("x", regenerate=lambda: value), value)
+    strict = open_memory("s", strict=True)
+    tier.client.set(tier.prefix + skey, bytes(raw))
+    with pytest.raises(IntegrityError):
+        strict.load("x")
+
+
+def test_prefix_and_tenant_salt_keep_entries_apart(open_memory: MemoryFactory, redis_url: str) -> None:
+    a = open_memory("a", url=with_options(redis_url, prefix="deploy-a:"))
+    b = open_memory("b", url=with_options(redis_url, prefix="deploy-b:"))
+    a.store("same-key", b"from a")
+    assert b.load("same-key") is None and not b.contains("same-key")
+    t1 = open_memory("t1", tenant_salt="tenant-1")
+    t2 = open_memory("t2", tenant_salt="tenant-2")
+    t1.store("same-key", b"tenant 1")
+    t2.store("same-key", b"tenant 2")
+    assert t1.storage_key("same-key") != t2.storage_key("same-key")
+    assert open_memory("t1b", tenant_salt="tenant-1").load("same-key") == b"tenant 1"
+    assert open_memory("t2b", tenant_salt="tenant-2").load("same-key") == b"tenant 2"
+    for mem in (a, b):
+        tier = redis_tier(mem)
+        tier.client.delete(*[tier.prefix + k for k in list(tier.keys())] or ["-"])
+
+
+def test_redis_stopped_mid_run_degrades_to_local_tiers_and_comes_back(redis_server: RedisServer,
+                                                                      tmp_path: Path) -> None:
+    mem = kvmem.Memory(str(tmp_path / "m"), cpu_bytes="8MiB", disk_bytes="8MiB", fsync="never",
+                       remote_url=redis_server.url, tier_retry_seconds=0.2)
+    try:
+        mem.store("before", b"b" * 100)
+        redis_server.stop()
+        t0 = time.monotonic()
+        for i in range(20):  # every call still returns, served by the local tiers
+            mem.store(f"during-{i}", torch.full((256,), float(i)))
+            assert torch.equal(mem.load(f"during-{i}"), torch.full((256,), float(i)))
+        assert mem.load("before") == b"b" * 100
+        assert mem.contains_many(["before", "nothing"]) == [True, False]
+        assert time.monotonic() - t0 < 10
+        errors = mem.metrics.registry.get_sample_value("kvmem_tier_errors_total", {"tier": "redis"})
+        assert errors is not None and errors >= 1
+        assert not mem.tiers.healthy(redis_tier(mem))
+
+        redis_server.start()  # reconnects by itself once the retry delay has passed
+        time.sleep(0.3)
+        mem.store("after", b"a" * 100)
+        assert redis_tier(mem).contains(mem.storage_key("after"))
+        assert mem.tiers.healthy(redis_tier(mem))
+    finally:
+        mem.close()
+
+
+def test_password_in_url(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "auth", "--requirepass", "s3cret")
+    try:
+        with kvmem.Memory(str(tmp_path / "ok"), cpu_bytes=0, disk_bytes=0,
+                          remote_url=server.url.replace("redis://", "redis://:s3cret@")) as mem:
+            mem.store("k", b"v")
+            assert mem.load("k") == b"v" and mem.tiers.get(mem.storage_key("k"))[0].tier == "redis"
+        for url in (server.url, server.url.replace("redis://", "redis://:wrong@")):
+            with pytest.raises(ConfigError, match="remote_url") as info:
+                build_tiers(kvmem.Config(path=str(tmp_path / "bad"), remote_url=url))
+            assert "wrong" not in str(info.value) and "127.0.0.1" in str(info.value)
+    finally:
+        server.stop()
+    assert redact("redis://user:pw@h:1/0") == "redis://user:***@h:1/0"
+    assert redact("rediss://h:1/0?prefix=x") == "rediss://h:1/0?prefix=x"
+
+
+def test_unknown_scheme_and_tls_scheme_are_registered(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="redis://, rediss://"):
+        build_tiers(kvmem.Config(path=str(tmp_path), remote_url="memcached://h:1"))
+    tier = RedisTier.from_url("rediss://127.0.0.1:1/0?ssl_cert_reqs=none&prefix=p:", None)
+    assert tier.prefix == "p:" and tier.capacity > 0  # unreachable: built anyway, skipped until it answers
+    tier.close()
+
+
+# -- cross-node reuse ---------------------------------------------------------------------------------
+def test_second_node_reuses_the_first_nodes_prefix(tmp_path: Path, redis_url: str, postgres_url: str,
+                                                   request: pytest.FixtureRequest, one_thread: None) -> None:
+    """Node A prefills a prompt; node B (own local disk, same Redis and catalog) reuses A's chunks exactly."""
+    from kvmem.kv import PrefixCache
+    from tests.kv.workers import BLOCK, PROMPT_A, PROMPT_B, SHARED, build_model
+
+    model = build_model("llama", 0)
+    url = with_options(redis_url, prefix=unique_prefix(request))
+    shared = {"remote_url": url, "catalog_url": postgres_url, "cpu_bytes": "64MiB", "disk_bytes": "64MiB",
+              "fsync": "never"}
+    with kvmem.Memory(str(tmp_path / "node-a"), **shared) as node_a:
+        pc = PrefixCache(model, node_a, block_size=BLOCK, compression="none")
+        assert pc.prefill(PROMPT_A).reused_tokens == 0
+        pc.flush()
+        pc.close()
+    with kvmem.Memory(str(tmp_path / "node-b"), **shared) as node_b:
+        pc = PrefixCache(model, node_b, block_size=BLOCK, compression="none")
+        result = pc.prefill(PROMPT_B)
+        pc.close()
+        assert result.reused_tokens == SHARED > 0
+        with torch.no_grad():
+            full = model(PROMPT_B).logits
+        assert (result.logits - full[:, -result.logits.shape[1]:]).abs().max().item() <= 1e-4
+        hits = node_b.metrics.registry.get_sample_value("kvmem_kv_chunk_hits_total", {"tier": "redis"})
+        assert hits == SHARED // BLOCK  # served by Redis: node B's own disk was empty
