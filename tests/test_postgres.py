@@ -18,12 +18,12 @@ import torch
 from sqlalchemy import create_engine, inspect
 
 from kvmem import Memory
-from kvmem.agent import AgentSession, SessionConflict
+from kvmem.agent import AgentSession
 from kvmem.agent.chain import ensure_tables
 from kvmem.catalog import Catalog, create_tables, metadata_obj
 from kvmem.errors import TierUnavailable
 from tests.servers import PostgresServer, free_port, scratch_database
-from tests.workers import check_value, make_value
+from tests.workers import append_steps, check_value, make_value
 
 SMALL = {"cpu_bytes": "16MiB", "disk_bytes": "128MiB", "fsync": "never"}
 
@@ -113,27 +113,13 @@ def test_processes_on_several_nodes_lose_no_update(tmp_path: Path, pg: str) -> N
         assert mem.stats().recorded_hits == loads == workers * rounds * len(keys)
 
 
-def _append_with_retry(path: str, url: str, worker: int, n: int) -> int:
-    """Append ``n`` steps to session 'race', resuming on every conflict; how many conflicts."""
-    conflicts = 0
-    with node(path, url) as mem:
-        for i in range(n):
-            while True:
-                try:
-                    AgentSession.resume("race", memory=mem).append_step(f"w{worker} step {i}", "", "")
-                    break
-                except SessionConflict:
-                    conflicts += 1
-    return conflicts
-
-
 def test_agent_session_compare_and_swap_race(tmp_path: Path, pg: str) -> None:
     with node(tmp_path / "init", pg) as mem:
         AgentSession("race", memory=mem, system_prompt="sys")
     workers, n = 3, 8
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        list(pool.map(_append_with_retry, [str(tmp_path / f"node{w}") for w in range(workers)], [pg] * workers,
-                      range(workers), [n] * workers))
+        list(pool.map(append_steps, [str(tmp_path / f"node{w}") for w in range(workers)], range(workers),
+                      [n] * workers, [pg] * workers))
     with node(tmp_path / "check", pg) as mem:
         session = AgentSession.resume("race", memory=mem)
         chain = session.steps  # verified link by link

@@ -137,6 +137,22 @@ def _persist_load(path: str) -> None:
 CRASH_KEYS = [f"crash-{i}" for i in range(16)]
 
 
+def append_steps(path: str, worker: int, n: int, catalog_url: str | None = None) -> int:
+    """Append ``n`` steps to agent session 'race' from this process, resuming on every conflict; the conflicts."""
+    from kvmem.agent import AgentSession, SessionConflict
+
+    conflicts = 0
+    with kvmem.Memory(path, catalog_url=catalog_url) as mem:
+        for i in range(n):
+            while True:
+                try:
+                    AgentSession.resume("race", memory=mem).append_step(f"w{worker} step {i}", "", "")
+                    break
+                except SessionConflict:
+                    conflicts += 1
+    return conflicts
+
+
 def crash_ops(seed: int, round_no: int, n: int = 2_000) -> list[tuple[str, str, int]]:
     """The op sequence of one crash round: ``(op, key, version)`` with op ``store`` or ``delete``."""
     rng = random.Random(seed)

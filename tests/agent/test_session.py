@@ -21,6 +21,7 @@ from kvmem import Memory
 from kvmem.agent import AgentSession, SessionConflict, SessionNotFound
 from kvmem.agent.chain import steps as step_rows
 from kvmem.errors import ConfigError, IntegrityError, InvalidKeyError
+from tests.workers import append_steps
 
 SYSTEM = "You are a support agent. Use the tools."
 REPO = Path(__file__).resolve().parents[2]
@@ -133,26 +134,12 @@ def test_a_stale_writer_gets_a_conflict_never_an_interleaved_chain(memory: Memor
     assert [x.thought for x in AgentSession.resume("shared", memory=memory).steps] == ["think 0", "b's step"]
 
 
-def _append_with_retry(path: str, worker: int, n: int) -> int:
-    """Append ``n`` steps to session 'race' from a fresh process, resuming on every conflict."""
-    conflicts = 0
-    with Memory(path) as mem:
-        for i in range(n):
-            while True:
-                try:
-                    AgentSession.resume("race", memory=mem).append_step(f"w{worker} step {i}", "", "")
-                    break
-                except SessionConflict:
-                    conflicts += 1
-    return conflicts
-
-
 def test_concurrent_processes_append_without_losing_or_interleaving(tmp_path: Path) -> None:
     path = str(tmp_path / "kvmem")
     with Memory(path) as mem:
         AgentSession("race", memory=mem, system_prompt=SYSTEM)
     with ProcessPoolExecutor(3, mp_context=get_context("spawn")) as pool:
-        list(pool.map(_append_with_retry, [path] * 3, range(3), [8] * 3))
+        list(pool.map(append_steps, [path] * 3, range(3), [8] * 3))
     with Memory(path) as mem:
         chain = AgentSession.resume("race", memory=mem).steps  # verified link by link
     assert len(chain) == 24
