@@ -270,7 +270,7 @@ class Memory:
         fetched, corrupt = self.tiers.get(skey)
         while fetched is not None:
             try:
-                value, header = decode_value(fetched.buf, device)
+                value, header = decode_value(fetched.buf, device, fetched.head)
                 check_owner(header, skey)
             except IntegrityError as exc:
                 # NOTE: the copy passed its CRC, so it was written whole, but it is not this
@@ -364,8 +364,7 @@ class Memory:
         """
         buf = blobfmt.empty_buffer(len(data))
         buf.numpy()[:] = memoryview(data).cast("B")
-        blobfmt.verify(buf)
-        value, _ = decode_value(buf)
+        value, _ = decode_value(buf, head=blobfmt.verify(buf))
         return value
 
     # -- maintenance -------------------------------------------------------------

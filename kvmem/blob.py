@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import crc32c
 import numpy as np
@@ -38,7 +38,7 @@ import torch
 from kvmem.errors import IntegrityError
 
 __all__ = [
-    "MAGIC", "FORMAT_VERSION", "ALIGN", "HEAD_PROBE", "EncodedBlob", "Header", "StreamVerifier",
+    "MAGIC", "FORMAT_VERSION", "ALIGN", "HEAD_PROBE", "EncodedBlob", "Header", "StreamVerifier", "Verified",
     "encode", "parse", "parse_head", "header_extent", "verify", "copy_verified", "payload_start",
     "segment_offsets", "stored_crc", "empty_buffer", "covering_range", "verify_range",
 ]
@@ -164,20 +164,50 @@ def _host(buf: torch.Tensor, start: int, stop: int) -> np.ndarray:
     return (piece if piece.device.type == "cpu" else piece.cpu()).numpy()
 
 
+def _extent(prefix: bytes) -> tuple[int, int, int]:
+    """``(payload start, header length, stored header CRC)`` from a blob's first 24 bytes.
+
+    Raises:
+        IntegrityError: fewer than 24 bytes, bad magic or an unknown format version.
+    """
+    if len(prefix) < _PREFIX.size:
+        raise IntegrityError(f"blob truncated: {len(prefix)} bytes, smaller than the {_PREFIX.size}-byte prefix")
+    magic, version, _flags, hlen, _reserved, crc = _PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        raise IntegrityError(f"bad magic {magic!r}: expected {MAGIC!r} (not a kvmem blob)")
+    if version != FORMAT_VERSION:
+        raise IntegrityError(f"blob format version {version} is not supported: this kvmem reads {FORMAT_VERSION}")
+    return payload_start(hlen), hlen, crc
+
+
+def _parse_head(arr: np.ndarray) -> tuple[Header, int]:
+    """:func:`parse_head` of a host uint8 array (no tensor round trips: a load's fixed cost)."""
+    prefix = arr[:_PREFIX.size].tobytes()
+    start, hlen, stored = _extent(prefix)
+    if arr.size < start:
+        raise IntegrityError(f"blob truncated: header ends at byte {start}, got {arr.size} bytes")
+    actual = crc32c.crc32c(arr[_PREFIX.size:start], crc32c.crc32c(prefix[:_CRC_AT]))
+    if actual != stored:
+        raise IntegrityError(f"header CRC32C mismatch: stored {stored:#010x}, computed {actual:#010x}")
+    try:
+        header = json.loads(arr[_PREFIX.size:_PREFIX.size + hlen].tobytes())
+        table = header["segments"]
+        ends = [int(end) for end, _crc in table]
+        if ends != sorted(ends) or (ends and ends[-1] != int(header["payload_nbytes"])) or \
+                (not ends and int(header["payload_nbytes"]) != 0):
+            raise ValueError("segment table does not tile the payload")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise IntegrityError(f"blob header is not valid JSON with a segment table: {exc}") from None
+    return header, start
+
+
 def header_extent(head: torch.Tensor) -> int:
     """Bytes from the blob start to its payload, read off the first 24 bytes.
 
     Raises:
         IntegrityError: fewer than 24 bytes, bad magic or an unknown format version.
     """
-    if head.numel() < _PREFIX.size:
-        raise IntegrityError(f"blob truncated: {head.numel()} bytes, smaller than the {_PREFIX.size}-byte prefix")
-    magic, version, _flags, hlen, _reserved, _crc = _PREFIX.unpack(_host(head, 0, _PREFIX.size).tobytes())
-    if magic != MAGIC:
-        raise IntegrityError(f"bad magic {magic!r}: expected {MAGIC!r} (not a kvmem blob)")
-    if version != FORMAT_VERSION:
-        raise IntegrityError(f"blob format version {version} is not supported: this kvmem reads {FORMAT_VERSION}")
-    return payload_start(hlen)
+    return _extent(_host(head, 0, _PREFIX.size).tobytes())[0]
 
 
 def parse_head(head: torch.Tensor) -> tuple[Header, int]:
@@ -189,25 +219,9 @@ def parse_head(head: torch.Tensor) -> tuple[Header, int]:
     Raises:
         IntegrityError: bad magic or version, a truncated head, a CRC mismatch, a bad header.
     """
-    start = header_extent(head)
-    if head.numel() < start:
-        raise IntegrityError(f"blob truncated: header ends at byte {start}, got {head.numel()} bytes")
-    arr = _host(head, 0, start)
-    stored = int.from_bytes(arr[_CRC_AT:_PREFIX.size].tobytes(), "little")
-    actual = _header_crc(arr)
-    if actual != stored:
-        raise IntegrityError(f"header CRC32C mismatch: stored {stored:#010x}, computed {actual:#010x}")
-    hlen = _PREFIX.unpack(arr[:_PREFIX.size].tobytes())[3]
-    try:
-        header = json.loads(arr[_PREFIX.size:_PREFIX.size + hlen].tobytes())
-        table = header["segments"]
-        ends = [int(end) for end, _crc in table]
-        if ends != sorted(ends) or (ends and ends[-1] != int(header["payload_nbytes"])) or \
-                (not ends and int(header["payload_nbytes"]) != 0):
-            raise ValueError("segment table does not tile the payload")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise IntegrityError(f"blob header is not valid JSON with a segment table: {exc}") from None
-    return header, start
+    if head.device.type == "cpu":
+        return _parse_head(head.numpy())
+    return _parse_head(_host(head, 0, min(header_extent(head), head.numel())))
 
 
 def parse(buf: torch.Tensor) -> tuple[Header, int]:
@@ -255,12 +269,9 @@ class StreamVerifier:
             IntegrityError: the header or a completed segment does not match its CRC.
         """
         if self.header is None:
-            if upto < _PREFIX.size:
+            if upto < _PREFIX.size or upto < _extent(data[:_PREFIX.size].tobytes())[0]:
                 return
-            extent = header_extent(torch.from_numpy(data[:_PREFIX.size]))
-            if upto < extent:
-                return
-            self.header, self.start = parse_head(torch.from_numpy(data[:extent]))
+            self.header, self.start = _parse_head(data[:upto])
             self._pos = self.start
         table = self.header["segments"]
         while self._seg < len(table):
@@ -291,21 +302,37 @@ class StreamVerifier:
         return self.header, self.start
 
 
-def verify(buf: torch.Tensor) -> None:
+class Verified(NamedTuple):
+    """A CRC-checked, caller-owned blob buffer and the ``(header, payload_start)`` its check parsed.
+
+    ``head`` is ``None`` where the reader did not parse the header (a decoder then parses it).
+    """
+
+    buf: torch.Tensor
+    head: tuple[Header, int] | None = None
+
+
+def verify(buf: torch.Tensor) -> tuple[Header, int]:
     """Check every CRC of a whole CPU blob.
+
+    Returns:
+        ``(header, payload_start)``, as :func:`parse` gives them.
 
     Raises:
         IntegrityError: truncation, a bad header, or a segment that does not match its CRC.
     """
     checker = StreamVerifier()
     checker.feed(buf.numpy(), buf.numel())
-    checker.finish(buf.numel())
+    return checker.finish(buf.numel())
 
 
-def copy_verified(src: torch.Tensor | np.ndarray, pin_memory: bool = False) -> torch.Tensor:
+def copy_verified(src: torch.Tensor | np.ndarray, pin_memory: bool = False,
+                  checker: StreamVerifier | None = None) -> torch.Tensor:
     """Copy a CPU blob and check its CRCs in the same pass.
 
     ``src`` is a tensor or a uint8 array (e.g. a read-only view of received bytes).
+    ``checker``: a fresh verifier to check with; afterwards its ``header`` and
+    ``start`` are those of the returned copy (so a load need not parse them again).
 
     The CRCs are computed over the *destination* one step (``_COPY_STEP``) at a
     time, while that step is still in cache, so checking costs little more than
@@ -318,7 +345,7 @@ def copy_verified(src: torch.Tensor | np.ndarray, pin_memory: bool = False) -> t
     n = s.size
     dst = empty_buffer(n, pin_memory)
     d = dst.numpy()
-    checker = StreamVerifier()
+    checker = checker if checker is not None else StreamVerifier()
     for start in range(0, n, _COPY_STEP):
         stop = min(start + _COPY_STEP, n)
         np.copyto(d[start:stop], s[start:stop])

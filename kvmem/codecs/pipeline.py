@@ -194,8 +194,9 @@ def _decode_tensor(buf: torch.Tensor, start: int, entry: dict[str, Any]) -> torc
         seg = _segment(buf, start, part)
         parts[pname] = seg.view(_torch_dtype(part["dtype"])).reshape(part["shape"])
     dtype = _torch_dtype(entry["dtype"])
-    out = tensor_codec(entry["codec"]).decode(parts, entry["meta"], dtype, tuple(entry["shape"]))
-    return out.reshape(entry["shape"])
+    shape = tuple(entry["shape"])
+    out = tensor_codec(entry["codec"]).decode(parts, entry["meta"], dtype, shape)
+    return out if out.shape == shape else out.reshape(shape)
 
 
 def decode_tensor_range(data: torch.Tensor, lo: int, entry: dict[str, Any]) -> torch.Tensor:
@@ -234,12 +235,15 @@ def _unflatten(tree: Any, leaves: list[dict[str, Any]], buf: torch.Tensor, start
     return _decode_leaf(buf, start, leaves[body], tag)
 
 
-def decode_value(buf: torch.Tensor, device: torch.device | str | None = None) -> tuple[object, dict[str, Any]]:
+def decode_value(buf: torch.Tensor, device: torch.device | str | None = None,
+                 head: tuple[dict[str, Any], int] | None = None) -> tuple[object, dict[str, Any]]:
     """Decode a verified, caller-owned blob buffer. Lossless tensors are views of ``buf``.
 
     Args:
         buf: a contiguous uint8 blob (CRC already checked where required).
         device: move tensors there (``None``: leave them where ``buf`` is).
+        head: ``(header, payload_start)`` as the CRC check of exactly these bytes parsed
+            them (:class:`kvmem.blob.Verified`); ``None``: parse (and check) the header here.
 
     Returns:
         ``(value, header)``.
@@ -247,7 +251,7 @@ def decode_value(buf: torch.Tensor, device: torch.device | str | None = None) ->
     Raises:
         IntegrityError: the framing or header is wrong.
     """
-    header, start = blob.parse(buf)
+    header, start = head if head is not None else blob.parse(buf)
     try:
         value = _unflatten(header["tree"], header["leaves"], buf, start)
     except (KeyError, ValueError, TypeError, RuntimeError, AttributeError) as exc:

@@ -49,6 +49,14 @@ class StorageTier(Protocol):
         """
         ...
 
+    def read_verified(self, key: str) -> blobfmt.Verified | None:
+        """``get_verified``, with the header its check parsed where it parsed one (a load then parses it once).
+
+        Raises:
+            IntegrityError: the blob does not match its CRC.
+        """
+        ...
+
     def read_range(self, key: str, start: int, stop: int) -> torch.Tensor | None:
         """Bytes ``[start, stop)`` of ``key``'s blob (fewer past its end; not CRC-checked), or ``None``.
 
@@ -127,6 +135,10 @@ class TierBase:
         if buf is not None and self.checks_crc:
             blobfmt.verify(buf if buf.device.type == "cpu" else buf.cpu())
         return buf
+
+    def read_verified(self, key: str) -> blobfmt.Verified | None:
+        buf = self.get_verified(key)
+        return None if buf is None else blobfmt.Verified(buf)
 
     def read_range(self, key: str, start: int, stop: int) -> torch.Tensor | None:
         buf = self.get(key)

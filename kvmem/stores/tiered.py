@@ -22,7 +22,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -41,10 +41,11 @@ _FAILED = object()
 
 @dataclass(frozen=True)
 class Fetched:
-    """A verified, caller-owned blob buffer and the tier that served it."""
+    """A verified, caller-owned blob buffer, the tier that served it, and its parsed header if the check parsed it."""
 
     buf: torch.Tensor
     tier: str
+    head: tuple[dict[str, Any], int] | None = None
 
 
 class _Health:
@@ -122,19 +123,19 @@ class TieredStore:
         corrupt = 0
         for i, tier in enumerate(self.tiers):
             try:
-                buf = self._call(tier, lambda t=tier: self._read_owned(t, key))
+                got = self._call(tier, lambda t=tier: self._read_owned(t, key))
             except IntegrityError as exc:
                 corrupt += 1
                 self.metrics.crc_failures.labels(tier=tier.name).inc()
                 log.warning("kvmem: entry %s in tier %s is corrupt (%s); quarantined", key, tier.name, exc)
                 self._call(tier, lambda t=tier: t.quarantine(key))
                 continue
-            if buf is _FAILED or buf is None:
+            if got is _FAILED or got is None:
                 continue
-            assert isinstance(buf, torch.Tensor)
+            assert isinstance(got, blobfmt.Verified)
             if i:
-                self._promote(key, buf, self.tiers[:i])
-            return Fetched(buf, tier.name), corrupt
+                self._promote(key, got.buf, self.tiers[:i])
+            return Fetched(got.buf, tier.name, got.head), corrupt
         return None, corrupt
 
     def quarantine(self, key: str, tier: str, reason: Exception) -> None:
@@ -150,8 +151,10 @@ class TieredStore:
             self._call(t, lambda t=t: t.quarantine(key))
 
     @staticmethod
-    def _read_owned(tier: StorageTier, key: str) -> torch.Tensor | None:
+    def _read_owned(tier: StorageTier, key: str) -> blobfmt.Verified | None:
         """``key``'s blob in ``tier`` as a buffer the caller owns, CRC-checked where ``tier`` needs it.
+
+        The header the check parsed comes with it, so a load parses it once.
 
         NOTE: the check runs in the same pass over memory as the copy (memory tiers)
         or the read (``get_verified``), never as a second pass over the blob.
@@ -160,20 +163,23 @@ class TieredStore:
             IntegrityError: the blob does not match its CRC.
         """
         if not tier.shares_buffers:
-            return tier.get_verified(key)
+            return tier.read_verified(key)
         raw = tier.get(key)
         if raw is None:
             return None
         if tier.checks_crc and raw.device.type == "cpu":
-            return blobfmt.copy_verified(raw)
-        return raw.clone()
+            checker = blobfmt.StreamVerifier()
+            return blobfmt.Verified(blobfmt.copy_verified(raw, checker=checker), (checker.header, checker.start))
+        return blobfmt.Verified(raw.clone())
 
     def _promote(self, key: str, buf: torch.Tensor, upper: list[StorageTier]) -> None:
-        encoded = EncodedBlob.from_buffer(buf)
+        encoded: EncodedBlob | None = None
         for tier in upper:
-            if encoded.nbytes <= tier.capacity * self.offload_threshold and self.healthy(tier):
+            if buf.numel() <= tier.capacity * self.offload_threshold and self.healthy(tier):
+                if encoded is None:  # NOTE: wrapped only when some tier can take it (most loads promote nothing)
+                    encoded = EncodedBlob.from_buffer(buf)
                 self._make_room(tier, encoded.nbytes)
-                if self._call(tier, lambda t=tier: t.put(key, encoded)) is not _FAILED:
+                if self._call(tier, lambda t=tier, e=encoded: t.put(key, e)) is not _FAILED:
                     self.metrics.promotions.labels(tier=tier.name).inc()
                     self._offload(tier)
 
