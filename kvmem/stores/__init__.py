@@ -45,6 +45,8 @@ def _redis(url: str, config: Config) -> StorageTier:
 
 register_remote("redis", _redis)
 register_remote("rediss", _redis)
+register_remote("redis+cluster", _redis)
+register_remote("rediss+cluster", _redis)
 
 
 def _gpu(config: Config) -> StorageTier | None:

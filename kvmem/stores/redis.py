@@ -4,6 +4,8 @@ Configured by URL (``remote_url``)::
 
     redis://[[user]:password@]host[:port][/db][?prefix=kvmem:&ttl=3600&max_value=512MiB&capacity=64GiB]
     rediss://...                      the same over TLS (redis-py's ``ssl_*`` query options apply)
+    redis+cluster://[[user]:password@]host:port[,host:port...][/][?...]   a Redis Cluster (the same options)
+    rediss+cluster://...              a Redis Cluster over TLS
 
 kvmem's own query options are taken off the URL; the rest (``socket_timeout``,
 ``ssl_cert_reqs``...) are redis-py's. Values are the blob bytes exactly as the
@@ -17,6 +19,19 @@ tier is ``self_evicting``: :class:`~kvmem.stores.tiered.TieredStore` never sheds
 it by scanning keys, whose order Redis does not keep. ``usage()`` is the
 server's ``used_memory``; ``capacity`` its ``maxmemory`` (or ``?capacity=``).
 
+In cluster mode (``redis+cluster://``) the hosts are startup nodes: redis-py's
+``RedisCluster`` learns the slot map from any of them and follows ``MOVED`` and
+``ASK`` redirects by itself (resharding, failover). Keys carry their storage key
+as a hash tag, ``<prefix>{<storage key>}``, and a quarantined value
+``<prefix>quarantine:{<storage key>}``: both hash to the same slot, so the
+quarantine ``RENAME`` (and its ``MULTI``) never spans slots, and entries still
+spread over all masters (the 64 hex digits are uniform). A prefix holding ``{``
+or ``}`` would take the hash tag's place (every entry on one slot) and is refused.
+Batches (``contains_many``, ``get_many``) are cluster pipelines: redis-py groups
+their commands by node, one round trip per node, never a cross-slot ``MGET``.
+``usage()``, ``capacity`` and ``keys()`` cover every master. A cluster that
+cannot be reached at start is connected to on first use.
+
 Every redis-py failure (connection refused, timeout, server loading, OOM
 refusal...) surfaces as :class:`~kvmem.errors.TierUnavailable`, which the
 tiered store counts and answers by skipping the tier for ``tier_retry_seconds``;
@@ -28,7 +43,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -36,6 +51,9 @@ import numpy as np
 import redis
 import torch
 from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.connection import parse_url
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from kvmem import blob as blobfmt
@@ -53,9 +71,19 @@ REDIS_MAX_VALUE = 512 * 1024**2  # Redis's default proto-max-bulk-len: the large
 _UNBOUNDED = 1 << 50  # capacity when the server sets no maxmemory: Redis, not kvmem, decides what fits
 _QUARANTINE = "quarantine:"
 _QUARANTINE_TTL = 7 * 24 * 3600  # a quarantined value is kept a week for inspection, then Redis drops it
+_QUARANTINE_SCRIPT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('RENAME', KEYS[1], KEYS[2])
+redis.call('EXPIRE', KEYS[2], ARGV[1])
+return 1
+"""
 _USAGE_TTL = 1.0  # seconds a used_memory reading is reused (usage() is called per put)
 _DEFAULT_TIMEOUT = 2.0  # socket timeouts: a dead server costs at most this per attempt
 _OPTIONS = ("prefix", "ttl", "max_value", "capacity")
+_CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+_FAILURES = (redis.RedisError, RedisClusterException)  # NOTE: redis-py's cluster errors are not all RedisErrors
+
+Client = redis.Redis | RedisCluster
 
 
 def redact(url: str) -> str:
@@ -64,21 +92,52 @@ def redact(url: str) -> str:
     if parts.password is None:
         return url
     user = parts.username or ""
-    host = parts.hostname or ""
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    netloc = f"{user}:***@" + parts.netloc.rpartition("@")[2]  # NOTE: not .hostname: a cluster URL lists several
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _cluster_connect(url: str, theirs: list[tuple[str, str]]) -> Callable[[], RedisCluster]:
+    """A function making the ``RedisCluster`` client for a ``redis+cluster://`` URL (redis-py options in ``theirs``).
+
+    Raises:
+        ValueError: no host, a bad port, a database other than 0, or a bad redis-py option.
+    """
+    parts = urlsplit(url)
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    nodes: list[ClusterNode] = []
+    for item in hosts.split(","):
+        host, sep, port = item.strip().rpartition(":")
+        if not sep or host.endswith(":"):  # no port, or a bare IPv6 address
+            host, port = item.strip(), "6379"
+        host = host.strip("[]")
+        if not host:
+            raise ValueError(f"empty host in {item!r}")
+        nodes.append(ClusterNode(host, int(port)))
+    if parts.path.strip("/") not in ("", "0"):
+        raise ValueError(f"database {parts.path.strip('/')!r}: a Redis Cluster has only database 0")
+    tls = parts.scheme == "rediss+cluster"
+    # NOTE: redis-py's own URL parser converts its query options (timeouts, ssl_*) and unquotes the credentials.
+    single = urlunsplit(("rediss" if tls else "redis", (userinfo + "@" if userinfo else "") + "localhost", "",
+                         urlencode(theirs), ""))
+    kwargs = parse_url(single)
+    for name in ("host", "port", "db", "connection_class"):
+        kwargs.pop(name, None)
+    if tls:
+        kwargs["ssl"] = True
+    return lambda: RedisCluster(startup_nodes=list(nodes), retry=Retry(NoBackoff(), 1), **kwargs)
 
 
 class RedisTier(TierBase):
     """Blobs on a Redis server, one string value per entry.
 
     Args:
-        client: a redis-py client (``decode_responses`` off).
+        client: a redis-py client, ``Redis`` or ``RedisCluster`` (``decode_responses`` off).
         prefix: prepended to every storage key (one per deployment).
         ttl: seconds an entry lives after its last write or read, or ``None`` (Redis's eviction only).
         max_value: largest blob accepted, bytes (Redis refuses strings over 512 MiB by default).
         capacity: bytes the tier may hold; ``None``: the server's ``maxmemory`` when set.
         url: the URL the client came from, for messages (its password is never shown).
+        connect: instead of ``client``: makes the client on first use (a cluster client connects when made).
 
     Raises:
         ConfigError: the server refuses the credentials, or an option is out of range.
@@ -87,25 +146,35 @@ class RedisTier(TierBase):
     persistent = True
     self_evicting = True
 
-    def __init__(self, client: redis.Redis, *, prefix: str = "kvmem:", ttl: int | None = None,
-                 max_value: int = REDIS_MAX_VALUE, capacity: int | None = None, url: str = "redis://") -> None:
+    def __init__(self, client: Client | None = None, *, prefix: str = "kvmem:", ttl: int | None = None,
+                 max_value: int = REDIS_MAX_VALUE, capacity: int | None = None, url: str = "redis://",
+                 connect: Callable[[], Client] | None = None) -> None:
         if ttl is not None and ttl <= 0:
             raise ConfigError(f"remote_url ttl={ttl!r}: accepted a whole number of seconds > 0")
         if not 0 < max_value <= REDIS_MAX_VALUE:
             raise ConfigError(f"remote_url max_value={max_value!r}: accepted 1 to {REDIS_MAX_VALUE} bytes")
+        if (client is None) == (connect is None):
+            raise TypeError("RedisTier takes a client or a connect function, one of the two")
         self.name = "redis"
-        self.client = client
+        self._client = client
+        self._connect = connect
+        self.cluster = isinstance(client, RedisCluster) or urlsplit(url).scheme in _CLUSTER_SCHEMES
+        if self.cluster and ("{" in prefix or "}" in prefix):
+            raise ConfigError(f"remote_url prefix={prefix!r}: a cluster prefix may not hold '{{' or '}}' "
+                              "(kvmem hash-tags each key with its storage key)")
         self.prefix = prefix
         self.ttl = ttl
         self.max_value = max_value
         self.url = redact(url)
-        self._pattern = re.sub(r"([*?\[\]\\])", r"\\\1", prefix) + "?" * 64
+        self._pattern = self._glob("") + ("{" + "?" * 64 + "}" if self.cluster else "?" * 64)
         self._usage = (0, float("-inf"))  # (bytes, monotonic time read)
         self.capacity = capacity if capacity is not None else self._server_capacity()
 
     @classmethod
     def from_url(cls, url: str, config: Config | None = None) -> RedisTier:
-        """A tier for ``url`` (``redis://`` or ``rediss://``), kvmem's options taken from its query.
+        """A tier for ``url`` (``redis://``, ``rediss://``, ``redis+cluster://``, ``rediss+cluster://``).
+
+        kvmem's options are taken from the URL's query, redis-py's left.
 
         Raises:
             ConfigError: a bad option, or credentials the server refuses.
@@ -124,12 +193,31 @@ class RedisTier(TierBase):
             capacity = parse_size(ours["capacity"], "capacity") if ours.get("capacity") else None
             # NOTE: one quick retry covers a pooled connection the server closed (restart, idle timeout);
             # more would multiply what a dead server costs each call.
-            client = redis.Redis.from_url(client_url, retry=Retry(NoBackoff(), 1))
+            if parts.scheme in _CLUSTER_SCHEMES:
+                client, connect = None, _cluster_connect(url, theirs)
+            else:
+                client, connect = redis.Redis.from_url(client_url, retry=Retry(NoBackoff(), 1)), None
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"remote_url={redact(url)!r}: {exc}; accepted redis://[[user]:password@]host"
-                              f"[:port][/db][?prefix=...&ttl=SECONDS&max_value=SIZE&capacity=SIZE]") from exc
+                              f"[:port][/db][?prefix=...&ttl=SECONDS&max_value=SIZE&capacity=SIZE], or "
+                              f"redis+cluster://[[user]:password@]host:port,host:port,...[?...]") from exc
         return cls(client, prefix=ours.get("prefix", "kvmem:"), ttl=ttl, max_value=max_value, capacity=capacity,
-                   url=url)
+                   url=url, connect=connect)
+
+    @property
+    def client(self) -> Client:
+        """The redis-py client, made on first use when the tier was given a connect function.
+
+        Raises:
+            TierUnavailable: the client could not be made (no startup node answers); tried again next call.
+        """
+        if self._client is None:
+            assert self._connect is not None
+            try:
+                self._client = self._connect()
+            except _FAILURES as exc:
+                raise TierUnavailable(f"redis tier at {self.url}: {type(exc).__name__}: {exc}") from exc
+        return self._client
 
     # -- errors -----------------------------------------------------------------
     @contextmanager
@@ -137,7 +225,7 @@ class RedisTier(TierBase):
         """Re-raise redis-py failures as ``TierUnavailable`` naming the (redacted) URL."""
         try:
             yield
-        except redis.RedisError as exc:
+        except _FAILURES as exc:
             raise TierUnavailable(f"redis tier at {self.url}: {type(exc).__name__}: {exc}") from exc
 
     def _server_capacity(self) -> int:
@@ -147,7 +235,14 @@ class RedisTier(TierBase):
         skips the tier until it answers); one that refuses the credentials is.
         """
         try:
-            info = self.client.info("memory")
+            infos = self._memory_infos()
+        except TierUnavailable as exc:
+            if not isinstance(exc.__cause__, redis.AuthenticationError):
+                log.warning("kvmem: redis tier at %s is not reachable (%s); local tiers serve until it is",
+                            self.url, exc.__cause__ or exc)
+                return _UNBOUNDED
+            raise ConfigError(f"remote_url={self.url!r}: the server refused the credentials ({exc}); "
+                              "put user:password in the URL") from exc
         except redis.AuthenticationError as exc:
             raise ConfigError(f"remote_url={self.url!r}: the server refused the credentials ({exc}); "
                               "put user:password in the URL") from exc
@@ -156,17 +251,29 @@ class RedisTier(TierBase):
                 raise ConfigError(f"remote_url={self.url!r}: the server requires a password ({exc}); "
                                   "use redis://:PASSWORD@host:port/db") from exc
             raise TierUnavailable(f"redis tier at {self.url}: {exc}") from exc
-        except redis.RedisError as exc:
+        except _FAILURES as exc:
             log.warning("kvmem: redis tier at %s is not reachable (%s: %s); local tiers serve until it is",
                         self.url, type(exc).__name__, exc)
             return _UNBOUNDED
-        self._usage = (int(info.get("used_memory", 0)), time.monotonic())
-        return int(info.get("maxmemory", 0)) or _UNBOUNDED
+        self._usage = (sum(int(i.get("used_memory", 0)) for i in infos), time.monotonic())
+        limits = [int(i.get("maxmemory", 0)) for i in infos]
+        return sum(limits) if limits and all(limits) else _UNBOUNDED  # NOTE: one master without a limit: unbounded
+
+    def _memory_infos(self) -> list[dict]:
+        """``INFO memory`` of the server, or of every master of a cluster."""
+        if not self.cluster:
+            return [self.client.info("memory")]
+        found = self.client.info("memory", target_nodes=RedisCluster.PRIMARIES)
+        return [found] if "used_memory" in found else list(found.values())  # NOTE: one master: not keyed by node
+
+    def _tagged(self, key: str) -> str:
+        """``key`` as it appears inside Redis keys: in cluster mode, a hash tag (its slot decides the node)."""
+        return "{" + key + "}" if self.cluster else key
 
     def _key(self, key: str) -> str:
         if not is_storage_key(key):
             raise ValueError(f"RedisTier key {key[:80]!r}: expected a storage key of 64 hex digits")
-        return self.prefix + key
+        return self.prefix + self._tagged(key)
 
     # -- StorageTier ------------------------------------------------------------
     def _fetch(self, key: str) -> bytes | None:
@@ -189,16 +296,30 @@ class RedisTier(TierBase):
         Raises:
             IntegrityError: the value is not a whole blob matching its CRCs.
         """
+        return self._copy_verified(key, None)
+
+    def read_verified(self, key: str) -> blobfmt.Verified | None:
+        """``get_verified`` with the header its check parsed (a load through ``Memory`` then parses it once)."""
+        checker = blobfmt.StreamVerifier()
+        buf = self._copy_verified(key, checker)
+        return None if buf is None else blobfmt.Verified(buf, (checker.header, checker.start))
+
+    def _copy_verified(self, key: str, checker: blobfmt.StreamVerifier | None) -> torch.Tensor | None:
         data = self._fetch(key)
-        return None if data is None else blobfmt.copy_verified(np.frombuffer(data, dtype=np.uint8))
+        return None if data is None else blobfmt.copy_verified(np.frombuffer(data, dtype=np.uint8), checker=checker)
 
     def get_many(self, keys: Sequence[str]) -> list[torch.Tensor | None]:
         """``get`` for several keys in one round trip (``MGET``, or pipelined ``GETEX`` with a TTL)."""
         if not keys:
             return []
         with self._errors():
-            if self.ttl is None:
+            if self.ttl is None and not self.cluster:
                 found = self.client.mget([self._key(k) for k in keys])
+            elif self.ttl is None:  # NOTE: a cluster pipeline: one request per node, never a cross-slot MGET
+                pipe = self.client.pipeline(transaction=False)
+                for k in keys:
+                    pipe.get(self._key(k))
+                found = pipe.execute()
             else:
                 pipe = self.client.pipeline(transaction=False)
                 for k in keys:
@@ -241,7 +362,7 @@ class RedisTier(TierBase):
             return bool(self.client.exists(self._key(key)))
 
     def contains_many(self, keys: Sequence[str]) -> list[bool]:
-        """``EXISTS`` of each key, pipelined: one round trip for the whole batch."""
+        """``EXISTS`` of each key, pipelined: one round trip for the whole batch (per node in a cluster)."""
         if not keys:
             return []
         with self._errors():
@@ -255,15 +376,12 @@ class RedisTier(TierBase):
             return bool(self.client.delete(self._key(key)))
 
     def quarantine(self, key: str) -> None:
-        """Rename the value to ``<prefix>quarantine:<key>``, kept a week for inspection."""
-        aside = self.prefix + _QUARANTINE + key
+        """Rename the value to ``<prefix>quarantine:<key>``, kept a week for inspection (same slot in a cluster)."""
+        aside = self.prefix + _QUARANTINE + self._tagged(key)
         with self._errors():
-            pipe = self.client.pipeline(transaction=True)
-            pipe.rename(self._key(key), aside)
-            pipe.expire(aside, _QUARANTINE_TTL)
-            try:
-                pipe.execute()
-            except redis.ResponseError:
+            # NOTE: one script, atomic like MULTI/RENAME/EXPIRE, which redis-py refuses in a cluster pipeline;
+            # both keys share the hash tag, hence the slot.
+            if not self.client.eval(_QUARANTINE_SCRIPT, 2, self._key(key), aside, _QUARANTINE_TTL):
                 return  # no such key: deleted or quarantined by another process meanwhile
         log.warning("kvmem: quarantined corrupt entry %s to redis key %s", key, aside)
 
@@ -292,23 +410,25 @@ class RedisTier(TierBase):
         """
         start = len(self.prefix)
         with self._errors():
-            found = [k.decode()[start:] for k in self.client.scan_iter(match=self._pattern, count=1000)]
+            found = [k.decode()[start:].strip("{}") for k in self.client.scan_iter(match=self._pattern, count=1000)]
         return iter([k for k in found if is_storage_key(k)])
 
     def usage(self) -> int:
-        """The server's ``used_memory`` (read at most once a second; the last reading when it is down)."""
+        """The server's ``used_memory``, summed over a cluster's masters (read at most once a second; the last
+        reading when it is down)."""
         used, when = self._usage
         if time.monotonic() - when < _USAGE_TTL:
             return used
         try:
-            used = int(self.client.info("memory").get("used_memory", used))
-        except redis.RedisError:
+            used = sum(int(i.get("used_memory", 0)) for i in self._memory_infos())
+        except (*_FAILURES, TierUnavailable):
             return used  # NOTE: a gauge, not a decision: a stale reading beats failing stats()
         self._usage = (used, time.monotonic())
         return used
 
     def close(self) -> None:
-        self.client.close()
+        if self._client is not None:
+            self._client.close()
 
     def _glob(self, suffix: str) -> str:
         return re.sub(r"([*?\[\]\\])", r"\\\1", self.prefix + suffix)

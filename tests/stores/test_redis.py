@@ -270,7 +270,7 @@ def test_password_in_url(tmp_path: Path) -> None:
 
 
 def test_unknown_scheme_and_tls_scheme_are_registered(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="redis://, rediss://"):
+    with pytest.raises(ConfigError, match=r"redis://, redis\+cluster://, rediss://, rediss\+cluster://"):
         build_tiers(kvmem.Config(path=str(tmp_path), remote_url="memcached://h:1"))
     tier = RedisTier.from_url("rediss://127.0.0.1:1/0?ssl_cert_reqs=none&prefix=p:", None)
     assert tier.prefix == "p:" and tier.capacity > 0  # unreachable: built anyway, skipped until it answers
