@@ -347,7 +347,7 @@ class Memory:
         row = self._catalog_write(lambda: self.catalog.get(skey))
         if row is None:
             return None
-        return _entry_info(row, [t.name for t in self.tiers.tiers if t.contains(skey)])
+        return _entry_info(row, self.tiers.holders(skey))
 
     # -- compress ---------------------------------------------------------------
     def compress(self, value: object, codec: str | None = None) -> bytes:
@@ -375,7 +375,7 @@ class Memory:
         totals = self._catalog_write(self.catalog.totals) or {"entries": 0, "size": 0, "stored_size": 0, "hits": 0}
         m = self.metrics
         hits, misses = int(m.total("kvmem_hits_total")), int(m.total("kvmem_misses_total"))
-        tiers = [TierStats(t.name, t.usage(), t.capacity, sum(1 for _ in t.keys()), self.tiers.healthy(t))
+        tiers = [TierStats(t.name, t.usage(), t.capacity, self.tiers.entry_count(t), self.tiers.healthy(t))
                  for t in self.tiers.tiers]
         return Stats(entries=totals["entries"], size=totals["size"], stored_size=totals["stored_size"],
                      tiers=tiers, hits=hits, misses=misses, hit_rate=hits / (hits + misses) if hits + misses else 0.0,

@@ -113,6 +113,15 @@ class TieredStore:
         """Whether ``tier`` is currently used (not skipped after a failure)."""
         return self._health[tier.name].usable()
 
+    def holders(self, key: str) -> list[str]:
+        """Names of the usable tiers that hold ``key`` (a failing tier is skipped and counted, never raised)."""
+        return [t.name for t in self.tiers if self._call(t, lambda t=t: t.contains(key)) is True]
+
+    def entry_count(self, tier: StorageTier) -> int:
+        """Entries ``tier`` holds; 0 while it fails (skipped and counted, never raised)."""
+        n = self._call(tier, lambda: sum(1 for _ in tier.keys()))
+        return 0 if n is _FAILED else int(n)  # type: ignore[call-overload]
+
     # -- reads --------------------------------------------------------------
     def get(self, key: str) -> tuple[Fetched | None, int]:
         """Find ``key``, verify it, promote it to the tiers above.

@@ -242,6 +242,9 @@ def test_redis_stopped_mid_run_degrades_to_local_tiers_and_comes_back(redis_serv
         errors = mem.metrics.registry.get_sample_value("kvmem_tier_errors_total", {"tier": "redis"})
         assert errors is not None and errors >= 1
         assert not mem.tiers.healthy(redis_tier(mem))
+        info = mem.info("before")  # stats and info answer from what still works, never raise
+        assert info is not None and "redis" not in info.tiers
+        assert [t.healthy for t in mem.stats().tiers if t.name == "redis"] == [False]
 
         redis_server.start()  # reconnects by itself once the retry delay has passed
         time.sleep(0.3)
