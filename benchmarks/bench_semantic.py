@@ -201,7 +201,8 @@ def print_rates_table(title: str, rows: list[tuple[str, Rates]]) -> None:
 
 def verdict(r: Rates) -> str:
     ok = r.false_hit <= GOAL_FALSE_HIT and r.recall >= GOAL_RECALL
-    return f"{'PASS' if ok else 'MISS'} (false-hit {pct(r.false_hit).strip()} <= 1%, recall {pct(r.recall).strip()} >= 70%)"
+    return (f"{'PASS' if ok else 'MISS'} (false-hit {pct(r.false_hit).strip()} <= 1%, "
+            f"recall {pct(r.recall).strip()} >= 70%)")
 
 
 # -- latency ---------------------------------------------------------------------------------
@@ -376,7 +377,8 @@ def main() -> None:
                                rates(pairs, [p.score >= c and p.verified for p in pairs])))
             if gpt_reason is None:
                 sweep_rows.append((f"GPTCache s={(c + 1) / 2:.3f}", rates(pairs, [p.gpt_hits[c] for p in pairs])))
-        print_rates_table("Threshold sweep, all sets (cosine threshold; GPTCache's similarity_threshold s = (cos + 1) / 2)",
+        print_rates_table("Threshold sweep, all sets (cosine threshold; GPTCache's similarity_threshold "
+                          "s = (cos + 1) / 2)",
                           sweep_rows)
 
         # score bands, to read where a threshold can and cannot separate

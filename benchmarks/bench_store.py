@@ -53,10 +53,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from machine import drop_page_cache, filesystem_of
 from safetensors.torch import load_file, save_file
 
 import kvmem
-from machine import drop_page_cache, filesystem_of
 from kvmem import Memory
 from kvmem.stores import DiskTier, MemoryTier
 

@@ -63,10 +63,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from machine import drop_page_cache, filesystem_of, load_average
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 import kvmem
-from machine import drop_page_cache, filesystem_of, load_average
 from kvmem import Memory
 from kvmem.kv import PrefixCache
 from kvmem.kv.layout import cache_argument
@@ -375,7 +375,8 @@ def print_config(results: Sequence[Result], tolerance: float) -> None:
     print("-" * len(head))
     for r in results:
         rat = r.ratios()
-        checks = [verdict(rat["kvmem_cpu/oracle"], TARGETS["cpu"]), verdict(rat["disk_layerwise/oracle"], TARGETS["disk"]),
+        checks = [verdict(rat["kvmem_cpu/oracle"], TARGETS["cpu"]),
+                  verdict(rat["disk_layerwise/oracle"], TARGETS["disk"]),
                   verdict(rat["miss_overhead"], TARGETS["miss"]),
                   "ok" if max(r.logit_diff["kvmem_cpu"], r.logit_diff["disk_layerwise"]) <= tolerance else "WRONG"]
         diff = max(r.logit_diff["kvmem_cpu"], r.logit_diff["disk_layerwise"])
@@ -417,7 +418,7 @@ def plot(results: Sequence[Result], path: Path, threads: int) -> None:
     fig, axes = plt.subplots(1, len(groups), figsize=(6.0 * len(groups), 4.3), squeeze=False)
     shown = {"full": ("full prefill", "o-"), "oracle": ("oracle (prefix cache in memory)", "k--"),
              "kvmem_cpu": ("kvmem, CPU tier", "s-"), "disk_layerwise": ("kvmem, cold disk (layer-wise)", "^-")}
-    for ax, ((size, dtype), rs) in zip(axes[0], groups.items()):
+    for ax, ((_size, dtype), rs) in zip(axes[0], groups.items()):
         rs = sorted(rs, key=lambda r: r.prefix)
         x = [r.prefix + SUFFIX for r in rs]
         for name, (label, style) in shown.items():
@@ -448,11 +449,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default=None, help=f"model sizes, comma-separated, of {','.join(SIZES)} (default 55m)")
     p.add_argument("--dtypes", default=None, help="fp32 and/or bf16, comma-separated (default fp32)")
-    p.add_argument("--lengths", default=None, help="prefix lengths in tokens, multiples of 256 (default 1024,2048,4096)")
+    p.add_argument("--lengths", default=None,
+                   help="prefix lengths in tokens, multiples of 256 (default 1024,2048,4096)")
     p.add_argument("--repeat", type=int, default=None, help="repetitions per series (default 3; 2 with --quick)")
     p.add_argument("--users", type=int, default=None, help="QA users (default 4; 2 with --quick; 0: no QA run)")
     p.add_argument("--rounds", type=int, default=None, help="QA rounds per user (default 3; 2 with --quick)")
-    p.add_argument("--quick", action="store_true", help="smoke run: 55m fp32, prefixes 1024 and 2048, repeat 2, small QA")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 55m fp32, prefixes 1024 and 2048, repeat 2, small QA")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: every core)")
     p.add_argument("--dir", type=Path, default=None,
                    help="scratch directory on the disk to measure (default: a temporary directory under the current "

@@ -7,7 +7,8 @@ downloaded here, so this one is read from the docstrings and comments of the
 installed packages: paragraphs are joined across line breaks (comment marks
 dropped), and each run that looks like one English sentence (a capitalized
 word, 6 to 30 words of letters, digits and light punctuation, a final
-``.``, ``?`` or ``!``) counts once (about 115k in this project's environment). The order is by sha1 of the sentence, so the first ``n`` are a fixed,
+``.``, ``?`` or ``!``) counts once (about 115k in this project's environment).
+The order is by sha1 of the sentence, so the first ``n`` are a fixed,
 well-mixed sample for a given set of packages.
 
 Embedding 100k sentences takes 6 minutes on 2 cores, so the vectors are saved

@@ -42,9 +42,9 @@ from langchain.agents import create_agent
 from langchain.tools import ToolRuntime, tool
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
-from langchain_kvmem import KVMemCache, KVMemStore
 
 import kvmem
+from langchain_kvmem import KVMemCache, KVMemStore
 
 USER = "user-7"
 FACTS = ["My favourite colour is teal.", "I am allergic to peanuts.", "I live in Lyon and work night shifts."]

@@ -434,7 +434,8 @@ def data_dir(path: str | None) -> Iterator[str]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Command-line options."""
-    parser = argparse.ArgumentParser(description="A recommender feature cache on kvmem: cold, warm and reopened passes.")
+    parser = argparse.ArgumentParser(
+        description="A recommender feature cache on kvmem: cold, warm and reopened passes.")
     parser.add_argument("--path", help="kvmem data directory (default: a temporary one, removed after)")
     parser.add_argument("--users", type=int, default=200, help="users to score (default: 200)")
     parser.add_argument("--items", type=int, default=2000, help="catalogue items (default: 2000)")

@@ -19,8 +19,16 @@ import torch
 
 from kvmem.api import EntryInfo, Memory, Stats, configure, default_memory
 from kvmem.config import Config, load_config
-from kvmem.errors import (CapacityError, CodecError, ConfigError, IntegrityError, InvalidKeyError, KVMemError,
-                          TierUnavailable, UnsupportedValueError)
+from kvmem.errors import (
+    CapacityError,
+    CodecError,
+    ConfigError,
+    IntegrityError,
+    InvalidKeyError,
+    KVMemError,
+    TierUnavailable,
+    UnsupportedValueError,
+)
 from kvmem.keys import chunk_hashes, content_hash
 
 __version__ = "0.1.0"

@@ -417,7 +417,7 @@ class Memory:
             self._catalog_write(index.flush)
         self._catalog_write(self.catalog.close)
 
-    def __enter__(self) -> "Memory":
+    def __enter__(self) -> Memory:
         return self
 
     def __exit__(self, *exc: object) -> None:

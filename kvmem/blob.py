@@ -95,7 +95,7 @@ class EncodedBlob:
     crc: int
 
     @classmethod
-    def from_buffer(cls, buf: torch.Tensor) -> "EncodedBlob":
+    def from_buffer(cls, buf: torch.Tensor) -> EncodedBlob:
         """Wrap a contiguous blob (e.g. one held by a tier) without copying it."""
         host = buf if buf.device.type == "cpu" else buf.cpu()
         arr = host.numpy()

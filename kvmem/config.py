@@ -102,7 +102,7 @@ class Config:
         """The catalog URL: ``catalog_url`` or a SQLite file under ``path``."""
         return self.catalog_url or f"sqlite:///{Path(self.path) / 'catalog.sqlite3'}"
 
-    def replace(self, **changes: object) -> "Config":
+    def replace(self, **changes: object) -> Config:
         """A copy with ``changes`` applied (validated, sources marked ``argument``)."""
         return load_config(base=self, **changes)
 
@@ -242,7 +242,8 @@ def _read_yaml(path: Path, types: Mapping[str, str]) -> dict[str, object]:
         raise ConfigError(f"config file {str(path)!r}: expected a mapping of settings, got {type(data).__name__}")
     unknown = sorted(set(data) - set(types))
     if unknown:
-        raise ConfigError(f"config file {str(path)!r}: unknown setting(s) {unknown}; accepted {', '.join(sorted(types))}")
+        raise ConfigError(f"config file {str(path)!r}: unknown setting(s) {unknown}; "
+                          f"accepted {', '.join(sorted(types))}")
     return data
 
 

@@ -73,7 +73,10 @@ class Metrics:
         self.hit_rate.set(self._hits / (self._hits + self._misses))
 
     def value(self, name: str, **labels: str) -> float:
-        """Current value of a sample (0 when never set), e.g. ``value("kvmem_hits_total", tier="cpu", kind="tensor")``."""
+        """Current value of a sample (0 when never set).
+
+        E.g. ``value("kvmem_hits_total", tier="cpu", kind="tensor")``.
+        """
         return self.registry.get_sample_value(name, labels) or 0.0
 
     def total(self, name: str) -> float:

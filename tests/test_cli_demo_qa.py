@@ -34,7 +34,7 @@ def test_demo_reuses_the_document_and_reports_ttft(tmp_path: Path, monkeypatch: 
     assert "ingest: 512 document tokens prefilled once" in out and "2 chunks of 256 tokens stored" in out
     rows = _REQUEST_ROW.findall(out)
     assert [r[0] for r in rows] == ["q1", "q2"], out
-    for name, prompt, cold, warm, reused, computed, tier, chunks, speedup, diff in rows:
+    for _name, prompt, cold, warm, reused, computed, _tier, chunks, speedup, diff in rows:
         assert (int(prompt), int(reused), int(computed), int(chunks)) == (544, 512, 32, 2)
         assert float(cold) > 0 and float(warm) > 0 and float(speedup) > 0 and float(diff) <= 1e-3
     assert [r[6] for r in rows] == ["disk", "cpu"]  # reopened: disk first, then promoted to the CPU tier

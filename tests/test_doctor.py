@@ -20,8 +20,15 @@ import kvmem
 from kvmem.cli import main
 from kvmem.config import Config
 from kvmem.doctor import Finding, Thresholds, check, diagnose, format_number, render_findings
-from kvmem.doctor_snapshot import (HistogramSummary, KVChunkGroup, LiveMetrics, Snapshot, TierState, kv_block_size,
-                                   take_snapshot)
+from kvmem.doctor_snapshot import (
+    HistogramSummary,
+    KVChunkGroup,
+    LiveMetrics,
+    Snapshot,
+    TierState,
+    kv_block_size,
+    take_snapshot,
+)
 from kvmem.kv import PrefixCache
 from kvmem.metrics import Metrics
 from tests.kv.workers import build_model, prompt

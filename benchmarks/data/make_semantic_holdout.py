@@ -27,7 +27,8 @@ verifier being tuned, so that scores on it measure how well the cache generalize
 How it was actually used (issue 4): looked at once with the first rules at 0.70 (recall 78.4 %, false hits
 2.8 %: a "Dr." read as a sentence end, names in Title-Case-like questions, hottest/coldest, cups/quart), and
 the general fixes those showed were made (abbreviations, title-case detection, more opposites and units), so
-it is a second development set now, not a held-out one; ``semantic_blind.jsonl`` was the next blind check. Topics deliberately lean on travel, cooking, programming, health,
+it is a second development set now, not a held-out one; ``semantic_blind.jsonl`` was the next blind check.
+Topics deliberately lean on travel, cooking, programming, health,
 finance, sports, science, customer support, HR, shopping, geography and history.
 
 The pairs are hand-written tuples below; the script only validates them, shuffles them with a fixed seed and writes

@@ -273,7 +273,7 @@ def build(rng: random.Random) -> list[dict[str, str]]:
     for stored, query in ORDER:
         add(query, stored, "near_miss", "order")
     queries = [q for _, q in PARAPHRASES]
-    for i in range(60):  # a query, and a stored text on another topic
+    for _ in range(60):  # a query, and a stored text on another topic
         query = queries[rng.randrange(len(queries))]
         stored = rng.choice([s for s in UNRELATED_POOL if s not in dict(PARAPHRASES) or dict(PARAPHRASES)[s] != query])
         add(query, stored, "unrelated", "unrelated")

@@ -84,7 +84,8 @@ class SemanticCache:
             messages = [_message(m) for m in prompt]
             last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
             if last is None:
-                raise UnsupportedValueError("chat prompt without a user message: accepted a str, or messages with at least one role 'user'")
+                raise UnsupportedValueError("chat prompt without a user message: accepted a str, or messages "
+                                            "with at least one role 'user'")
             first = max(0, last - self.turns)
             text = "\n".join(m["content"] for m in messages[first:last + 1])
             # NOTE: messages after the last user message (rare) are exact context as well

@@ -66,7 +66,8 @@ class SentenceTransformerEmbedder:
     Args:
         path_or_name: model folder or hub name; default: the packaged all-MiniLM-L6-v2.
         device: torch device string for the model.
-        threshold: cosine threshold; default: the calibrated one for this model, else 0.85 (an uncalibrated model: stricter).
+        threshold: cosine threshold; default: the calibrated one for this model, else 0.85 (an
+            uncalibrated model: stricter).
     """
 
     def __init__(self, path_or_name: str | None = None, *, device: str = "cpu",

@@ -317,7 +317,8 @@ class _Sidecar:
             return None
         meta = cls(**raw)
         ints_ok = all(isinstance(v, int) and v >= 1 for v in (meta.dim, meta.m, meta.ef_construction, meta.ef_search))
-        if (not ints_ok or meta.m < 2 or not (meta.rebuild_at is None or (isinstance(meta.rebuild_at, float) and 0.0 < meta.rebuild_at < 1.0))
+        fraction_ok = meta.rebuild_at is None or (isinstance(meta.rebuild_at, float) and 0.0 < meta.rebuild_at < 1.0)
+        if (not ints_ok or meta.m < 2 or not fraction_ok
                 or not isinstance(meta.graph_sha256, str) or not isinstance(meta.digest, str)
                 or not isinstance(meta.labels, list)
                 or not all(o is None or isinstance(o, str) for o in meta.labels)):

@@ -15,8 +15,15 @@ import json
 import sys
 
 import torch
-from transformers import (AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, PretrainedConfig,
-                          PreTrainedModel, Qwen2Config)
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    LlamaConfig,
+    MistralConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+)
 
 import kvmem
 from kvmem.kv import PrefixCache

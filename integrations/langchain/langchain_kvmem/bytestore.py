@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-import kvmem
 from langchain_core.stores import ByteStore
+
+import kvmem
 
 __all__ = ["KVMemByteStore"]
 

@@ -25,11 +25,12 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-import kvmem
-from kvmem.semantic import SemanticCache
 from langchain_core.caches import RETURN_VAL_TYPE, BaseCache
 from langchain_core.load import dumps, loads
 from langchain_core.outputs import Generation
+
+import kvmem
+from kvmem.semantic import SemanticCache
 
 __all__ = ["KVMemCache"]
 

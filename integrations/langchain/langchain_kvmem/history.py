@@ -17,11 +17,12 @@ import asyncio
 import warnings
 from collections.abc import Sequence
 
-import kvmem
-from kvmem.agent import AgentSession
 from langchain_core._api import LangChainDeprecationWarning
 from langchain_core.load import dumps, loads
 from langchain_core.messages import BaseMessage
+
+import kvmem
+from kvmem.agent import AgentSession
 
 with warnings.catch_warnings():  # NOTE: the deprecation is this shim's reason to exist; it is in the docstring
     warnings.simplefilter("ignore", LangChainDeprecationWarning)

@@ -29,7 +29,8 @@ Deviations: ``created_at`` survives updates; a put replaces the item's vectors
 (``index=False`` leaves none); ``$gt``-style operators on a missing or non-numeric field
 exclude the item instead of raising; pages of a query search never repeat unscored
 items; a namespace emptied of its oldest item moves (InMemoryStore keeps the order of
-first use, even of emptied namespaces); dotted filter keys reach nested fields. TTL: an expired item is never returned; reads
+first use, even of emptied namespaces); dotted filter keys reach nested fields.
+TTL: an expired item is never returned; reads
 refresh a TTL (``refresh_ttl``, default ``TTLConfig["refresh_on_read"]``, else True);
 expired rows are deleted by every write batch, :meth:`KVMemStore.sweep_ttl`, and the
 optional sweeper thread.
@@ -47,10 +48,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import kvmem
 import numpy as np
-from kvmem.catalog import create_tables
-from kvmem.errors import ConfigError, TierUnavailable
 from langgraph.store.base import (
     BaseStore,
     Embeddings,
@@ -92,6 +90,9 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.sql.elements import ColumnElement
 
+import kvmem
+from kvmem.catalog import create_tables
+from kvmem.errors import ConfigError, TierUnavailable
 from langchain_kvmem._filters import does_match, matches
 
 if TYPE_CHECKING:

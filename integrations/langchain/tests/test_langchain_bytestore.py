@@ -10,9 +10,9 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import kvmem
 import pytest
 
+import kvmem
 from langchain_kvmem.bytestore import KVMemByteStore
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # integrations/langchain: what `import langchain_kvmem` needs

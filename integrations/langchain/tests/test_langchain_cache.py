@@ -14,13 +14,13 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import kvmem
 from langchain_core.globals import get_llm_cache, set_llm_cache
 from langchain_core.language_models.fake import FakeListLLM
 from langchain_core.language_models.fake_chat_models import FakeListChatModel, GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.outputs import ChatGeneration, Generation
 
+import kvmem
 from langchain_kvmem.cache import KVMemCache, _exact_key
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # integrations/langchain: what `import langchain_kvmem` needs

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from tests.examples_loader import load_example
 
 PACKAGE = Path(__file__).resolve().parents[1]

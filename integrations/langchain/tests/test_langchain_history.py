@@ -8,11 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import kvmem
 import pytest
-from kvmem.errors import SessionConflict
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
+import kvmem
+from kvmem.errors import SessionConflict
 from langchain_kvmem import KVMemChatMessageHistory
 
 PACKAGE = Path(__file__).resolve().parents[1]

@@ -8,7 +8,6 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import kvmem
 from langchain_tests.integration_tests import (
     AsyncCacheTestSuite,
     BaseStoreAsyncTests,
@@ -16,6 +15,7 @@ from langchain_tests.integration_tests import (
     SyncCacheTestSuite,
 )
 
+import kvmem
 from langchain_kvmem.bytestore import KVMemByteStore
 from langchain_kvmem.cache import KVMemCache
 

@@ -15,12 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
-import kvmem
 import pytest
 from langchain_core.embeddings import Embeddings
 from langgraph.store.base import GetOp, InvalidNamespaceError, ListNamespacesOp, PutOp, SearchOp
 from sqlalchemy import func, select
 
+import kvmem
 from langchain_kvmem import store as store_module
 from langchain_kvmem.store import KVMemEmbeddings, KVMemStore
 
@@ -365,7 +365,8 @@ def test_async_api_and_an_async_embedding_function(mem: kvmem.Memory) -> None:
     store = KVMemStore(mem, index={"dims": 64, "embed": embed, "fields": ["text"]})
 
     async def main() -> None:
-        await asyncio.gather(*(store.aput(("a", str(i % 2)), f"k{i}", {"text": f"item {i} of {'odd' if i % 2 else 'even'}"})
+        await asyncio.gather(*(store.aput(("a", str(i % 2)), f"k{i}",
+                                          {"text": f"item {i} of {'odd' if i % 2 else 'even'}"})
                                for i in range(6)))
         assert (await store.aget(("a", "1"), "k3")).value == {"text": "item 3 of odd"}
         assert (await store.asearch(("a",), query="odd", limit=3))[0].namespace == ("a", "1")
