@@ -208,7 +208,8 @@ class Memory:
 
                 index = self._semantics[slot] = SemanticIndex(
                     self.catalog.engine, self._embedder if embedder is None else embedder,
-                    live=self.tiers.contains_many, directory=Path(self.config.path) / "semantic",
+                    live=self.tiers.contains_many if self._sees_every_entry else None,
+                    directory=Path(self.config.path) / "semantic",
                     hnsw_from=self.config.semantic_hnsw_from)
             return index
 
@@ -238,7 +239,8 @@ class Memory:
         matches: list[Match] = []
         for skey, score, text in index.search(query, namespace or "", k, threshold, verify):
             if not self.tiers.contains(skey):  # NOTE: evicted from every tier: never a dangling hit
-                index.remove(skey)
+                if self._sees_every_entry:  # NOTE: else another node may hold it: its row stays
+                    index.remove(skey)
                 continue
             row = self._catalog_write(functools.partial(self.catalog.get, skey))
             matches.append(Match(skey, score, text, row.metadata if row is not None else {}))
@@ -387,12 +389,17 @@ class Memory:
     def verify(self, fix: bool = False, progress: bool = True) -> VerifyReport:
         """Read every entry in every tier and check it; with ``fix``, quarantine and repair the catalog."""
         self.flush()
-        return verify_entries(self.tiers, self.catalog, self.metrics, fix=fix, progress=progress)
+        return verify_entries(self.tiers, self.catalog, self.metrics, fix=fix, progress=progress,
+                              reap=self._sees_every_entry)
 
     def gc(self) -> GcReport:
-        """Drop catalog rows of entries no tier holds, empty the quarantine, enforce capacities."""
+        """Drop catalog rows of entries no tier holds, empty the quarantine, enforce capacities.
+
+        With a catalog shared by nodes that keep their entries in tiers of their own (no shared
+        ``remote_url``), rows of entries not held here are left: another node may hold them.
+        """
         self.flush()
-        return collect_garbage(self.tiers, self.catalog)
+        return collect_garbage(self.tiers, self.catalog, reap=self._sees_every_entry)
 
     def entries(self, namespace: str | None = None, limit: int | None = None) -> Iterator[EntryInfo]:
         """Catalog entries, most recently used first (none while the catalog is down)."""
@@ -424,9 +431,17 @@ class Memory:
         self.close()
 
     # -- helpers -------------------------------------------------------------------
+    @property
+    def _sees_every_entry(self) -> bool:
+        """Whether this memory's tiers hold every entry its catalog lists: a catalog of its own, or a
+        shared catalog with a shared remote tier. Otherwise a row whose entry no tier here holds may be
+        another node's, and is never reaped from here (gc, verify --fix, evictions, semantic reopen)."""
+        return self.config.catalog_url is None or self.config.remote_url is not None
+
     def _removed(self, skey: str) -> None:
-        """An entry left its last tier (evicted): forget its catalog row and its vector."""
-        self.catalog.record_removed(skey)
+        """An entry left its last tier (evicted): forget its catalog row (when ours alone) and its vector."""
+        if self._sees_every_entry:
+            self.catalog.record_removed(skey)
         for index in self._semantic_indexes():
             index.discard(skey)
 

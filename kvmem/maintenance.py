@@ -60,8 +60,12 @@ def _check(buf: object, checks_crc: bool, key: str) -> blobfmt.Header:
 
 
 def verify_entries(store: TieredStore, catalog: Catalog, metrics: Metrics, *, fix: bool = False,
-                   progress: bool = True) -> VerifyReport:
-    """Read every copy in every tier, check CRC and framing, and compare with the catalog."""
+                   progress: bool = True, reap: bool = True) -> VerifyReport:
+    """Read every copy in every tier, check CRC and framing, and compare with the catalog.
+
+    ``reap=False``: catalog rows no tier here backs are neither reported nor dropped (a shared catalog
+    whose other nodes hold them).
+    """
     report = VerifyReport(fixed=fix)
     known = set(catalog.keys())
     held: set[str] = set()
@@ -89,7 +93,7 @@ def verify_entries(store: TieredStore, catalog: Catalog, metrics: Metrics, *, fi
                                stored_size=buf.numel(), codec=header.get("codec", "none"),
                                crc=blobfmt.stored_crc(buf.cpu()), tiers=[tier.name],
                                metadata=header.get("metadata", {}))
-    for key in sorted(known - held):
+    for key in sorted(known - held) if reap else []:
         if not store.contains(key):
             report.missing.append(key)
             if fix:
@@ -97,10 +101,10 @@ def verify_entries(store: TieredStore, catalog: Catalog, metrics: Metrics, *, fi
     return report
 
 
-def collect_garbage(store: TieredStore, catalog: Catalog) -> GcReport:
-    """Drop catalog rows no tier backs, delete quarantined files, bring tiers under their thresholds."""
+def collect_garbage(store: TieredStore, catalog: Catalog, reap: bool = True) -> GcReport:
+    """Drop catalog rows no tier backs (with ``reap``), delete quarantined files, bring tiers under their thresholds."""
     report = GcReport()
-    for key in list(catalog.keys()):
+    for key in list(catalog.keys()) if reap else []:
         if not store.contains(key):
             report.rows_removed += int(catalog.delete(key))
     for tier in store.tiers:

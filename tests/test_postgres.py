@@ -180,3 +180,14 @@ def test_outage_mid_run_keeps_serving_and_the_catalog_catches_up(tmp_path: Path,
         assert mem.catalog.dropped == 0
     with node(tmp_path / "b", url) as other:  # and another node sees it all
         assert {e.user_key: e.version for e in other.entries()} == versions
+
+
+def test_nodes_with_their_own_tiers_never_reap_each_others_rows(tmp_path: Path, pg: str) -> None:
+    """A shared catalog without a shared tier: B holds none of A's entries, and must not drop their rows."""
+    with node(tmp_path / "a", pg) as a:
+        a.store("kept", torch.ones(8))
+    with node(tmp_path / "b", pg) as b:
+        assert b.gc().rows_removed == 0 and b.verify(fix=True, progress=False).missing == []
+    with node(tmp_path / "a", pg) as a:
+        info = a.info("kept")
+        assert info is not None and torch.equal(a.load("kept"), torch.ones(8))

@@ -62,3 +62,13 @@ def test_two_nodes_indexing_the_same_keys_at_once(tmp_path: Path, pg: str, embed
     finally:
         for m in nodes:
             m.close()
+
+
+def test_another_node_opening_the_index_keeps_rows_it_does_not_hold(tmp_path: Path, pg: str,
+                                                                     embedder: CachedEmbedder) -> None:
+    with Memory(str(tmp_path / "a"), catalog_url=pg, embedder=embedder) as a:
+        key = a.store("faq/1", b"answer", text="How do I reset my password?")
+    with Memory(str(tmp_path / "b"), catalog_url=pg, embedder=embedder) as b:
+        assert b.lookup_similar("How can I reset my password?") == []  # B holds no tier copy: no hit for B
+    with Memory(str(tmp_path / "a"), catalog_url=pg, embedder=embedder) as a:  # ... and A's row survived B
+        assert [m.key for m in a.lookup_similar("How can I reset my password?")] == [key]
