@@ -22,6 +22,7 @@ from kvmem.errors import CapacityError, ConfigError, IntegrityError
 from kvmem.stores import StorageTier, build_tiers
 from kvmem.stores.redis import RedisTier, redact
 from tests.servers import RedisServer
+from tests.stores.redis_helpers import redis_tier, second_node_reuses_first_nodes_prefix, unique_prefix, with_options
 
 MemoryFactory = Callable[..., kvmem.Memory]
 
@@ -34,12 +35,8 @@ def key(i: int) -> str:
     return kvmem.content_hash(f"entry-{i}")
 
 
-def unique_prefix(request: pytest.FixtureRequest) -> str:
-    return f"test:{request.node.name}:{time.monotonic_ns()}:"
 
 
-def with_options(url: str, **options: object) -> str:
-    return url + ("&" if "?" in url else "?") + "&".join(f"{k}={v}" for k, v in options.items())
 
 
 @pytest.fixture
@@ -68,10 +65,6 @@ def open_memory(tmp_path: Path, redis_url: str, request: pytest.FixtureRequest) 
         mem.close()
 
 
-def redis_tier(mem: kvmem.Memory) -> RedisTier:
-    found = next(t for t in mem.tiers.tiers if t.name == "redis")
-    assert isinstance(found, RedisTier)
-    return found
 
 
 def commands(client: redis.Redis) -> int:
@@ -284,25 +277,5 @@ def test_unknown_scheme_and_tls_scheme_are_registered(tmp_path: Path) -> None:
 def test_second_node_reuses_the_first_nodes_prefix(tmp_path: Path, redis_url: str, postgres_url: str,
                                                    request: pytest.FixtureRequest, one_thread: None) -> None:
     """Node A prefills a prompt; node B (own local disk, same Redis and catalog) reuses A's chunks exactly."""
-    from kvmem.kv import PrefixCache
-    from tests.kv.workers import BLOCK, PROMPT_A, PROMPT_B, SHARED, build_model
-
-    model = build_model("llama", 0)
-    url = with_options(redis_url, prefix=unique_prefix(request))
-    shared = {"remote_url": url, "catalog_url": postgres_url, "cpu_bytes": "64MiB", "disk_bytes": "64MiB",
-              "fsync": "never"}
-    with kvmem.Memory(str(tmp_path / "node-a"), **shared) as node_a:
-        pc = PrefixCache(model, node_a, block_size=BLOCK, compression="none")
-        assert pc.prefill(PROMPT_A).reused_tokens == 0
-        pc.flush()
-        pc.close()
-    with kvmem.Memory(str(tmp_path / "node-b"), **shared) as node_b:
-        pc = PrefixCache(model, node_b, block_size=BLOCK, compression="none")
-        result = pc.prefill(PROMPT_B)
-        pc.close()
-        assert result.reused_tokens == SHARED > 0
-        with torch.no_grad():
-            full = model(PROMPT_B).logits
-        assert (result.logits - full[:, -result.logits.shape[1]:]).abs().max().item() <= 1e-4
-        hits = node_b.metrics.registry.get_sample_value("kvmem_kv_chunk_hits_total", {"tier": "redis"})
-        assert hits == SHARED // BLOCK  # served by Redis: node B's own disk was empty
+    second_node_reuses_first_nodes_prefix(tmp_path, with_options(redis_url, prefix=unique_prefix(request)),
+                                          postgres_url)

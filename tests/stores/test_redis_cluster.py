@@ -7,7 +7,6 @@ does not hold is loaded from the cluster.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from kvmem.errors import ConfigError
 from kvmem.stores import build_tiers
 from kvmem.stores.redis import RedisTier, redact
 from tests.redis_cluster import RedisCluster
+from tests.stores.redis_helpers import redis_tier, second_node_reuses_first_nodes_prefix, unique_prefix, with_options
 
 MemoryFactory = Callable[..., kvmem.Memory]
 ENTRIES = 50
@@ -40,12 +40,8 @@ def value(i: int) -> torch.Tensor:
     return torch.full((8192,), float(i))  # 32 KiB: 50 of them overflow the 1 MiB CPU tier
 
 
-def unique_prefix(request: pytest.FixtureRequest) -> str:
-    return f"test:{request.node.name}:{time.monotonic_ns()}:"
 
 
-def with_options(url: str, **options: object) -> str:
-    return url + ("&" if "?" in url else "?") + "&".join(f"{k}={v}" for k, v in options.items())
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +79,6 @@ def open_memory(tmp_path: Path, cluster: RedisCluster, request: pytest.FixtureRe
     yield from open_memories(tmp_path, with_options(cluster.url, prefix=unique_prefix(request)))
 
 
-def redis_tier(mem: kvmem.Memory) -> RedisTier:
-    found = next(t for t in mem.tiers.tiers if t.name == "redis")
-    assert isinstance(found, RedisTier)
-    return found
 
 
 def per_master(tier: RedisTier) -> dict[int, int]:
@@ -221,29 +213,11 @@ def test_memory_over_the_cluster(open_memory: MemoryFactory, cluster: RedisClust
 def test_second_node_reuses_the_first_nodes_prefix(tmp_path: Path, cluster: RedisCluster, postgres_url: str,
                                                    request: pytest.FixtureRequest, one_thread: None) -> None:
     """Node A prefills a prompt; node B (own local disk, same cluster and catalog) reuses A's chunks exactly."""
-    from kvmem.kv import PrefixCache
-    from tests.kv.workers import BLOCK, PROMPT_A, PROMPT_B, SHARED, build_model
-
-    model = build_model("llama", 0)
-    url = with_options(cluster.url, prefix=unique_prefix(request))
-    shared = {"remote_url": url, "catalog_url": postgres_url, "cpu_bytes": "64MiB", "disk_bytes": "64MiB",
-              "fsync": "never"}
-    with kvmem.Memory(str(tmp_path / "node-a"), **shared) as node_a:
-        pc = PrefixCache(model, node_a, block_size=BLOCK, compression="none")
-        assert pc.prefill(PROMPT_A).reused_tokens == 0
-        pc.flush()
-        pc.close()
+    def spread(node_a: kvmem.Memory) -> None:
         assert sum(1 for n in per_master(redis_tier(node_a)).values() if n) >= 2  # chunks on several masters
-    with kvmem.Memory(str(tmp_path / "node-b"), **shared) as node_b:
-        pc = PrefixCache(model, node_b, block_size=BLOCK, compression="none")
-        result = pc.prefill(PROMPT_B)
-        pc.close()
-        assert result.reused_tokens == SHARED > 0
-        with torch.no_grad():
-            full = model(PROMPT_B).logits
-        assert (result.logits - full[:, -result.logits.shape[1]:]).abs().max().item() <= 1e-4
-        hits = node_b.metrics.registry.get_sample_value("kvmem_kv_chunk_hits_total", {"tier": "redis"})
-        assert hits == SHARED // BLOCK  # served by the cluster: node B's own disk was empty
+
+    second_node_reuses_first_nodes_prefix(tmp_path, with_options(cluster.url, prefix=unique_prefix(request)),
+                                          postgres_url, spread)
 
 
 # -- resharding -------------------------------------------------------------------------------------
