@@ -4,7 +4,7 @@ and the two-node prefix-reuse scenario."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +26,23 @@ def redis_tier(mem: kvmem.Memory) -> RedisTier:
     found = next(t for t in mem.tiers.tiers if t.name == "redis")
     assert isinstance(found, RedisTier)
     return found
+
+
+def open_memories(tmp_path: Path, default_url: str) -> Iterator[Callable[..., kvmem.Memory]]:
+    """Yields ``open_(name="a", url=None, **settings)``: a Memory with a 1 MiB CPU tier, no disk, the remote
+    tier at ``url`` (default ``default_url``); every one opened is closed afterwards."""
+    made: list[kvmem.Memory] = []
+
+    def open_(name: str = "a", url: str | None = None, **settings: object) -> kvmem.Memory:
+        options: dict[str, object] = {"cpu_bytes": "1MiB", "disk_bytes": 0, "fsync": "never",
+                                      "remote_url": url or default_url, **settings}
+        mem = kvmem.Memory(str(tmp_path / name), **options)
+        made.append(mem)
+        return mem
+
+    yield open_
+    for mem in made:
+        mem.close()
 
 
 def second_node_reuses_first_nodes_prefix(tmp_path: Path, remote_url: str, catalog_url: str,

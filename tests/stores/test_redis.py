@@ -22,7 +22,13 @@ from kvmem.errors import CapacityError, ConfigError, IntegrityError
 from kvmem.stores import StorageTier, build_tiers
 from kvmem.stores.redis import RedisTier, redact
 from tests.servers import RedisServer
-from tests.stores.redis_helpers import redis_tier, second_node_reuses_first_nodes_prefix, unique_prefix, with_options
+from tests.stores.redis_helpers import (
+    open_memories,
+    redis_tier,
+    second_node_reuses_first_nodes_prefix,
+    unique_prefix,
+    with_options,
+)
 
 MemoryFactory = Callable[..., kvmem.Memory]
 
@@ -50,21 +56,7 @@ def tier(redis_url: str, request: pytest.FixtureRequest) -> Iterator[RedisTier]:
 @pytest.fixture
 def open_memory(tmp_path: Path, redis_url: str, request: pytest.FixtureRequest) -> Iterator[MemoryFactory]:
     """``open_memory(name="a", url=None, **settings)``: a Memory with a 1 MiB CPU tier, no disk, Redis below."""
-    made: list[kvmem.Memory] = []
-    prefix = unique_prefix(request)
-
-    def open_(name: str = "a", url: str | None = None, **settings: object) -> kvmem.Memory:
-        options: dict[str, object] = {"cpu_bytes": "1MiB", "disk_bytes": 0, "fsync": "never",
-                                      "remote_url": url or with_options(redis_url, prefix=prefix), **settings}
-        mem = kvmem.Memory(str(tmp_path / name), **options)
-        made.append(mem)
-        return mem
-
-    yield open_
-    for mem in made:
-        mem.close()
-
-
+    yield from open_memories(tmp_path, with_options(redis_url, prefix=unique_prefix(request)))
 
 
 def commands(client: redis.Redis) -> int:

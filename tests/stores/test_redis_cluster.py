@@ -22,7 +22,13 @@ from kvmem.errors import ConfigError
 from kvmem.stores import build_tiers
 from kvmem.stores.redis import RedisTier, redact
 from tests.redis_cluster import RedisCluster
-from tests.stores.redis_helpers import redis_tier, second_node_reuses_first_nodes_prefix, unique_prefix, with_options
+from tests.stores.redis_helpers import (
+    open_memories,
+    redis_tier,
+    second_node_reuses_first_nodes_prefix,
+    unique_prefix,
+    with_options,
+)
 
 MemoryFactory = Callable[..., kvmem.Memory]
 ENTRIES = 50
@@ -57,20 +63,6 @@ def tier(cluster: RedisCluster, request: pytest.FixtureRequest) -> Iterator[Redi
     yield made
     made.close()
 
-
-def open_memories(tmp_path: Path, url: str) -> Iterator[MemoryFactory]:
-    made: list[kvmem.Memory] = []
-
-    def open_(name: str = "a", **settings: object) -> kvmem.Memory:
-        options: dict[str, object] = {"cpu_bytes": "1MiB", "disk_bytes": 0, "fsync": "never", "remote_url": url,
-                                      **settings}
-        mem = kvmem.Memory(str(tmp_path / name), **options)
-        made.append(mem)
-        return mem
-
-    yield open_
-    for mem in made:
-        mem.close()
 
 
 @pytest.fixture

@@ -25,7 +25,9 @@ ASYNC_SUITE = [pytest.mark.asyncio,
                pytest.mark.filterwarnings("ignore:The test <Function test_no_overrides_DO_NOT_OVERRIDE>")]
 
 
-class TestKVMemByteStoreSync(BaseStoreSyncTests[bytes]):
+class ByteStoreFixtures:
+    """The fixtures both ByteStore suites ask for."""
+
     @pytest.fixture
     def kv_store(self, memory: kvmem.Memory) -> KVMemByteStore:
         return KVMemByteStore(memory)
@@ -35,16 +37,12 @@ class TestKVMemByteStoreSync(BaseStoreSyncTests[bytes]):
         return b"foo", b"\x00bar\xff", b""
 
 
-class TestKVMemByteStoreAsync(BaseStoreAsyncTests[bytes]):
+class TestKVMemByteStoreSync(ByteStoreFixtures, BaseStoreSyncTests[bytes]):
+    pass
+
+
+class TestKVMemByteStoreAsync(ByteStoreFixtures, BaseStoreAsyncTests[bytes]):
     pytestmark = ASYNC_SUITE
-
-    @pytest.fixture
-    def kv_store(self, memory: kvmem.Memory) -> KVMemByteStore:
-        return KVMemByteStore(memory)
-
-    @pytest.fixture
-    def three_values(self) -> tuple[bytes, bytes, bytes]:
-        return b"foo", b"\x00bar\xff", b""
 
 
 class TestKVMemCacheSync(SyncCacheTestSuite):
