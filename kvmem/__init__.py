@@ -26,8 +26,10 @@ from kvmem.errors import (
     IntegrityError,
     InvalidKeyError,
     KVMemError,
+    PinExpired,
     TierUnavailable,
     UnsupportedValueError,
+    VersionConflict,
 )
 from kvmem.keys import chunk_hashes, content_hash
 
@@ -37,7 +39,7 @@ __all__ = [
     "store", "load", "lookup_similar", "contains", "delete", "compress", "decompress", "content_hash", "chunk_hashes",
     "configure", "default_memory", "Memory", "Config", "load_config", "EntryInfo", "Stats",
     "KVMemError", "IntegrityError", "CodecError", "UnsupportedValueError", "InvalidKeyError", "CapacityError",
-    "TierUnavailable", "ConfigError",
+    "TierUnavailable", "ConfigError", "PinExpired", "VersionConflict",
 ]
 
 

@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -22,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import SQLAlchemyError
 
 from kvmem import blob as blobfmt
-from kvmem.catalog import Catalog, EntryRow
+from kvmem.catalog import Catalog
 from kvmem.codecs import parse_codec
 from kvmem.codecs.pipeline import check_owner, decode_value, encode_value, value_kind
 from kvmem.config import Config, load_config
@@ -30,7 +29,9 @@ from kvmem.errors import CapacityError, IntegrityError, TierUnavailable
 from kvmem.keys import storage_key
 from kvmem.maintenance import GcReport, VerifyReport, collect_garbage, verify_entries
 from kvmem.metrics import Metrics
+from kvmem.records import EntryInfo, Loaded, Stats, TierStats, entry_info
 from kvmem.stores import TieredStore, build_tiers
+from kvmem.versions import Pin, Versions
 
 if TYPE_CHECKING:  # NOTE: kvmem.semantic loads only when a text is stored or looked up
     from kvmem.semantic import Embedder, Match, SemanticIndex
@@ -40,63 +41,6 @@ __all__ = ["Memory", "Loaded", "EntryInfo", "TierStats", "Stats"]
 log = logging.getLogger(__name__)
 V = TypeVar("V")
 _CATALOG_FLUSH_SECONDS = 1.0
-
-
-@dataclass(frozen=True)
-class Loaded:
-    """A loaded value, the tier that served it, and its metadata (``Memory.fetch``)."""
-
-    value: Any
-    tier: str
-    metadata: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class EntryInfo:
-    """What kvmem knows about one entry (``Memory.info``)."""
-
-    key: str
-    namespace: str
-    kind: str
-    size: int
-    stored_size: int
-    codec: str
-    version: int
-    tiers: list[str]
-    hits: int
-    created: float
-    last_access: float
-    metadata: dict[str, Any]
-    user_key: str = ""  # the key given to store() (first 256 characters; bytes keys as hex)
-
-
-@dataclass(frozen=True)
-class TierStats:
-    """One tier's occupancy."""
-
-    name: str
-    usage: int
-    capacity: int
-    entries: int
-    healthy: bool
-
-
-@dataclass(frozen=True)
-class Stats:
-    """A snapshot of a ``Memory``: catalog totals, tiers, and counters since start."""
-
-    entries: int
-    size: int
-    stored_size: int
-    tiers: list[TierStats]
-    hits: int
-    misses: int
-    hit_rate: float
-    crc_failures: int
-    tier_errors: int
-    evictions: int
-    demotions: int
-    recorded_hits: int = 0  # hits the catalog recorded over its lifetime, by every process
 
 
 class Memory:
@@ -133,6 +77,7 @@ class Memory:
                                  write_policy=self.config.write_policy, queue_size=self.config.write_back_queue,
                                  retry_seconds=self.config.tier_retry_seconds,
                                  on_removed=self._removed)
+        self._versions = Versions(self.catalog, self.tiers, self.config.pin_lease_seconds)
         self._closed = False
 
     # -- keys -----------------------------------------------------------------
@@ -321,6 +266,27 @@ class Memory:
         self.metrics.load_seconds.observe(time.perf_counter() - start)
         return value
 
+    def pin(self, key: str | bytes, *, namespace: str | None = None, lease: float | None = None) -> Pin | None:
+        """Pin the current version of ``key``: ``pin.load()`` returns it until ``pin.release()``.
+
+        Writers go on storing new versions meanwhile (plain :meth:`load` returns the newest);
+        the pinned one is kept in the catalog database, so every node sharing the catalog keeps
+        it, until no live pin holds it (released, or the lease of a process that died expired).
+
+        Args:
+            key: the key given to :meth:`store`.
+            namespace: the namespace given to :meth:`store`.
+            lease: seconds the pin survives its holder without renewal (default ``config.pin_lease_seconds``;
+                renewed every third of it while this memory is open).
+
+        Returns:
+            A :class:`~kvmem.versions.Pin` (a context manager), or ``None`` when ``key`` is not stored.
+
+        Raises:
+            TierUnavailable: the catalog cannot be reached (pins live there).
+        """
+        return self._versions.pin(self.storage_key(key, namespace), lease)
+
     def contains_many(self, keys: Sequence[str | bytes], *, namespace: str | None = None) -> list[bool]:
         """:meth:`contains` for several keys, with one batched call per tier."""
         return self.tiers.contains_many([self.storage_key(k, namespace) for k in keys])
@@ -349,7 +315,7 @@ class Memory:
         row = self._catalog_write(lambda: self.catalog.get(skey))
         if row is None:
             return None
-        return _entry_info(row, self.tiers.holders(skey))
+        return entry_info(row, self.tiers.holders(skey))
 
     # -- compress ---------------------------------------------------------------
     def compress(self, value: object, codec: str | None = None) -> bytes:
@@ -393,19 +359,22 @@ class Memory:
                               reap=self._sees_every_entry)
 
     def gc(self) -> GcReport:
-        """Drop catalog rows of entries no tier holds, empty the quarantine, enforce capacities.
+        """Drop catalog rows of entries no tier holds, empty the quarantine, enforce capacities,
+        reclaim pinned versions no live pin holds any more.
 
         With a catalog shared by nodes that keep their entries in tiers of their own (no shared
         ``remote_url``), rows of entries not held here are left: another node may hold them.
         """
         self.flush()
-        return collect_garbage(self.tiers, self.catalog, reap=self._sees_every_entry)
+        report = collect_garbage(self.tiers, self.catalog, reap=self._sees_every_entry)
+        report.versions_reclaimed = self._catalog_write(self._versions.collect) or 0
+        return report
 
     def entries(self, namespace: str | None = None, limit: int | None = None) -> Iterator[EntryInfo]:
         """Catalog entries, most recently used first (none while the catalog is down)."""
         self._catalog_write(self.catalog.flush)
         for row in self._catalog_write(lambda: self.catalog.rows(namespace, limit)) or []:
-            yield _entry_info(row, [])
+            yield entry_info(row, [])
 
     def flush(self) -> None:
         """Finish write-backs, fsync pending files, write buffered catalog updates."""
@@ -419,6 +388,7 @@ class Memory:
         if self._closed:
             return
         self._closed = True
+        self._versions.close()
         self.tiers.close()
         for index in self._semantic_indexes():
             self._catalog_write(index.flush)
@@ -462,13 +432,6 @@ class Memory:
         """Count and log a database failure (also one of the catalog's background flushes)."""
         self.metrics.tier_errors.labels(tier="catalog").inc()
         log.warning("kvmem: catalog operation failed (%s); the data path goes on without it", exc)
-
-
-def _entry_info(row: EntryRow, tiers: list[str]) -> EntryInfo:
-    return EntryInfo(key=row.key, namespace=row.namespace, kind=row.kind, size=row.size,
-                     stored_size=row.stored_size, codec=row.codec, version=row.version,
-                     tiers=tiers or [t for t in row.tiers.split(",") if t], hits=row.hits, created=row.created,
-                     last_access=row.last_access, metadata=row.metadata, user_key=row.user_key)
 
 
 # -- the module-level default -----------------------------------------------------------

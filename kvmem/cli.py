@@ -281,7 +281,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
         _print_json(dataclasses.asdict(report))
     else:
         print(f"removed {report.rows_removed} catalog rows without data; freed "
-              f"{format_size(report.quarantine_bytes_freed)} of quarantined entries")
+              f"{format_size(report.quarantine_bytes_freed)} of quarantined entries; reclaimed "
+              f"{report.versions_reclaimed} pinned versions no pin holds")
     return EXIT_OK
 
 

@@ -88,10 +88,12 @@ class Config:
     write_back_queue: int = 64
     catalog_url: str | None = None
     remote_url: str | None = None
+    remote_password: str | None = field(default=None, repr=False)
     tenant_salt: str = ""
     strict: bool = False
     tier_retry_seconds: float = 5.0
     semantic_hnsw_from: int = 20_000
+    pin_lease_seconds: float = 60.0
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -108,6 +110,7 @@ class Config:
 
 
 _SIZE_FIELDS = ("gpu_bytes", "cpu_bytes", "disk_bytes")
+_SECRET_FIELDS = ("remote_password",)  # NOTE: never printed by `kvmem config`
 
 
 def _validate(c: Config) -> None:
@@ -133,6 +136,8 @@ def _validate(c: Config) -> None:
         raise bad("write_back_queue", "an integer >= 1")
     if not (number(c.semantic_hnsw_from) and c.semantic_hnsw_from >= 2):
         raise bad("semantic_hnsw_from", "an integer >= 2")
+    if not (number(c.pin_lease_seconds, (int, float)) and c.pin_lease_seconds > 0):
+        raise bad("pin_lease_seconds", "a number of seconds > 0")
     if not (number(c.tier_retry_seconds, (int, float)) and c.tier_retry_seconds >= 0):
         raise bad("tier_retry_seconds", "a number of seconds >= 0")
     for name in _SIZE_FIELDS:
@@ -147,6 +152,8 @@ def _validate(c: Config) -> None:
     for name in ("catalog_url", "remote_url"):
         if getattr(c, name) is not None and not isinstance(getattr(c, name), str):
             raise bad(name, "a URL string, or nothing")
+    if c.remote_password is not None and not isinstance(c.remote_password, str):
+        raise ConfigError(f"remote_password of type {type(c.remote_password).__name__}: accepted a string, or nothing")
     if c.cpu_bytes == 0 and c.disk_bytes == 0 and c.gpu_bytes == 0 and not c.remote_url:
         raise ConfigError("gpu_bytes, cpu_bytes and disk_bytes are all 0 and no remote_url: "
                           "at least one tier needs capacity")
@@ -249,6 +256,7 @@ def _read_yaml(path: Path, types: Mapping[str, str]) -> dict[str, object]:
 
 def describe(config: Config) -> list[tuple[str, object, str]]:
     """``(field, value, source)`` rows for ``kvmem config``."""
-    return [(f.name, getattr(config, f.name), config.sources.get(f.name, "default"))
+    return [(f.name, "***" if f.name in _SECRET_FIELDS and getattr(config, f.name) else getattr(config, f.name),
+             config.sources.get(f.name, "default"))
             for f in fields(config) if f.name != "sources"]
 

@@ -18,6 +18,8 @@ __all__ = [
     "UnsupportedModelError",
     "SessionConflict",
     "SessionNotFound",
+    "PinExpired",
+    "VersionConflict",
 ]
 
 
@@ -63,3 +65,11 @@ class SessionConflict(KVMemError):
 
 class SessionNotFound(KVMemError, KeyError):
     """No agent session of that name."""
+
+
+class PinExpired(KVMemError):
+    """A pinned version is gone: the pin was released, or its lease ran out and the version was reclaimed."""
+
+
+class VersionConflict(KVMemError):
+    """A key was rewritten under every attempt to pin one of its versions."""

@@ -48,6 +48,7 @@ class GcReport:
 
     rows_removed: int = 0
     quarantine_bytes_freed: int = 0
+    versions_reclaimed: int = 0  # kept copies of pinned versions no live pin holds (Memory.gc)
 
 
 def _check(buf: object, checks_crc: bool, key: str) -> blobfmt.Header:

@@ -131,6 +131,14 @@ def test_describe_lists_every_field_with_its_source(tmp_path: Path) -> None:
     assert rows["block_size"] == (16, "argument") and rows["fsync"] == ("never", "env KVMEM_FSYNC")
 
 
+def test_the_remote_password_is_never_shown() -> None:
+    c = load_config(environ={"KVMEM_REMOTE_PASSWORD": "s3cret-pw"})
+    assert c.remote_password == "s3cret-pw"
+    rows = {name: (value, source) for name, value, source in describe(c)}
+    assert rows["remote_password"] == ("***", "env KVMEM_REMOTE_PASSWORD")
+    assert "s3cret-pw" not in repr(c) and "s3cret-pw" not in str(describe(c))
+
+
 def test_memory_takes_config_file_and_settings(tmp_path: Path) -> None:
     path = write_yaml(tmp_path / "k.yaml", f"path: {tmp_path / 'data'}\ncpu_bytes: 1MiB\ndisk_bytes: 2MiB\n")
     with kvmem.Memory(config_file=str(path), fsync="never") as mem:
@@ -157,6 +165,7 @@ def test_memory_from_config_object(tmp_path: Path) -> None:
     ("write_policy", "sideways"), ("write_back_queue", 0), ("tier_retry_seconds", -1), ("cpu_bytes", "lots"),
     ("disk_bytes", -1), ("gpu_bytes", "1XB"), ("strict", "maybe"), ("strict", 5), ("tenant_salt", 5),
     ("catalog_url", 5), ("remote_url", ["redis://x"]), ("path", 5), ("fsync", None),
+    ("pin_lease_seconds", 0), ("pin_lease_seconds", "soon"), ("remote_password", 1234),
 ])
 def test_invalid_values_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=field):

@@ -204,6 +204,15 @@ class TieredStore:
         """The fastest usable tier holding ``key`` (no CRC check), or ``None``."""
         return next((t for t in self.tiers if self._call(t, lambda t=t: t.contains(key)) is True), None)
 
+    def drop_upper_copies(self, key: str) -> int:
+        """Delete ``key`` from every tier above the lowest one holding it; how many copies went.
+
+        For copies another process may have made stale: it rewrote the key in the lower
+        (shared) tiers, while this process's upper tiers kept the old version.
+        """
+        held = [t for t in self.tiers if self._call(t, lambda t=t: t.contains(key)) is True]
+        return sum(self._call(t, lambda t=t: t.delete(key)) is True for t in held[:-1])
+
     def contains(self, key: str) -> bool:
         """Whether any usable tier holds ``key`` (no CRC check)."""
         return self.locate(key) is not None
