@@ -3,15 +3,22 @@
 Layout (all integers little-endian)::
 
     0   magic          8 bytes  b"KVMEMBL\\x00"
-    8   format         u16      FORMAT_VERSION
-    10  flags          u16      0
+    8   format         u16      1 or 2 (FORMATS); FORMAT_VERSION is written by default
+    10  flags          u16      format 1: 0; format 2: log2 of the alignment A (6..12)
     12  header_len     u32
     16  reserved       u32      0
     20  header_crc     u32      CRC32C of bytes [0, 20) and [24, P)
     24  header         JSON, UTF-8: kind, codec, tree, leaves, metadata,
                        payload_nbytes, segments = [[end, crc], ...]
-    ..  zero padding up to P, a multiple of ALIGN
-    P   payload        segments, each starting at a multiple of ALIGN from P
+    ..  zero padding up to P, a multiple of A
+    P   payload        segments, each starting at a multiple of A from P
+
+The alignment ``A`` is 64 bytes in format 1. Format 2 records it in ``flags`` and
+picks 4096 (a page) for blobs of 1 MiB and more: every segment of a large blob,
+one layer of a KV chunk, then starts on a page of its file, which is what
+``O_DIRECT``, GPUDirect Storage and page-granular reads want; small blobs keep
+64 so they do not grow. Readers read both formats; ``kvmem migrate`` rewrites
+a data directory's blobs from one to the other.
 
 Segment ``i``'s CRC covers payload bytes ``[end_{i-1}, end_i)`` (its leading
 padding included), so every byte of a blob is covered by exactly one CRC, and a
@@ -38,19 +45,24 @@ import torch
 from kvmem.errors import IntegrityError
 
 __all__ = [
-    "MAGIC", "FORMAT_VERSION", "ALIGN", "HEAD_PROBE", "EncodedBlob", "Header", "StreamVerifier", "Verified",
+    "MAGIC", "FORMATS", "FORMAT_VERSION", "ALIGN", "PAGE", "HEAD_PROBE", "alignment", "format_of",
+    "EncodedBlob", "Header", "StreamVerifier", "Verified",
     "encode", "parse", "parse_head", "header_extent", "verify", "copy_verified", "payload_start",
     "segment_offsets", "stored_crc", "empty_buffer", "covering_range", "verify_range",
 ]
 
 MAGIC = b"KVMEMBL\x00"
-FORMAT_VERSION = 1
+FORMATS = (1, 2)
+FORMAT_VERSION = 2
 ALIGN = 64
+PAGE = 4096
+_PAGE_FROM = 1 << 20  # format 2: blobs of this many payload bytes or more align their segments to PAGE
+_ALIGNS = frozenset(1 << n for n in range(6, 13))  # format 2 alignments: 64 .. PAGE
 HEAD_PROBE = 4096
 """Bytes to read first when only the header is wanted (most headers fit)."""
 _PREFIX = struct.Struct("<8sHHIII")
 _CRC_AT = 20
-_ZEROS = np.zeros(ALIGN, dtype=np.uint8)
+_ZEROS = np.zeros(PAGE, dtype=np.uint8)
 # NOTE: copy+CRC in 4 MiB steps: the CRC reads each step while it is still in (L3) cache.
 # Measured on a 33.5 MB blob (2-core EPYC VM): copy+CRC ran at 0.75-0.83 of a plain
 # copy with 4 MiB steps, 0.63-0.77 with 1 MiB steps, 0.72-0.76 with 8 MiB steps.
@@ -71,13 +83,24 @@ def empty_buffer(nbytes: int, pin_memory: bool = False) -> torch.Tensor:
     return torch.from_numpy(np.empty(nbytes, dtype=np.uint8))
 
 
-def _align(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
+def _align(n: int, align: int = ALIGN) -> int:
+    return -(-n // align) * align
 
 
-def payload_start(header_len: int) -> int:
+def alignment(blob_format: int, nbytes: int) -> int:
+    """The segment alignment a blob of ``blob_format`` with ``nbytes`` of payload gets.
+
+    Raises:
+        IntegrityError: ``blob_format`` is not one of :data:`FORMATS`.
+    """
+    if blob_format not in FORMATS:
+        raise IntegrityError(f"blob format {blob_format!r} is not supported: this kvmem reads and writes {FORMATS}")
+    return PAGE if blob_format >= 2 and nbytes >= _PAGE_FROM else ALIGN
+
+
+def payload_start(header_len: int, align: int = ALIGN) -> int:
     """Offset of the payload for a header of ``header_len`` bytes."""
-    return _align(_PREFIX.size + header_len)
+    return _align(_PREFIX.size + header_len, align)
 
 
 @dataclass(frozen=True)
@@ -112,22 +135,29 @@ class EncodedBlob:
         return out if torch.device(device).type == "cpu" else out.to(device)
 
 
-def encode(header: Header, segments: list[np.ndarray]) -> EncodedBlob:
+def encode(header: Header, segments: list[np.ndarray], blob_format: int = FORMAT_VERSION,
+           align: int = ALIGN) -> EncodedBlob:
     """Frame ``segments`` behind ``header``, with a CRC per segment and one for the header.
 
     Each segment's offset (from the payload start) and size are recorded by the
     caller in ``header`` (see :func:`segment_offsets`); this function lays them out
-    at ``ALIGN`` boundaries and adds ``payload_nbytes`` and ``segments``.
+    at ``align`` boundaries and adds ``payload_nbytes`` and ``segments``.
 
     Args:
         header: JSON-able dict without ``payload_nbytes`` or ``segments``.
         segments: uint8 arrays, in the order of their recorded offsets.
+        blob_format: one of :data:`FORMATS`.
+        align: segment alignment: :data:`ALIGN` in format 1; in format 2 a power of two
+            from 64 to :data:`PAGE` (:func:`alignment` picks it).
     """
+    if (blob_format, align) != (1, ALIGN) and not (blob_format == 2 and align in _ALIGNS):
+        raise IntegrityError(f"blob format {blob_format!r} with alignment {align!r}: accepted format 1 with "
+                             f"{ALIGN}, format 2 with a power of two from {ALIGN} to {PAGE}")
     offset = 0
     body: list[np.ndarray] = []
     table: list[list[int]] = []
     for seg in segments:
-        pad = _align(offset) - offset
+        pad = _align(offset, align) - offset
         crc = crc32c.crc32c(_ZEROS[:pad]) if pad else 0
         if pad:
             body.append(_ZEROS[:pad])
@@ -136,8 +166,9 @@ def encode(header: Header, segments: list[np.ndarray]) -> EncodedBlob:
         table.append([offset, crc32c.crc32c(seg, crc)])
     header = {**header, "payload_nbytes": offset, "segments": table}
     hjson = json.dumps(header, separators=(",", ":"), allow_nan=True).encode()
-    head = np.zeros(payload_start(len(hjson)), dtype=np.uint8)
-    head[:_PREFIX.size] = np.frombuffer(_PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(hjson), 0, 0), np.uint8)
+    head = np.zeros(payload_start(len(hjson), align), dtype=np.uint8)
+    flags = align.bit_length() - 1 if blob_format == 2 else 0
+    head[:_PREFIX.size] = np.frombuffer(_PREFIX.pack(MAGIC, blob_format, flags, len(hjson), 0, 0), np.uint8)
     head[_PREFIX.size:_PREFIX.size + len(hjson)] = np.frombuffer(hjson, dtype=np.uint8)
     crc = _header_crc(head)
     head[_CRC_AT:_PREFIX.size] = np.frombuffer(crc.to_bytes(4, "little"), dtype=np.uint8)
@@ -149,11 +180,11 @@ def _header_crc(head: np.ndarray) -> int:
     return crc32c.crc32c(head[_PREFIX.size:], crc32c.crc32c(head[:_CRC_AT]))
 
 
-def segment_offsets(sizes: list[int]) -> list[int]:
+def segment_offsets(sizes: list[int], align: int = ALIGN) -> list[int]:
     """Payload-relative offsets :func:`encode` gives segments of these sizes."""
     offsets, offset = [], 0
     for size in sizes:
-        offset = _align(offset)
+        offset = _align(offset, align)
         offsets.append(offset)
         offset += size
     return offsets
@@ -172,12 +203,37 @@ def _extent(prefix: bytes) -> tuple[int, int, int]:
     """
     if len(prefix) < _PREFIX.size:
         raise IntegrityError(f"blob truncated: {len(prefix)} bytes, smaller than the {_PREFIX.size}-byte prefix")
-    magic, version, _flags, hlen, _reserved, crc = _PREFIX.unpack(prefix)
+    magic, version, flags, hlen, _reserved, crc = _PREFIX.unpack(prefix)
     if magic != MAGIC:
         raise IntegrityError(f"bad magic {magic!r}: expected {MAGIC!r} (not a kvmem blob)")
-    if version != FORMAT_VERSION:
-        raise IntegrityError(f"blob format version {version} is not supported: this kvmem reads {FORMAT_VERSION}")
-    return payload_start(hlen), hlen, crc
+    return payload_start(hlen, _prefix_align(version, flags)), hlen, crc
+
+
+def _prefix_align(version: int, flags: int) -> int:
+    """The segment alignment a blob prefix of ``version`` and ``flags`` declares.
+
+    Raises:
+        IntegrityError: an unknown format version, or flags it does not allow.
+    """
+    if version == 1 and flags == 0:
+        return ALIGN
+    if version == 2 and (1 << flags) in _ALIGNS:
+        return 1 << flags
+    if version not in FORMATS:
+        raise IntegrityError(f"blob format version {version} is not supported: this kvmem reads {FORMATS}")
+    raise IntegrityError(f"blob format {version} with flags {flags:#06x}: not a valid alignment")
+
+
+def format_of(buf: torch.Tensor) -> tuple[int, int]:
+    """``(format, segment alignment)`` of a blob, read off its prefix.
+
+    Raises:
+        IntegrityError: fewer than 24 bytes, bad magic, an unknown format or alignment.
+    """
+    prefix = _host(buf, 0, _PREFIX.size).tobytes()
+    _extent(prefix)
+    _magic, version, flags, *_ = _PREFIX.unpack(prefix)
+    return version, _prefix_align(version, flags)
 
 
 def _parse_head(arr: np.ndarray) -> tuple[Header, int]:

@@ -16,13 +16,14 @@ from kvmem import blob
 from kvmem.errors import IntegrityError
 
 
-def make_blob(sizes: tuple[int, ...] = (5, 130, 0, 64, 7),
-              meta: dict | None = None) -> tuple[torch.Tensor, list[np.ndarray], dict]:
+def make_blob(sizes: tuple[int, ...] = (5, 130, 0, 64, 7), meta: dict | None = None, blob_format: int = 2,
+              align: int = blob.ALIGN) -> tuple[torch.Tensor, list[np.ndarray], dict]:
     """A framed blob of random segments of ``sizes``; the header records their offsets and sizes."""
     rng = np.random.default_rng(sum(sizes))
     segments = [rng.integers(0, 256, size=n, dtype=np.uint8) for n in sizes]
-    header = {"kind": "test", "offsets": blob.segment_offsets(list(sizes)), "sizes": list(sizes), **(meta or {})}
-    return blob.encode(header, segments).to_tensor(), segments, header
+    header = {"kind": "test", "offsets": blob.segment_offsets(list(sizes), align), "sizes": list(sizes),
+              **(meta or {})}
+    return blob.encode(header, segments, blob_format, align).to_tensor(), segments, header
 
 
 def flipped(buf: torch.Tensor, pos: int, mask: int = 0x01) -> torch.Tensor:
@@ -37,15 +38,18 @@ def _head_crc(raw: bytes, start: int) -> int:
     return crc32c.crc32c(raw[24:start], crc32c.crc32c(raw[:20]))
 
 
-def test_round_trip_layout_to_the_byte() -> None:
-    buf, segments, header = make_blob()
+@pytest.mark.parametrize("blob_format, align, flags", [(1, 64, 0), (2, 64, 6), (2, 4096, 12)])
+def test_round_trip_layout_to_the_byte(blob_format: int, align: int, flags: int) -> None:
+    buf, segments, header = make_blob(blob_format=blob_format, align=align)
     raw = buf.numpy().tobytes()
-    magic, version, flags, hlen, reserved, head_crc = struct.unpack_from("<8sHHIII", raw)
-    assert (magic, version, flags, reserved) == (b"KVMEMBL\x00", blob.FORMAT_VERSION, 0, 0)
+    magic, version, got_flags, hlen, reserved, head_crc = struct.unpack_from("<8sHHIII", raw)
+    assert (magic, version, got_flags, reserved) == (b"KVMEMBL\x00", blob_format, flags, 0)
+    assert blob.format_of(buf) == (blob_format, align)
     parsed, start = blob.parse(buf)
     assert {k: v for k, v in parsed.items() if k not in ("payload_nbytes", "segments")} == header
     assert json.loads(raw[24:24 + hlen]) == parsed
-    assert start == blob.payload_start(hlen) and start % blob.ALIGN == 0
+    assert start == blob.payload_start(hlen, align) and start % align == 0
+    assert all(off % align == 0 for off in header["offsets"])
     assert raw[24 + hlen:start] == b"\0" * (start - 24 - hlen)
     for off, seg in zip(header["offsets"], segments):
         assert raw[start + off:start + off + seg.size] == seg.tobytes()
@@ -58,6 +62,29 @@ def test_round_trip_layout_to_the_byte() -> None:
         assert crc == crc32c.crc32c(raw[start + prev:start + end])
         prev = end
     blob.verify(buf)
+
+
+def test_format_2_aligns_large_blobs_to_pages_and_small_ones_as_format_1() -> None:
+    assert blob.FORMAT_VERSION == 2 and blob.FORMATS == (1, 2)
+    assert blob.alignment(1, 1 << 30) == 64 and blob.alignment(2, (1 << 20) - 1) == 64
+    assert blob.alignment(2, 1 << 20) == blob.PAGE == 4096
+    with pytest.raises(IntegrityError, match="format 3"):
+        blob.alignment(3, 10)
+    for fmt, align in [(1, 4096), (2, 96), (2, 8192), (3, 64)]:
+        with pytest.raises(IntegrityError, match=f"format {fmt} with alignment {align}"):
+            blob.encode({"kind": "x"}, [], fmt, align)
+
+
+@pytest.mark.parametrize("version, flags, match", [(1, 6, "flags 0x0006"), (2, 5, "flags 0x0005"),
+                                                   (2, 13, "flags 0x000d")])
+def test_alignments_a_format_does_not_allow_are_refused(version: int, flags: int, match: str) -> None:
+    buf, _, _ = make_blob()
+    raw = bytearray(buf.numpy().tobytes())
+    struct.pack_into("<HH", raw, 8, version, flags)
+    damaged = torch.frombuffer(raw, dtype=torch.uint8)
+    for check in (blob.verify, blob.parse, blob.format_of):
+        with pytest.raises(IntegrityError, match=match):
+            check(damaged)
 
 
 def test_encoded_blob_parts_sizes_and_crc() -> None:
@@ -131,7 +158,7 @@ def test_bad_magic() -> None:
             blob.parse(flipped(buf, pos))
 
 
-@pytest.mark.parametrize("version", [0, 2, 255, 65535])
+@pytest.mark.parametrize("version", [0, 3, 255, 65535])
 def test_unknown_format_version(version: int) -> None:
     buf, _, _ = make_blob()
     bad = buf.clone()
@@ -195,8 +222,9 @@ def test_any_single_byte_flip_fails_the_crc(mask: int) -> None:
     blob.verify(buf)
     for pos in range(buf.numel()):
         bad = flipped(buf, pos, mask)
-        # magic and version are named as such; everything else fails a CRC (or the lengths it implies)
-        with pytest.raises(IntegrityError, match="magic|version|CRC32C mismatch|truncated"):
+        # magic, version and alignment flags are named as such; everything else fails a CRC (or the lengths
+        # it implies)
+        with pytest.raises(IntegrityError, match="magic|version|alignment|CRC32C mismatch|truncated"):
             blob.verify(bad)
         with pytest.raises(IntegrityError):
             blob.copy_verified(bad)

@@ -9,9 +9,10 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from kvmem import blob
 from kvmem.codecs import CodecSpec, parse_codec, tensor_codec
 from kvmem.codecs.lz4 import Lz4Codec
-from kvmem.codecs.pipeline import decode_value, encode_value
+from kvmem.codecs.pipeline import decode_value, encode_value, reframe
 from kvmem.codecs.quant import QuantCodec
 from kvmem.errors import CodecError, ConfigError
 from tests.bounds import assert_bit_exact, error_bound, exact_under
@@ -320,3 +321,22 @@ def test_memory_reports_compression_ratio(memory) -> None:  # type: ignore[no-un
 def test_lz4_refuses_garbage() -> None:
     with pytest.raises(CodecError, match="lz4"):
         Lz4Codec().decompress(np.frombuffer(b"\xff" * 40, dtype=np.uint8), 1000, 2)
+
+
+@pytest.mark.parametrize("codec", ["none", "int8", "int4+lz4", "fp16+lz4"])
+def test_reframe_moves_a_blob_between_formats_without_touching_its_encoded_bytes(codec: str) -> None:
+    g = torch.Generator().manual_seed(3)
+    value = {"k": torch.randn(2, 8, 256, 64, generator=g), "v": torch.randn(2, 8, 256, 64, generator=g).bfloat16(),
+             "empty": torch.empty(0), "raw": b"xyz", "n": np.arange(5), "note": "hi"}
+    old = encode_value(value, parse_codec(codec), blob_format=1)[0].to_tensor()
+    new = reframe(old, 2).to_tensor()
+    assert blob.format_of(old) == (1, 64) and blob.format_of(new) == (2, blob.PAGE)
+    blob.verify(new)
+    # the same blob a format-2 writer makes, and back to the byte: quantized parts were copied, not requantized
+    assert torch.equal(new, encode_value(value, parse_codec(codec), blob_format=2)[0].to_tensor())
+    assert torch.equal(reframe(new, 1).to_tensor(), old)
+    a, b = decode_value(old)[0], decode_value(new)[0]
+    assert all(torch.equal(a[k], b[k]) for k in ("k", "v", "empty")) and np.array_equal(a["n"], b["n"])
+    assert (a["raw"], a["note"]) == (b["raw"], b["note"])
+    small = encode_value({"x": 1}, parse_codec(codec), blob_format=2)[0].to_tensor()
+    assert blob.format_of(small) == (2, 64) and np.shares_memory(reframe(small, 2).parts[0], small.numpy())  # as is

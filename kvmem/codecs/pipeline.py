@@ -33,6 +33,7 @@ class _Leaf:
 
 @dataclass
 class _Segments:
+    align: int = blob.ALIGN
     arrays: list[np.ndarray] = field(default_factory=list)
     offset: int = 0
 
@@ -43,7 +44,7 @@ class _Segments:
             if packed.size < arr.size * _LZ4_MIN_GAIN:
                 entry = {"raw": int(arr.size), "shuffle": itemsize}
                 arr = packed
-        self.offset = -(-self.offset // blob.ALIGN) * blob.ALIGN
+        self.offset = -(-self.offset // self.align) * self.align
         entry.update(off=self.offset, n=int(arr.size))
         self.offset += arr.size
         self.arrays.append(arr)
@@ -119,7 +120,8 @@ def _encode_tensor(t: torch.Tensor, axis: int, spec: CodecSpec, segs: _Segments)
 
 
 def encode_value(value: object, spec: CodecSpec, metadata: dict[str, Any] | None = None,
-                 info: dict[str, Any] | None = None) -> tuple[blob.EncodedBlob, int]:
+                 info: dict[str, Any] | None = None, blob_format: int = blob.FORMAT_VERSION
+                 ) -> tuple[blob.EncodedBlob, int]:
     """Encode ``value`` as a blob.
 
     Args:
@@ -127,6 +129,7 @@ def encode_value(value: object, spec: CodecSpec, metadata: dict[str, Any] | None
         spec: the codec to apply to floating-point tensors (other leaves are lossless).
         metadata: the caller's JSON-able metadata, stored in the header.
         info: kvmem's own facts about the entry (namespace, key preview), stored in the header.
+        blob_format: the blob format to write (:data:`kvmem.blob.FORMATS`).
 
     Returns:
         ``(blob, raw_nbytes)``: the encoded blob and the value's uncompressed array bytes.
@@ -136,7 +139,8 @@ def encode_value(value: object, spec: CodecSpec, metadata: dict[str, Any] | None
     """
     leaves: list[_Leaf] = []
     tree = _flatten(value, "", leaves, -1)
-    segs = _Segments()
+    # NOTE: the alignment is chosen before layout, from the raw size (compression only shrinks it)
+    segs = _Segments(blob.alignment(blob_format, sum(_leaf_nbytes(leaf) for leaf in leaves)))
     entries: list[dict[str, Any]] = []
     raw = 0
     for leaf in leaves:
@@ -155,7 +159,53 @@ def encode_value(value: object, spec: CodecSpec, metadata: dict[str, Any] | None
     header = {"kind": value_kind(value), "codec": str(spec), "tree": tree, "leaves": entries,
               "metadata": metadata or {}, "info": info or {}, "raw_nbytes": raw}
     _check_json(metadata)
-    return blob.encode(header, segs.arrays), raw
+    return blob.encode(header, segs.arrays, blob_format, segs.align), raw
+
+
+def _leaf_nbytes(leaf: _Leaf) -> int:
+    if leaf.kind == "tensor":
+        return int(leaf.obj.numel() * leaf.obj.element_size())
+    return int(leaf.obj.nbytes) if leaf.kind == "ndarray" else len(leaf.obj)
+
+
+def reframe(buf: torch.Tensor, blob_format: int, head: tuple[dict[str, Any], int] | None = None
+            ) -> blob.EncodedBlob:
+    """The blob in ``buf`` laid out in ``blob_format``: the same header and segment bytes, new framing.
+
+    Encoded segments are copied as they are (a quantized tensor is never decoded and
+    quantized again); only padding, offsets and CRCs change. A blob already in
+    ``blob_format`` is returned as it is.
+
+    Args:
+        buf: a CPU blob whose CRCs were checked.
+        blob_format: the format to write.
+        head: ``(header, payload_start)`` as its check parsed them (parsed here if ``None``).
+
+    Raises:
+        IntegrityError: ``buf`` is not an intact blob, or ``blob_format`` is unknown.
+    """
+    header, start = head if head is not None else blob.parse(buf)
+    old_format, old_align = blob.format_of(buf)
+    align = blob.alignment(blob_format, int(header.get("raw_nbytes", header["payload_nbytes"])))
+    if (old_format, old_align) == (blob_format, align):
+        return blob.EncodedBlob.from_buffer(buf)
+    payload = buf.numpy()[start:]
+    starts, arrays, prev = [], [], 0
+    for end, _crc in header["segments"]:
+        starts.append(-(-prev // old_align) * old_align)  # NOTE: a segment's bytes follow its leading padding
+        arrays.append(payload[starts[-1]:end])
+        prev = end
+    moved = dict(zip(starts, blob.segment_offsets([a.size for a in arrays], align)))
+    fresh = {k: v for k, v in header.items() if k not in ("segments", "payload_nbytes")}
+    fresh["leaves"] = [_moved(leaf, moved) for leaf in header["leaves"]]
+    return blob.encode(fresh, arrays, blob_format, align)
+
+
+def _moved(leaf: dict[str, Any], moved: dict[int, int]) -> dict[str, Any]:
+    """``leaf`` with each part's ``off`` mapped through ``moved`` (old segment start -> new)."""
+    if "parts" in leaf:
+        return {**leaf, "parts": {name: {**p, "off": moved[p["off"]]} for name, p in leaf["parts"].items()}}
+    return {**leaf, "data": {**leaf["data"], "off": moved[leaf["data"]["off"]]}}
 
 
 def _check_json(metadata: object) -> None:
