@@ -25,15 +25,16 @@ from kvmem.catalog import Catalog
 from kvmem.codecs import parse_codec
 from kvmem.codecs.pipeline import check_owner, decode_value, encode_value, value_kind
 from kvmem.config import Config, load_config
-from kvmem.errors import CapacityError, IntegrityError, TierUnavailable
+from kvmem.errors import CapacityError, ConfigError, IntegrityError, TierUnavailable
 from kvmem.keys import storage_key
 from kvmem.maintenance import GcReport, VerifyReport, collect_garbage, verify_entries
 from kvmem.metrics import Metrics
 from kvmem.records import EntryInfo, Loaded, Stats, TierStats, entry_info
-from kvmem.stores import TieredStore, build_tiers
+from kvmem.stores import DiskTier, TieredStore, build_tiers
 from kvmem.versions import Pin, Versions
 
 if TYPE_CHECKING:  # NOTE: kvmem.semantic loads only when a text is stored or looked up
+    from kvmem.migrate import MigrationReport
     from kvmem.semantic import Embedder, Match, SemanticIndex
 
 __all__ = ["Memory", "Loaded", "EntryInfo", "TierStats", "Stats"]
@@ -115,7 +116,8 @@ class Memory:
         # NOTE: a str key may hold lone surrogates, which no database accepts as text
         preview = key.encode("utf-8", "backslashreplace").decode() if isinstance(key, str) else key.hex()
         encoded, raw = encode_value(value, spec, metadata, info={"namespace": namespace or "",
-                                                                 "key": preview[:256], "storage_key": skey})
+                                                                 "key": preview[:256], "storage_key": skey},
+                                    blob_format=self.tiers.blob_format)
         largest = max((t.capacity for t in self.tiers.tiers), default=0)
         if encoded.nbytes > largest:
             raise CapacityError(f"value of {encoded.nbytes} bytes (encoded) under key {preview[:80]!r} is larger "
@@ -369,6 +371,24 @@ class Memory:
         report = collect_garbage(self.tiers, self.catalog, reap=self._sees_every_entry)
         report.versions_reclaimed = self._catalog_write(self._versions.collect) or 0
         return report
+
+    def migrate(self, to_format: int, progress: bool = True) -> MigrationReport:
+        """Rewrite the disk tier's entries in blob format ``to_format`` while they are served (resumable).
+
+        Entries go hottest first into a second area, which then becomes the active one;
+        meanwhile every entry stays readable from this and other processes. See :mod:`kvmem.migrate`.
+
+        Raises:
+            ConfigError: no disk tier, an unknown format, or a migration to another format under way.
+        """
+        from kvmem.migrate import migrate_disk
+
+        disk = next((t for t in self.tiers.tiers if isinstance(t, DiskTier)), None)
+        if disk is None:
+            raise ConfigError(f"migrate: {self.config.path} has no disk tier (disk_bytes=0); only disk blobs "
+                              "have a format to migrate (the others are read in every format)")
+        self.flush()  # NOTE: buffered hits count in the hottest-first order
+        return migrate_disk(disk, self.catalog, to_format, progress)
 
     def entries(self, namespace: str | None = None, limit: int | None = None) -> Iterator[EntryInfo]:
         """Catalog entries, most recently used first (none while the catalog is down)."""

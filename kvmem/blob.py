@@ -224,13 +224,13 @@ def _prefix_align(version: int, flags: int) -> int:
     raise IntegrityError(f"blob format {version} with flags {flags:#06x}: not a valid alignment")
 
 
-def format_of(buf: torch.Tensor) -> tuple[int, int]:
-    """``(format, segment alignment)`` of a blob, read off its prefix.
+def format_of(buf: torch.Tensor | np.ndarray) -> tuple[int, int]:
+    """``(format, segment alignment)`` of a blob (a tensor, or a uint8 array of its first bytes), off its prefix.
 
     Raises:
         IntegrityError: fewer than 24 bytes, bad magic, an unknown format or alignment.
     """
-    prefix = _host(buf, 0, _PREFIX.size).tobytes()
+    prefix = (buf[:_PREFIX.size] if isinstance(buf, np.ndarray) else _host(buf, 0, _PREFIX.size)).tobytes()
     _extent(prefix)
     _magic, version, flags, *_ = _PREFIX.unpack(prefix)
     return version, _prefix_align(version, flags)

@@ -392,6 +392,13 @@ class Catalog:
                 self.record_removed(key)
             raise
 
+    def replace_crcs(self, changes: list[tuple[str, int, int]]) -> None:
+        """Record new blob CRCs: ``(key, old, new)`` each, applied only where the row still names ``old``
+        (a blob rewritten in another format; a row a store changed meanwhile keeps its newer CRC)."""
+        with self.engine.begin() as conn:
+            conn.execute(update(entries).where((entries.c.key == bindparam("k")) & (entries.c.crc == bindparam("old")))
+                         .values(crc=bindparam("new")), [{"k": k, "old": old, "new": new} for k, old, new in changes])
+
     def set_state(self, key: str, state: str) -> None:
         """Mark ``key`` (``ok`` or ``quarantined``)."""
         with self.engine.begin() as conn:

@@ -1,4 +1,4 @@
-"""The ``kvmem`` command line: demo, stats, ls, verify, gc, doctor, config, serve-metrics.
+"""The ``kvmem`` command line: demo, stats, ls, verify, gc, migrate, doctor, config, serve-metrics.
 
 Every subcommand takes ``--path`` (the data directory; default: the configured
 one) and ``--config FILE`` (a YAML settings file; default: ``$KVMEM_CONFIG``).
@@ -26,6 +26,7 @@ from types import FrameType
 from prometheus_client import start_http_server
 from sqlalchemy.engine import make_url
 
+from kvmem import blob as blobfmt
 from kvmem.api import EntryInfo, Memory
 from kvmem.cli_demo import LLAMA_3_2_1B, cpu_bytes_for, render_report, run_demo
 from kvmem.cli_table import format_percent, render_table
@@ -97,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     verify = add("verify", cmd_verify, "check every stored copy's CRC against the catalog", json_flag=True)
     verify.add_argument("--fix", action="store_true", help="quarantine corrupt copies and repair the catalog")
     add("gc", cmd_gc, "drop catalog rows without data, empty the quarantine, enforce capacities", json_flag=True)
+    migrate = add("migrate", cmd_migrate, "rewrite the disk tier's entries in another blob format while they "
+                                          "are served: hottest first, resumable, then switched atomically",
+                  json_flag=True)
+    migrate.add_argument("--to-format", type=int, required=True, choices=blobfmt.FORMATS,
+                         help=f"blob format to write ({', '.join(map(str, blobfmt.FORMATS))})")
     add("doctor", cmd_doctor, "check a data directory's config, catalog, tiers and quarantine against the "
                               "tuning table; print findings, their numbers and the setting to change", json_flag=True)
     add("config", cmd_config, "the effective configuration and where each value came from", json_flag=True)
@@ -283,6 +289,19 @@ def cmd_gc(args: argparse.Namespace) -> int:
         print(f"removed {report.rows_removed} catalog rows without data; freed "
               f"{format_size(report.quarantine_bytes_freed)} of quarantined entries; reclaimed "
               f"{report.versions_reclaimed} pinned versions no pin holds")
+    return EXIT_OK
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """``kvmem migrate --to-format N``: rewrite the disk tier's blobs while the data directory is in use."""
+    with _open_existing(args) as memory:
+        report = memory.migrate(args.to_format, progress=sys.stderr.isatty() and not args.json)
+    if args.json:
+        _print_json(dataclasses.asdict(report))
+    else:
+        print(f"disk tier in blob format {report.to_format} (area {report.area}): {report.migrated} entries "
+              f"rewritten, {report.present} already there, {report.vanished} deleted meanwhile, "
+              f"{report.corrupt} corrupt left behind{'; resumed an interrupted run' if report.resumed else ''}")
     return EXIT_OK
 
 

@@ -2,9 +2,16 @@
 
 Layout under ``root``::
 
-    blobs/<first two hex digits>/<key>.kvb     committed entries
+    areas.json                                 the active area and its blob format (see kvmem/stores/areas.py)
+    blobs/<first two hex digits>/<key>.kvb     committed entries of the active area (``blobs``, ``blobs.f2``...)
     blobs/<..>/<key>.<pid>.<n>.tmp             a write in progress
     quarantine/<key>.<unix time>.kvb           entries that failed their CRC
+
+While ``kvmem migrate`` runs there is a second area, the target: reads look in
+it first, then in the active one; writes go to it, in its format. Every
+process sharing ``root`` follows ``areas.json``: it checks the file after each
+write (a write that landed in an area no longer written to is moved into the
+current one) and before giving up on a miss.
 
 A write goes to a temporary file, is fsynced (per ``fsync``), then renamed over
 the entry: a crash leaves the old entry or the new one, never half of one.
@@ -25,12 +32,14 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from kvmem import blob as blobfmt
 from kvmem.blob import EncodedBlob, empty_buffer
+from kvmem.errors import IntegrityError
 from kvmem.keys import is_storage_key
+from kvmem.stores import files
+from kvmem.stores.areas import STATE_FILE, AreaState, read_state, write_state
 from kvmem.stores.base import TierBase
 
 __all__ = ["DiskTier"]
@@ -38,21 +47,9 @@ __all__ = ["DiskTier"]
 log = logging.getLogger(__name__)
 
 _SUFFIX = ".kvb"
-_IOV_MAX = 512
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-_READ_STEP = 1 << 20  # get_verified reads in 1 MiB steps and checks each one while it is still in cache
 _BATCH_FSYNC_EVERY = 64  # with fsync="batch", fsync pending files after this many writes
 _BATCH_FSYNC_SECONDS = 1.0
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+_STATE_RECHECK = 0.2  # seconds between checks of areas.json when nothing forces one
 
 
 class DiskTier(TierBase):
@@ -72,11 +69,10 @@ class DiskTier(TierBase):
         self.capacity = capacity
         self.fsync = fsync
         self.root = Path(root)
-        self._blobs = self.root / "blobs"
-        self._blobs_dir = os.fspath(self._blobs) + os.sep
         self._quarantine = self.root / "quarantine"
-        self._blobs.mkdir(parents=True, exist_ok=True)
-        self._quarantine.mkdir(exist_ok=True)
+        self._quarantine.mkdir(parents=True, exist_ok=True)
+        self._state_file = os.fspath(self.root / STATE_FILE)
+        self._use_state(read_state(self.root))
         self._lock = threading.Lock()
         # NOTE: key -> size; order is the LRU order (first = least recently used).
         self._index: OrderedDict[str, int] = OrderedDict()
@@ -86,20 +82,102 @@ class DiskTier(TierBase):
         self._last_sync = time.monotonic()
         self._rebuild_index()
 
+    # -- areas --------------------------------------------------------------
+    @property
+    def areas(self) -> AreaState:
+        """The areas as this process last read them (see :mod:`kvmem.stores.areas`)."""
+        return self._state
+
+    @property
+    def blob_format(self) -> int:
+        """The blob format entries are written in now (the target's during a migration)."""
+        if time.monotonic() - self._checked > _STATE_RECHECK:
+            self._refresh()
+        return self._state.write_format
+
+    def set_areas(self, state: AreaState) -> None:
+        """Record ``state`` for every process sharing ``root`` (atomically), and follow it here."""
+        write_state(self.root, state)
+        self._refresh()
+
+    def _use_state(self, state: AreaState) -> None:
+        self._state = state
+        self._dirs = tuple(os.fspath(self.root / name) + os.sep for name in state.reading_order)
+        self._write_dir = os.fspath(self.root / state.write_area) + os.sep
+        os.makedirs(self._write_dir, exist_ok=True)
+        self._checked = time.monotonic()
+        try:
+            st = os.stat(self._state_file)
+            self._stamp = (st.st_mtime_ns, st.st_ino)
+        except FileNotFoundError:
+            self._stamp = (0, 0)
+
+    def _refresh(self) -> bool:
+        """Follow ``areas.json`` if another process changed it; whether it had changed."""
+        try:
+            st = os.stat(self._state_file)
+            stamp = (st.st_mtime_ns, st.st_ino)
+        except FileNotFoundError:
+            stamp = (0, 0)
+        self._checked = time.monotonic()
+        if stamp == self._stamp:
+            return False
+        self._use_state(read_state(self.root))
+        return True
+
+    def area_keys(self, area: str) -> list[str]:
+        """Keys with a file in ``area``, least recently used first."""
+        return [key for _mtime, key, _size in self._scan(self.root / area, clean_tmp=False)]
+
+    def area_path(self, area: str, key: str) -> Path:
+        """Where ``key``'s file lives in ``area``."""
+        return Path(self._file(key, os.fspath(self.root / area) + os.sep))
+
+    def put_new(self, area: str, key: str, blob: EncodedBlob) -> int | None:
+        """Write ``blob`` as ``key``'s file in ``area`` unless it has one; the new file's inode, or ``None``.
+
+        NOTE: ``link`` commits the file only if the name is free, atomically: a migration
+        never overwrites an entry a writer put into the target area meanwhile.
+        """
+        path = self.area_path(area, key)
+        tmp = self._write_tmp(path, key, blob)
+        try:
+            os.link(tmp, path)
+            return os.stat(tmp).st_ino
+        except FileExistsError:
+            return None
+        finally:
+            tmp.unlink(missing_ok=True)
+
     # -- paths --------------------------------------------------------------
     def path(self, key: str) -> Path:
-        """The file of ``key``. Only storage keys (64 hex digits) map to a path."""
-        return Path(self._file(key))
+        """The file of ``key``: where it is now, or where a put would write it. Only storage keys map to a path."""
+        found = next((f for f in self._files(key) if os.path.exists(f)), None)
+        return Path(found or self._file(key, self._write_dir))
 
-    def _file(self, key: str) -> str:
-        """:meth:`path` as a string, for the read path (a string join costs less than pathlib)."""
+    def _file(self, key: str, directory: str) -> str:
+        """``key``'s file in the area ``directory`` (a string join costs less than pathlib on the read path)."""
         if not is_storage_key(key):
             raise ValueError(f"DiskTier key {key[:80]!r}: expected a storage key of 64 hex digits")
-        return f"{self._blobs_dir}{key[:2]}{os.sep}{key}{_SUFFIX}"
+        return f"{directory}{key[:2]}{os.sep}{key}{_SUFFIX}"
+
+    def _files(self, key: str) -> list[str]:
+        """``key``'s files in reading order (the migration target first)."""
+        return [self._file(key, d) for d in self._dirs]
 
     def _rebuild_index(self, clean_tmp: bool = True) -> None:
+        found = [hit for d in self._dirs for hit in self._scan(Path(d), clean_tmp)]
+        index = OrderedDict((key, size) for _mtime, key, size in sorted(found))
+        with self._lock:
+            self._index = index
+            self._bytes = sum(index.values())
+
+    def _scan(self, area: Path, clean_tmp: bool) -> list[tuple[int, str, int]]:
+        """``(mtime, key, size)`` of every entry file in ``area``, oldest first."""
         found: list[tuple[int, str, int]] = []
-        for shard in self._blobs.iterdir():
+        if not area.is_dir():
+            return found
+        for shard in area.iterdir():
             if not shard.is_dir():
                 continue
             for entry in os.scandir(shard):
@@ -112,10 +190,7 @@ class DiskTier(TierBase):
                     except FileNotFoundError:
                         continue  # deleted by another process while we scanned
                     found.append((st.st_mtime_ns, entry.name[:-len(_SUFFIX)], st.st_size))
-        index = OrderedDict((key, size) for _mtime, key, size in sorted(found))
-        with self._lock:
-            self._index = index
-            self._bytes = sum(index.values())
+        return sorted(found)
 
     def rescan(self) -> None:
         """Re-read the index from the files, to see what other processes sharing ``root`` wrote or removed.
@@ -129,7 +204,7 @@ class DiskTier(TierBase):
         """Delete a temporary file left by a crashed writer (never one of a live process)."""
         parts = entry.name.split(".")
         pid = int(parts[1]) if len(parts) == 4 and parts[1].isdigit() else None
-        if pid is not None and pid != os.getpid() and _pid_alive(pid):
+        if pid is not None and pid != os.getpid() and files.pid_alive(pid):
             return
         try:
             os.unlink(entry.path)
@@ -163,11 +238,10 @@ class DiskTier(TierBase):
 
     def read_range(self, key: str, start: int, stop: int) -> torch.Tensor | None:
         """Bytes ``[start, stop)`` of ``key``'s file (fewer at its end), read with one ``pread``."""
-        try:
-            fd = os.open(self._file(key), os.O_RDONLY)
-        except FileNotFoundError:
-            self._forget(key)
+        found = self._open(key)
+        if found is None:
             return None
+        fd, _path = found
         try:
             buf = empty_buffer(max(0, stop - start))
             got = os.preadv(fd, [buf.numpy()], start) if buf.numel() else 0
@@ -184,9 +258,8 @@ class DiskTier(TierBase):
         """
         if not hasattr(os, "posix_fadvise"):
             return
-        try:
-            fd = os.open(self._file(key), os.O_RDONLY)
-        except FileNotFoundError:
+        fd = next((fd for fd in map(files.open_or_none, self._files(key)) if fd is not None), None)
+        if fd is None:
             return  # a hint only: the read that follows reports the miss
         try:
             os.posix_fadvise(fd, start, max(0, stop - start), os.POSIX_FADV_WILLNEED)
@@ -197,16 +270,14 @@ class DiskTier(TierBase):
 
     def _read(self, key: str, checker: blobfmt.StreamVerifier | None) -> torch.Tensor | None:
         """The file of ``key`` in a new buffer; with ``checker``, its CRCs checked as it is read."""
-        path = self._file(key)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            self._forget(key)
+        found = self._open(key)
+        if found is None:
             return None
+        fd, path = found
         try:
             size = os.fstat(fd).st_size
             buf = empty_buffer(size)
-            got = _read_into(fd, buf.numpy(), checker)
+            got = files.read_into(fd, buf.numpy(), checker)
         finally:
             os.close(fd)
         if checker is not None:
@@ -214,18 +285,34 @@ class DiskTier(TierBase):
         self._touch(key, path, size)
         return buf[:got]
 
-    def put(self, key: str, blob: EncodedBlob) -> None:
-        path = self.path(key)
+    def _open(self, key: str) -> tuple[int, str] | None:
+        """An open descriptor of ``key``'s file (newest area first) and its path, or ``None``.
+
+        NOTE: on a miss, ``areas.json`` is checked: a migration may have switched areas
+        (and removed the old one) since this process last looked.
+        """
+        for attempt in range(2):
+            for path in self._files(key):
+                fd = files.open_or_none(path)
+                if fd is not None:
+                    return fd, path
+            if attempt or not self._refresh():
+                break
+        self._forget(key)
+        return None
+
+    def _write_tmp(self, path: Path, key: str, blob: EncodedBlob) -> Path:
+        """``blob`` written (and fsynced per ``fsync``) to a new temporary file beside ``path``."""
         tmp = path.with_name(f"{key}.{os.getpid()}.{next(self._tmp_ids)}.tmp")
         try:
-            fd = os.open(tmp, _CREATE, 0o644)
+            fd = os.open(tmp, files.CREATE, 0o644)
         except FileNotFoundError:  # the first entry of its shard: make the directory (once, not per put)
-            path.parent.mkdir(exist_ok=True)
-            fd = os.open(tmp, _CREATE, 0o644)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, files.CREATE, 0o644)
         try:
             parts = list(blob.parts)
-            for i in range(0, len(parts), _IOV_MAX):
-                _write_all(fd, parts[i:i + _IOV_MAX])
+            for i in range(0, len(parts), files.IOV_MAX):
+                files.write_all(fd, parts[i:i + files.IOV_MAX])
             if self.fsync == "always":
                 os.fsync(fd)
         except BaseException:
@@ -233,10 +320,19 @@ class DiskTier(TierBase):
             tmp.unlink(missing_ok=True)
             raise
         os.close(fd)
-        _stamp(tmp)
-        os.replace(tmp, path)
+        files.stamp(tmp)
+        return tmp
+
+    def put(self, key: str, blob: EncodedBlob) -> None:
+        area = self._write_dir
+        path = Path(self._file(key, area))
+        blob = _in_format(blob, self._state.write_format)
+        os.replace(self._write_tmp(path, key, blob), path)
+        if self._refresh() and self._write_dir != area:
+            # NOTE: a migration began or switched while this file was written: move it where entries go now
+            path = self._move_to_write_area(key, path)
         if self.fsync == "always":
-            _fsync_dir(path.parent)
+            files.fsync_dir(path.parent)
         with self._lock:
             self._bytes += blob.nbytes - self._index.pop(key, 0)
             self._index[key] = blob.nbytes
@@ -246,25 +342,42 @@ class DiskTier(TierBase):
                                       or time.monotonic() - self._last_sync > _BATCH_FSYNC_SECONDS):
             self.flush()
 
+    def _move_to_write_area(self, key: str, path: Path) -> Path:
+        """Move ``key``'s file at ``path`` into the current write area (in its format); the new path."""
+        target = Path(self._file(key, self._write_dir))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        original = EncodedBlob.from_buffer(torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8))
+        blob = _in_format(original, self._state.write_format)
+        if blob is original:
+            os.replace(path, target)
+        else:
+            os.replace(self._write_tmp(target, key, blob), target)
+            path.unlink(missing_ok=True)
+        return target
+
     def contains(self, key: str) -> bool:
-        return key in self._index or self.path(key).exists()
+        return key in self._index or any(os.path.exists(f) for f in self._files(key))
 
     def delete(self, key: str) -> bool:
-        try:
-            self.path(key).unlink()
-            existed = True
-        except FileNotFoundError:
-            existed = False
+        # NOTE: the active area before the target: a migration copying this key then finds its source gone
+        existed = False
+        for path in reversed(self._files(key)):
+            try:
+                os.unlink(path)
+                existed = True
+            except FileNotFoundError:
+                pass
         self._forget(key)
         return existed
 
     def quarantine(self, key: str) -> None:
-        target = self._quarantine / f"{key}.{int(time.time())}{_SUFFIX}"
-        try:
-            os.replace(self.path(key), target)
-            log.warning("kvmem: quarantined corrupt entry %s to %s", key, target)
-        except FileNotFoundError:
-            pass
+        for path in self._files(key):
+            target = self._quarantine / f"{key}.{time.time_ns()}{_SUFFIX}"
+            try:
+                os.replace(path, target)
+                log.warning("kvmem: quarantined corrupt entry %s to %s", key, target)
+            except FileNotFoundError:
+                pass
         self._forget(key)
 
     def keys(self) -> Iterator[str]:
@@ -304,7 +417,7 @@ class DiskTier(TierBase):
             finally:
                 os.close(fd)
         for directory in {p.parent for p in pending}:
-            _fsync_dir(directory)
+            files.fsync_dir(directory)
 
     def close(self) -> None:
         self.flush()
@@ -319,54 +432,21 @@ class DiskTier(TierBase):
             self._bytes += size - self._index.pop(key, 0)
             self._index[key] = size
         try:
-            _stamp(path)
+            files.stamp(path)
         except FileNotFoundError:
             pass  # deleted by another process after our read; the bytes we read stand
 
 
-def _stamp(path: str | Path) -> None:
-    """Set ``path``'s mtime from the nanosecond clock.
-
-    NOTE: the kernel stamps writes with a coarse clock (ticks of a few ms), so files
-    written in one tick would tie and reopen in key order, not LRU order.
-    """
-    now = time.time_ns()
-    os.utime(path, ns=(now, now))
-
-
-def _read_into(fd: int, dst: np.ndarray, checker: blobfmt.StreamVerifier | None) -> int:
-    """Fill ``dst`` from ``fd`` in ``_READ_STEP`` steps, feeding ``checker`` after each; bytes read.
-
-    A file that shrank under us yields fewer bytes than ``dst`` holds; the checker
-    then fails it like any other truncation.
-    """
-    view, size = memoryview(dst), dst.size
-    step = _READ_STEP if checker is not None else size
-    got = 0
-    while got < size:
-        n = os.readv(fd, [view[got:got + step]])
-        if n == 0:
-            break
-        got += n
-        if checker is not None:
-            checker.feed(dst, got)
-    return got
-
-
-def _write_all(fd: int, parts: list) -> None:
-    views = [memoryview(p).cast("B") for p in parts if p.size]
-    while views:
-        n = os.writev(fd, views)
-        while views and n >= len(views[0]):
-            n -= len(views[0])
-            views.pop(0)
-        if views and n:
-            views[0] = views[0][n:]
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def _in_format(blob: EncodedBlob, blob_format: int) -> EncodedBlob:
+    """``blob`` in ``blob_format``: as it is, or reframed (a writer that encoded before a migration began)."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        if blobfmt.format_of(blob.parts[0])[0] == blob_format:
+            return blob
+    except IntegrityError:
+        return blob  # NOTE: not a blob this tier can read: stored as given, its CRC check fails it on load
+    from kvmem.codecs.pipeline import reframe  # NOTE: late: the codecs know the header layout; rare path
+
+    buf = blob.to_tensor()
+    return reframe(buf, blob_format, blobfmt.verify(buf))
+
+

@@ -113,6 +113,13 @@ class TieredStore:
         """Whether ``tier`` is currently used (not skipped after a failure)."""
         return self._health[tier.name].usable()
 
+    @property
+    def blob_format(self) -> int:
+        """The blob format new entries are written in: the disk tier's (a migration may be under way), else
+        the newest."""
+        return next((fmt for fmt in (getattr(t, "blob_format", None) for t in self.tiers) if fmt is not None),
+                    blobfmt.FORMAT_VERSION)
+
     def holders(self, key: str) -> list[str]:
         """Names of the usable tiers that hold ``key`` (a failing tier is skipped and counted, never raised)."""
         return [t.name for t in self.tiers if self._call(t, lambda t=t: t.contains(key)) is True]
