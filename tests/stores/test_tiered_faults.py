@@ -126,18 +126,18 @@ def test_failing_disk_writes_are_skipped_counted_and_retried(mem: kvmem.Memory,
 
 def test_enospc_in_the_middle_of_a_write_leaves_no_partial_file(mem: kvmem.Memory,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    import kvmem.stores.disk as disk_module
+    import kvmem.stores.files as files_module
 
-    real_write_all = disk_module._write_all
+    real_write_all = files_module.write_all
 
     def write_half_then_fail(fd: int, parts: list[Any]) -> None:
         real_write_all(fd, parts[:len(parts) // 2])
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     mem.store("before", _value(0))
-    monkeypatch.setattr(disk_module, "_write_all", write_half_then_fail)
+    monkeypatch.setattr(files_module, "write_all", write_half_then_fail)
     mem.store("during", _value(1))
-    monkeypatch.setattr(disk_module, "_write_all", real_write_all)
+    monkeypatch.setattr(files_module, "write_all", real_write_all)
 
     blobs = _disk(mem).root / "blobs"
     assert sorted(p.name for p in blobs.rglob("*") if p.is_file()) == [f"{mem.storage_key('before')}.kvb"]
