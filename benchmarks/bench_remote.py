@@ -12,8 +12,10 @@ redis load         ``client.get(key)``                          >= 0.8
 =================  ==========================================  ======
 
 kvmem does more than its baseline: ``put`` frames the blob from its parts
-(one join when it has several), ``get_verified`` copies the reply into a buffer
-the caller owns and CRC32C-checks it in the same pass.
+(sent from where they lie, without joining them; a cluster client joins them
+once), ``get_verified`` copies the reply into a buffer the caller owns and
+CRC32C-checks it in the same pass (header JSON parsed, every segment's CRC).
+Both make one round trip, like the baseline.
 
 Workload: KV chunks of the Llama-3-8B layout (see bench_store.py: 33.5 MB
 blobs, encoded by kvmem's lossless codec), then 64 KiB items (per-op µs).

@@ -17,13 +17,14 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-__all__ = ["PostgresServer", "RedisServer", "missing", "postgres_binary", "scratch_database"]
+__all__ = ["Certificates", "PostgresServer", "RedisServer", "missing", "postgres_binary", "scratch_database"]
 
 
 def free_port() -> int:
@@ -39,9 +40,12 @@ def missing(what: str) -> None:
     pytest.skip(what)
 
 
-def _wait_port(port: int, seconds: float = 20.0) -> None:
+def _wait_port(port: int, seconds: float = 20.0, alive: Callable[[], bool] = lambda: True) -> None:
+    """Until something listens on ``port``; ``RuntimeError`` as soon as ``alive()`` says the server is gone."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError("the server exited")
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
@@ -49,25 +53,97 @@ def _wait_port(port: int, seconds: float = 20.0) -> None:
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {seconds} s")
 
 
-class RedisServer:
-    """A ``redis-server`` on a free port with no persistence; :meth:`stop` and :meth:`start` for fault tests."""
+@dataclass(frozen=True)
+class Certificates:
+    """A test CA and, signed by it, a server and a client certificate (EC P-256, for 127.0.0.1 and localhost)."""
 
-    def __init__(self, workdir: Path, *extra: str) -> None:
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+    @classmethod
+    def make(cls, directory: Path) -> Certificates:
+        """Certificates made by ``openssl`` in ``directory`` (fails under CI, skips elsewhere, without it)."""
+        openssl = shutil.which("openssl")
+        if openssl is None:
+            missing("openssl is not installed (needed to make TLS test certificates)")
+        directory.mkdir(parents=True, exist_ok=True)
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        ca, ca_key = directory / "ca.crt", directory / "ca.key"
+        _openssl(openssl, "req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-days", "2",
+                 "-subj", "/CN=kvmem test CA")
+        (directory / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        for name in ("server", "client"):
+            csr = directory / f"{name}.csr"
+            _openssl(openssl, "req", *ec, "-keyout", directory / f"{name}.key", "-out", csr,
+                     "-subj", f"/CN=kvmem test {name}")
+            _openssl(openssl, "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+                     "-out", directory / f"{name}.crt", "-days", "2", "-extfile", directory / "san.cnf")
+        return cls(ca, directory / "server.crt", directory / "server.key", directory / "client.crt",
+                   directory / "client.key")
+
+
+def _openssl(binary: str, *args: str | Path) -> None:
+    done = subprocess.run([binary, *map(str, args)], check=False, capture_output=True, text=True, timeout=60)
+    if done.returncode:
+        raise RuntimeError(f"openssl {args[0]} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+
+
+class RedisServer:
+    """A ``redis-server`` on a free port with no persistence; :meth:`stop` and :meth:`start` for fault tests.
+
+    Args:
+        workdir: the server's directory (and its log, ``redis.log``).
+        extra: more ``redis-server`` arguments.
+        users: ACL users, each a rule list as in ``redis.conf`` (``"kvmem on >secret ~kvmem:* +@all"``); when
+            given, the ``default`` user is off, so a client must log in as one of them.
+        tls: serve TLS only, on :attr:`port`, with :attr:`certificates` made under ``workdir/tls``.
+        client_certs: with ``tls``, refuse clients without a certificate signed by the test CA.
+
+    :attr:`url` names the server without credentials or certificate options (``rediss://`` with ``tls``).
+    """
+
+    def __init__(self, workdir: Path, *extra: str, users: Sequence[str] = (), tls: bool = False,
+                 client_certs: bool = False) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             missing("redis-server is not installed")
-        self.binary, self.workdir, self.extra = binary, workdir, extra
+        self.binary, self.workdir, self.extra = binary, workdir, list(extra)
         self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.certificates = Certificates.make(workdir / "tls") if tls else None
+        if users:
+            self.extra += ["--user", "default", "off"]
+            for rules in users:
+                self.extra += ["--user", *rules.split()]  # NOTE: one argument per rule, as redis.conf splits them
+        if self.certificates is not None:
+            c = self.certificates
+            self.extra += ["--tls-port", str(self.port), "--tls-cert-file", str(c.server_cert), "--tls-key-file",
+                           str(c.server_key), "--tls-ca-cert-file", str(c.ca), "--tls-auth-clients",
+                           "yes" if client_certs else "no"]
+        self.url = f"{'rediss' if tls else 'redis'}://127.0.0.1:{self.port}/0"
         self._proc: subprocess.Popen[bytes] | None = None
         self.start()
 
     def start(self) -> None:
+        """Start the server; wait until it listens.
+
+        Raises:
+            RuntimeError: the server exited (a bad argument...), with the end of its log.
+        """
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._proc = subprocess.Popen([self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                       "--appendonly", "no", "--dir", str(self.workdir), *self.extra],
+        port = ["--port", "0"] if self.certificates is not None else ["--port", str(self.port)]
+        log = self.workdir / "redis.log"
+        self._proc = subprocess.Popen([self.binary, *port, "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                                       "no", "--dir", str(self.workdir), "--logfile", str(log), *self.extra],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_port(self.port)
+        try:
+            _wait_port(self.port, alive=lambda: self._proc is not None and self._proc.poll() is None)
+        except (TimeoutError, RuntimeError) as exc:
+            self.stop()
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise RuntimeError(f"redis-server on port {self.port} did not start ({exc}): {tail}") from exc
 
     def stop(self) -> None:
         if self._proc is not None:

@@ -32,8 +32,22 @@ their commands by node, one round trip per node, never a cross-slot ``MGET``.
 ``usage()``, ``capacity`` and ``keys()`` cover every master. A cluster that
 cannot be reached at start is connected to on first use.
 
-Every redis-py failure (connection refused, timeout, server loading, OOM
-refusal...) surfaces as :class:`~kvmem.errors.TierUnavailable`, which the
+Credentials: the user name comes from the URL (``redis://kvmem@host``; none:
+Redis's ``default`` user), the password from the URL or from
+``config.remote_password`` (kept out of the URL and of ``kvmem config``); a
+password in the URL wins. A password with ``@ : / ? #`` must be percent-encoded
+in the URL (``remote_password`` needs no quoting). No message or log line ever
+shows a password: URLs are shown through :func:`redact`. TLS (``rediss://``)
+takes redis-py's ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``,
+``ssl_cert_reqs``... query options as they are.
+
+NOTE: at start, a server that refuses the credentials, or a TLS handshake that
+fails (unknown CA, missing client certificate, a plain port behind
+``rediss://``), is a :class:`~kvmem.errors.ConfigError` naming the server: it
+will not heal by retrying. A server that cannot be reached is only logged (the
+tier is skipped until it answers). After start, every redis-py failure
+(connection refused, timeout, server loading, OOM refusal, credentials revoked
+mid-run...) surfaces as :class:`~kvmem.errors.TierUnavailable`, which the
 tiered store counts and answers by skipping the tier for ``tier_retry_seconds``;
 redis-py reconnects on the next call after that.
 """
@@ -42,6 +56,7 @@ from __future__ import annotations
 
 import logging
 import re
+import ssl
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -53,7 +68,7 @@ import torch
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import parse_url
-from redis.exceptions import RedisClusterException
+from redis.exceptions import NoPermissionError, RedisClusterException
 from redis.retry import Retry
 
 from kvmem import blob as blobfmt
@@ -62,6 +77,7 @@ from kvmem.config import Config, parse_size
 from kvmem.errors import CapacityError, ConfigError, TierUnavailable
 from kvmem.keys import is_storage_key
 from kvmem.stores.base import TierBase
+from kvmem.stores.resp import Gathered, GatherPacker
 
 __all__ = ["RedisTier", "redact"]
 
@@ -82,22 +98,34 @@ _DEFAULT_TIMEOUT = 2.0  # socket timeouts: a dead server costs at most this per 
 _OPTIONS = ("prefix", "ttl", "max_value", "capacity")
 _CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 _FAILURES = (redis.RedisError, RedisClusterException)  # NOTE: redis-py's cluster errors are not all RedisErrors
+_ACCEPTED = ("redis://[[user]:password@]host[:port][/db][?prefix=...&ttl=SECONDS&max_value=SIZE&capacity=SIZE], "
+             "or redis+cluster://[[user]:password@]host:port,host:port,...[?...] (rediss: TLS)")
 
 Client = redis.Redis | RedisCluster
 
 
 def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for messages and logs)."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    """``url`` with its password replaced by ``***`` (for messages and logs).
+
+    NOTE: the user info runs to the last ``@``, not to where ``urlsplit`` would cut it: a password
+    that was not percent-encoded (``/``, ``?``, ``#``) is hidden all the same. An ``@`` in a query
+    value hides more than the password, never less.
+    """
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, hosts = rest.rpartition("@")
+    if not at or ":" not in userinfo:
         return url
-    user = parts.username or ""
-    netloc = f"{user}:***@" + parts.netloc.rpartition("@")[2]  # NOTE: not .hostname: a cluster URL lists several
-    return urlunsplit(parts._replace(netloc=netloc))
+    return f"{scheme}{sep}{userinfo.partition(':')[0]}:***@{hosts}"
 
 
-def _cluster_connect(url: str, theirs: list[tuple[str, str]]) -> Callable[[], RedisCluster]:
-    """A function making the ``RedisCluster`` client for a ``redis+cluster://`` URL (redis-py options in ``theirs``).
+def _url_password(url: str) -> str:
+    """The password in ``url``'s user info as written (percent-encoded or not), or ``""``."""
+    return url.partition("://")[2].rpartition("@")[0].partition(":")[2]
+
+
+def _cluster_connect(url: str, theirs: list[tuple[str, str]], password: str | None) -> Callable[[], RedisCluster]:
+    """A function making the ``RedisCluster`` client for a ``redis+cluster://`` URL (redis-py options in ``theirs``;
+    ``password`` when the URL has none).
 
     Raises:
         ValueError: no host, a bad port, a database other than 0, or a bad redis-py option.
@@ -124,7 +152,23 @@ def _cluster_connect(url: str, theirs: list[tuple[str, str]]) -> Callable[[], Re
         kwargs.pop(name, None)
     if tls:
         kwargs["ssl"] = True
+    if password and not kwargs.get("password"):
+        kwargs["password"] = password
     return lambda: RedisCluster(startup_nodes=list(nodes), retry=Retry(NoBackoff(), 1), **kwargs)
+
+
+def _misconfiguration(exc: BaseException) -> str | None:
+    """What ``exc`` says is wrong with the settings (credentials, TLS), or ``None`` for a plain outage."""
+    if isinstance(exc, redis.AuthenticationError):
+        return (f"the server refused the credentials ({exc}); give the user in the URL "
+                "(redis://USER@host) and the password there or in remote_password")
+    seen: BaseException | None = exc
+    while seen is not None:  # NOTE: redis-py raises its ConnectionError inside the handler of the ssl error
+        if isinstance(seen, ssl.SSLError) or (isinstance(seen, TimeoutError) and "handshake" in str(seen)):
+            return (f"the TLS handshake failed ({type(seen).__name__}: {seen}); check that the port serves TLS "
+                    "and the ssl_ca_certs, ssl_certfile, ssl_keyfile options")
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 class RedisTier(TierBase):
@@ -140,7 +184,7 @@ class RedisTier(TierBase):
         connect: instead of ``client``: makes the client on first use (a cluster client connects when made).
 
     Raises:
-        ConfigError: the server refuses the credentials, or an option is out of range.
+        ConfigError: the server refuses the credentials or the TLS handshake, or an option is out of range.
     """
 
     persistent = True
@@ -166,6 +210,9 @@ class RedisTier(TierBase):
         self.ttl = ttl
         self.max_value = max_value
         self.url = redact(url)
+        # NOTE: a cluster client drops redis-py's command_packer option: its puts join the blob's parts once
+        self._gather = isinstance(client, redis.Redis) and isinstance(
+            client.connection_pool.connection_kwargs.get("command_packer"), GatherPacker)
         self._pattern = self._glob("") + ("{" + "?" * 64 + "}" if self.cluster else "?" * 64)
         self._usage = (0, float("-inf"))  # (bytes, monotonic time read)
         self.capacity = capacity if capacity is not None else self._server_capacity()
@@ -174,11 +221,14 @@ class RedisTier(TierBase):
     def from_url(cls, url: str, config: Config | None = None) -> RedisTier:
         """A tier for ``url`` (``redis://``, ``rediss://``, ``redis+cluster://``, ``rediss+cluster://``).
 
-        kvmem's options are taken from the URL's query, redis-py's left.
+        kvmem's options are taken from the URL's query, redis-py's left. The password is the URL's, else
+        ``config.remote_password``.
 
         Raises:
-            ConfigError: a bad option, or credentials the server refuses.
+            ConfigError: a bad option, credentials the server refuses, or a failed TLS handshake.
         """
+        in_url = _url_password(url)
+        password = None if in_url or config is None else config.remote_password
         parts = urlsplit(url)
         query = parse_qsl(parts.query, keep_blank_values=True)
         ours = {k: v for k, v in query if k in _OPTIONS}
@@ -186,21 +236,28 @@ class RedisTier(TierBase):
         for name in ("socket_timeout", "socket_connect_timeout"):
             if name not in dict(theirs):
                 theirs.append((name, str(_DEFAULT_TIMEOUT)))
-        client_url = urlunsplit(parts._replace(query=urlencode(theirs)))
         try:
             ttl = int(ours["ttl"]) if ours.get("ttl") else None
             max_value = parse_size(ours["max_value"], "max_value") if ours.get("max_value") else REDIS_MAX_VALUE
             capacity = parse_size(ours["capacity"], "capacity") if ours.get("capacity") else None
+        except ValueError as exc:
+            raise ConfigError(f"remote_url={redact(url)!r}: {exc}; accepted {_ACCEPTED}") from exc
+        try:
             # NOTE: one quick retry covers a pooled connection the server closed (restart, idle timeout);
             # more would multiply what a dead server costs each call.
             if parts.scheme in _CLUSTER_SCHEMES:
-                client, connect = None, _cluster_connect(url, theirs)
+                client, connect = None, _cluster_connect(url, theirs, password)
             else:
-                client, connect = redis.Redis.from_url(client_url, retry=Retry(NoBackoff(), 1)), None
+                # NOTE: redis-py lets a password in the URL override this one: ours goes only where it has none
+                extra = {"password": password} if password else {}
+                client_url = urlunsplit(parts._replace(query=urlencode(theirs)))
+                client = redis.Redis.from_url(client_url, retry=Retry(NoBackoff(), 1), command_packer=GatherPacker(),
+                                              **extra)
+                connect = None
         except (ValueError, TypeError) as exc:
-            raise ConfigError(f"remote_url={redact(url)!r}: {exc}; accepted redis://[[user]:password@]host"
-                              f"[:port][/db][?prefix=...&ttl=SECONDS&max_value=SIZE&capacity=SIZE], or "
-                              f"redis+cluster://[[user]:password@]host:port,host:port,...[?...]") from exc
+            # NOTE: a parse error may quote a piece of a password that was not percent-encoded: not shown then
+            detail = "cannot be parsed (percent-encode @ : / ? # in the password)" if in_url else str(exc)
+            raise ConfigError(f"remote_url={redact(url)!r}: {detail}; accepted {_ACCEPTED}") from None
         return cls(client, prefix=ours.get("prefix", "kvmem:"), ttl=ttl, max_value=max_value, capacity=capacity,
                    url=url, connect=connect)
 
@@ -229,31 +286,28 @@ class RedisTier(TierBase):
             raise TierUnavailable(f"redis tier at {self.url}: {type(exc).__name__}: {exc}") from exc
 
     def _server_capacity(self) -> int:
-        """The server's ``maxmemory``, or unbounded; checks the credentials on the way.
+        """The server's ``maxmemory``, or unbounded; checks the credentials and the TLS handshake on the way.
 
         A server that cannot be reached now is not an error here (the tiered store
-        skips the tier until it answers); one that refuses the credentials is.
+        skips the tier until it answers); one that refuses the credentials or the
+        TLS handshake is: retrying will not mend it.
+
+        Raises:
+            ConfigError: the server refused the credentials, or the TLS handshake failed.
         """
         try:
             infos = self._memory_infos()
-        except TierUnavailable as exc:
-            if not isinstance(exc.__cause__, redis.AuthenticationError):
-                log.warning("kvmem: redis tier at %s is not reachable (%s); local tiers serve until it is",
-                            self.url, exc.__cause__ or exc)
-                return _UNBOUNDED
-            raise ConfigError(f"remote_url={self.url!r}: the server refused the credentials ({exc}); "
-                              "put user:password in the URL") from exc
-        except redis.AuthenticationError as exc:
-            raise ConfigError(f"remote_url={self.url!r}: the server refused the credentials ({exc}); "
-                              "put user:password in the URL") from exc
-        except redis.ResponseError as exc:
-            if "NOAUTH" in str(exc) or "WRONGPASS" in str(exc):
-                raise ConfigError(f"remote_url={self.url!r}: the server requires a password ({exc}); "
-                                  "use redis://:PASSWORD@host:port/db") from exc
-            raise TierUnavailable(f"redis tier at {self.url}: {exc}") from exc
-        except _FAILURES as exc:
+        except NoPermissionError as exc:  # NOTE: an ACL user without INFO: kvmem works, blind to memory
+            log.warning("kvmem: redis tier at %s may not run INFO (%s); capacity unbounded, usage unknown",
+                        self.url, exc)
+            return _UNBOUNDED
+        except (*_FAILURES, TierUnavailable) as exc:
+            cause = exc.__cause__ if isinstance(exc, TierUnavailable) and exc.__cause__ is not None else exc
+            problem = _misconfiguration(cause)
+            if problem is not None:
+                raise ConfigError(f"remote_url={self.url!r}: {problem}") from exc
             log.warning("kvmem: redis tier at %s is not reachable (%s: %s); local tiers serve until it is",
-                        self.url, type(exc).__name__, exc)
+                        self.url, type(cause).__name__, cause)
             return _UNBOUNDED
         self._usage = (sum(int(i.get("used_memory", 0)) for i in infos), time.monotonic())
         limits = [int(i.get("maxmemory", 0)) for i in infos]
@@ -342,7 +396,7 @@ class RedisTier(TierBase):
         return torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())
 
     def put(self, key: str, blob: EncodedBlob) -> None:
-        """``SET`` the blob (with ``EX ttl``); one value, replaced atomically.
+        """``SET`` the blob (with ``EX ttl``); one value, replaced atomically, sent from its parts without a copy.
 
         Raises:
             CapacityError: the blob is larger than ``max_value``.
@@ -352,8 +406,11 @@ class RedisTier(TierBase):
             raise CapacityError(f"value of {blob.nbytes} bytes is larger than the redis tier accepts per value "
                                 f"({self.max_value} bytes; Redis's own limit is {REDIS_MAX_VALUE}): store it "
                                 "compressed, or on local tiers only")
-        # NOTE: a single part goes out as a memoryview without a copy; several are joined once.
-        data = memoryview(blob.parts[0]) if len(blob.parts) == 1 else memoryview(blob.to_tensor().numpy())
+        data: Gathered | memoryview
+        if self._gather:
+            data = Gathered(blob.parts, blob.nbytes)
+        else:  # NOTE: a single part goes out as a memoryview without a copy; several are joined once
+            data = memoryview(blob.parts[0]) if len(blob.parts) == 1 else memoryview(blob.to_tensor().numpy())
         with self._errors():
             self.client.set(self._key(key), data, ex=self.ttl)
 

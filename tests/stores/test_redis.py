@@ -1,5 +1,6 @@
 """The Redis remote tier on a real redis-server (see tests/servers.py): round trip, CRC, batching,
-TTL, prefix, size limit, faults, auth, tenant salt, and cross-node KV reuse.
+TTL, prefix, size limit, faults, a password in the URL, and cross-node KV reuse (ACL users, TLS, tenants and
+values that are not blobs: test_redis_security.py).
 
 Memories here have a small CPU tier and no disk tier, so whatever the CPU tier
 does not hold is loaded from Redis.
@@ -110,6 +111,35 @@ def test_contains_many_is_one_round_trip(tier: RedisTier) -> None:
     assert len(calls) == 1
 
 
+def test_put_sends_large_parts_from_where_they_lie(redis_url: str, request: pytest.FixtureRequest,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blob's large parts go to the socket as views of the codec's arrays (no joined copy), its small ones
+    inside the command's framing; Redis holds exactly the blob's bytes, and the TTL after it still applies."""
+    tier = RedisTier.from_url(with_options(redis_url, prefix=unique_prefix(request), ttl=60))
+    segments = [np.full(100_000, 7, dtype=np.uint8), np.arange(1000, dtype=np.uint8),
+                np.full(200_000, 9, dtype=np.uint8)]
+    enc = blobfmt.encode({"kind": "test"}, segments)
+    sent: list[object] = []
+    real = redis.connection.AbstractConnection.send_packed_command
+
+    def recording(self: object, command: list[object], *args: object, **kwargs: object) -> object:
+        sent.extend(command)
+        return real(self, command, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", recording)
+    try:
+        tier.put(key(0), enc)
+        views = [item for item in sent if isinstance(item, memoryview)]
+        assert [v.obj for v in views] == [p for p in enc.parts if p.size >= 64 * 1024]  # the arrays themselves
+        assert sum(len(item) for item in sent) < enc.nbytes + 1000  # nothing sent twice
+        assert tier.client.get(tier._key(key(0))) == enc.to_tensor().numpy().tobytes()
+        assert 0 < tier.client.ttl(tier._key(key(0))) <= 60
+        assert tier.get_verified(key(0)) is not None
+    finally:
+        tier.client.delete(tier._key(key(0)))
+        tier.close()
+
+
 def test_quarantine_moves_the_value_aside(tier: RedisTier) -> None:
     enc = blob_of(b"bad" * 30)
     tier.put(key(0), enc)
@@ -193,18 +223,12 @@ def test_corruption_in_redis_is_a_miss_and_regenerates(open_memory: MemoryFactor
         strict.load("x")
 
 
-def test_prefix_and_tenant_salt_keep_entries_apart(open_memory: MemoryFactory, redis_url: str) -> None:
+def test_prefix_keeps_deployments_apart(open_memory: MemoryFactory, redis_url: str) -> None:
+    """(Tenants within one deployment: test_redis_security.py.)"""
     a = open_memory("a", url=with_options(redis_url, prefix="deploy-a:"))
     b = open_memory("b", url=with_options(redis_url, prefix="deploy-b:"))
     a.store("same-key", b"from a")
     assert b.load("same-key") is None and not b.contains("same-key")
-    t1 = open_memory("t1", tenant_salt="tenant-1")
-    t2 = open_memory("t2", tenant_salt="tenant-2")
-    t1.store("same-key", b"tenant 1")
-    t2.store("same-key", b"tenant 2")
-    assert t1.storage_key("same-key") != t2.storage_key("same-key")
-    assert open_memory("t1b", tenant_salt="tenant-1").load("same-key") == b"tenant 1"
-    assert open_memory("t2b", tenant_salt="tenant-2").load("same-key") == b"tenant 2"
     for mem in (a, b):
         tier = redis_tier(mem)
         tier.client.delete(*[tier.prefix + k for k in list(tier.keys())] or ["-"])
