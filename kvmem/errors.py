@@ -20,6 +20,7 @@ __all__ = [
     "SessionNotFound",
     "PinExpired",
     "VersionConflict",
+    "BlockError",
 ]
 
 
@@ -73,3 +74,7 @@ class PinExpired(KVMemError):
 
 class VersionConflict(KVMemError):
     """A key was rewritten under every attempt to pin one of its versions."""
+
+
+class BlockError(KVMemError, ValueError):
+    """A paged-pool block id out of range, freed more often than it was referenced, or hashed while free."""

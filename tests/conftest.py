@@ -85,5 +85,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        if "cuda" in item.keywords:
+        if item.get_closest_marker("cuda") is not None:  # NOTE: not `in item.keywords`: that matches tests/cuda/
             item.add_marker(skip)
