@@ -64,7 +64,7 @@ __all__ = ["Pin", "Versions"]
 
 log = logging.getLogger(__name__)
 _ATTEMPTS = 50  # reads of a key being rewritten before pin() gives up (a write lands between row and bytes)
-_STALE_AFTER = 3  # mismatching reads after which upper-tier copies are taken for stale ones
+_STALE_AFTER = 5  # mismatching reads after which upper-tier copies are taken for stale ones
 _meta = MetaData()
 versions = Table(
     "kvmem_versions", _meta,
@@ -172,27 +172,38 @@ class Versions:
         """
         if lease is not None and (isinstance(lease, bool) or not isinstance(lease, (int, float)) or lease <= 0):
             raise ConfigError(f"lease={lease!r}: accepted a number of seconds > 0")
+        fetched, first = None, None
         for attempt in range(_ATTEMPTS):
+            if fetched is None:  # NOTE: bytes first, then the row: a write puts its bytes, then upserts its row
+                fetched, _ = self._tiers.get(key)
+                if fetched is None:
+                    return None
+                crc, first = blobfmt.stored_crc(fetched.buf), None
             row = self._guard(self._catalog.get, key)
-            fetched, _ = self._tiers.get(key)
-            if row is None or fetched is None:
-                return None
-            if blobfmt.stored_crc(fetched.buf) != row.crc:
-                # NOTE: a write is between its tier put and its catalog upsert (wait), or another process
-                # rewrote the key below this one's own upper tiers, which still hold the old version (drop them)
-                if attempt >= _STALE_AFTER:
-                    self._tiers.drop_upper_copies(key)
-                time.sleep(0.002)
-                continue
-            pin = Pin(self, uuid.uuid4().hex, key, row.version, row.crc, lease or self.lease)
-            self._guard(self._record, pin, fetched.buf)
-            with self._lock:
-                self._held[pin.id] = pin
-            self._start_renewer()
-            return pin
+            if row is not None and row.crc == crc:
+                return self._pinned(Pin(self, uuid.uuid4().hex, key, row.version, crc, lease or self.lease),
+                                    fetched.buf)
+            # NOTE: no match yet. The write of these bytes has not upserted its row (wait for it); or the
+            # row moved on past them, two versions or more (read the bytes again); or they are a stale copy
+            # this process's upper tiers kept while another process rewrote the key below (drop them).
+            first = first if first is not None or row is None else row.version
+            if row is not None and row.version >= first + 2:
+                fetched = None
+            elif attempt % _STALE_AFTER == _STALE_AFTER - 1:
+                self._tiers.drop_upper_copies(key)
+                fetched = None
+            time.sleep(min(0.001 * (attempt + 1), 0.02))
         raise VersionConflict(f"key {key}: the catalog's version is not in any tier this memory reads (written by a "
                               f"node whose tiers it does not share?) or it was rewritten during each of {_ATTEMPTS} "
                               "attempts to pin it")
+
+    def _pinned(self, pin: Pin, buf: torch.Tensor) -> Pin:
+        """Record ``pin`` (keeping ``buf``, its version's blob) and renew it while held."""
+        self._guard(self._record, pin, buf)
+        with self._lock:
+            self._held[pin.id] = pin
+        self._start_renewer()
+        return pin
 
     def _record(self, pin: Pin, buf: torch.Tensor) -> None:
         """Keep ``pin``'s version (``buf``, unless kept already) and add the pin, in one transaction."""

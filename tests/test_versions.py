@@ -216,10 +216,13 @@ def test_a_killed_readers_pin_expires_and_gc_reclaims_its_version(tmp_path: Path
 def test_pins_writes_and_collections_racing_on_postgres(tmp_path: Path, pg: str) -> None:
     """Writers store versions whose value names its version; readers pin and check that every pinned load
     returns exactly the pinned version while gc runs beside them."""
-    settings: dict[str, object] = {"cpu_bytes": "16MiB", "disk_bytes": 0, "catalog_url": pg, "pin_lease_seconds": 5}
+    # NOTE: one shared directory whose CPU tiers hold nothing: both memories read the same disk tier
+    settings: dict[str, object] = {"cpu_bytes": "4KiB", "disk_bytes": "64MiB", "fsync": "never", "catalog_url": pg,
+                                   "pin_lease_seconds": 5}
     errors: list[BaseException] = []
     stop = threading.Event()
-    with kvmem.Memory(tmp_path / "w", **settings) as writer, kvmem.Memory(tmp_path / "r", **settings) as reader:
+    pinned = [0]
+    with kvmem.Memory(tmp_path / "d", **settings) as writer, kvmem.Memory(tmp_path / "d", **settings) as reader:
         writer.store(KEY, make_value(KEY, 1))
 
         def guarded(fn: Callable[[], None]) -> Callable[[], None]:
@@ -241,6 +244,7 @@ def test_pins_writes_and_collections_racing_on_postgres(tmp_path: Path, pg: str)
 
         def read() -> None:
             held = [p for p in (writer.pin(KEY), reader.pin(KEY)) if p is not None]
+            pinned[0] += len(held)
             for p in held:
                 assert check_value(KEY, p.load()) == p.version
             write()
@@ -256,6 +260,6 @@ def test_pins_writes_and_collections_racing_on_postgres(tmp_path: Path, pg: str)
         for t in threads:
             t.join(timeout=60)
         assert errors == [], errors
-        assert next(version) > 20  # the writers really ran
+        assert next(version) > 20 and pinned[0] > 20  # the writers and the pins really ran
         reader.gc()
         assert kept(reader) == [] and pin_count(reader) == 0

@@ -217,6 +217,9 @@ class TieredStore:
         For copies another process may have made stale: it rewrote the key in the lower
         (shared) tiers, while this process's upper tiers kept the old version.
         """
+        with self._pending_cv:
+            if key in self._pending:  # NOTE: the upper copy is newer than the lower ones until written back
+                return 0
         held = [t for t in self.tiers if self._call(t, lambda t=t: t.contains(key)) is True]
         return sum(self._call(t, lambda t=t: t.delete(key)) is True for t in held[:-1])
 
