@@ -10,9 +10,14 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tests.servers import RedisServer, free_port, missing
+
+if TYPE_CHECKING:
+    import redis
 
 __all__ = ["RedisCluster"]
 
@@ -83,37 +88,69 @@ class RedisCluster:
     def move_slot(self, slot: int, to_port: int) -> int:
         """Reshard ``slot`` with its keys to the master on ``to_port`` (IMPORTING/MIGRATING, MIGRATE, SETSLOT
         NODE on every master, as ``redis-cli --cluster reshard`` does); the number of keys moved."""
-        import redis
+        if self.owner(slot) == to_port:
+            return 0
+        self.begin_migration(slot, to_port)
+        return self.finish_migration(slot, to_port)
 
+    def begin_migration(self, slot: int, to_port: int) -> int:
+        """Open a live migration of ``slot`` to the master on ``to_port``: ``IMPORTING`` there, then ``MIGRATING``
+        on the owner (which keeps the slot, answering ``ASK`` for the keys it no longer holds); the owner's port."""
         from_port = self.owner(slot)
         if from_port == to_port:
-            return 0
-        clients = {s.port: redis.Redis(port=s.port) for s in self.servers}
-        try:
-            source, target = clients[from_port], clients[to_port]
-            source_id, target_id = self.node_id(from_port), self.node_id(to_port)
-            target.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
-            source.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+            raise ValueError(f"slot {slot} is already on {to_port}")
+        with self.client(to_port) as target:
+            target.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", self.node_id(from_port))
+        with self.client(from_port) as source:
+            source.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", self.node_id(to_port))
+        return from_port
+
+    def migrate_keys(self, slot: int, to_port: int, keys: Sequence[str | bytes] | None = None) -> int:
+        """``MIGRATE ... KEYS`` of ``slot``'s owner to ``to_port`` (a migration begun): ``keys``, or every key the
+        owner still holds in the slot; the number moved."""
+        with self.client(self.owner(slot)) as source:
+            if keys is not None:
+                if keys:
+                    source.execute_command("MIGRATE", "127.0.0.1", to_port, "", 0, 5000, "KEYS", *keys)
+                return len(keys)
             moved = 0
-            while keys := source.execute_command("CLUSTER GETKEYSINSLOT", slot, 100):
-                source.execute_command("MIGRATE", "127.0.0.1", to_port, "", 0, 5000, "KEYS", *keys)
-                moved += len(keys)
-            for port in (to_port, from_port, *(p for p in clients if p not in (from_port, to_port))):
-                clients[port].execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
-        finally:
-            for client in clients.values():
-                client.close()
+            while batch := source.execute_command("CLUSTER GETKEYSINSLOT", slot, 100):
+                source.execute_command("MIGRATE", "127.0.0.1", to_port, "", 0, 5000, "KEYS", *batch)
+                moved += len(batch)
+            return moved
+
+    def keys_in_slot(self, slot: int, port: int) -> set[str]:
+        """The keys the master on ``port`` itself holds in ``slot`` (``CLUSTER GETKEYSINSLOT``, no redirect)."""
+        with self.client(port) as node:
+            found = node.execute_command("CLUSTER GETKEYSINSLOT", slot, 1 << 20)
+        return {k.decode() if isinstance(k, bytes) else k for k in found}
+
+    def finish_migration(self, slot: int, to_port: int) -> int:
+        """End a migration begun by :meth:`begin_migration`: move the keys left, then ``SETSLOT NODE`` on every
+        master (the target first, then the source) and wait until all see the slot there; the number of keys moved."""
+        from_port = self.owner(slot)
+        moved = self.migrate_keys(slot, to_port)
+        target_id = self.node_id(to_port)
+        ports = [s.port for s in self.servers]
+        for port in (to_port, from_port, *(p for p in ports if p not in (from_port, to_port))):
+            with self.client(port) as node:
+                node.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
         deadline = time.monotonic() + 30
-        while any(self._owner_seen_by(port, slot) != to_port for port in clients):
+        while any(self._owner_seen_by(port, slot) != to_port for port in ports):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"slot {slot}: not every master sees it on {to_port}")
             time.sleep(0.05)
         return moved
 
-    def _owner_seen_by(self, port: int, slot: int) -> int | None:
+    @staticmethod
+    def client(port: int) -> redis.Redis:
+        """A plain (non-cluster) client of the one node on ``port``: it sees ``MOVED``/``ASK`` as errors."""
         import redis
 
-        with redis.Redis(port=port) as client:
+        return redis.Redis(port=port)
+
+    def _owner_seen_by(self, port: int, slot: int) -> int | None:
+        with self.client(port) as client:
             for start, stop, master, *_ in client.execute_command("CLUSTER SLOTS"):
                 if start <= slot <= stop:
                     return int(master[1])

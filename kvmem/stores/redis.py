@@ -68,7 +68,7 @@ import torch
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import parse_url
-from redis.exceptions import NoPermissionError, RedisClusterException
+from redis.exceptions import ClusterError, NoPermissionError, RedisClusterException
 from redis.retry import Retry
 
 from kvmem import blob as blobfmt
@@ -433,12 +433,19 @@ class RedisTier(TierBase):
             return bool(self.client.delete(self._key(key)))
 
     def quarantine(self, key: str) -> None:
-        """Rename the value to ``<prefix>quarantine:<key>``, kept a week for inspection (same slot in a cluster)."""
+        """Rename the value to ``<prefix>quarantine:<key>``, kept a week for inspection (deleted while migrating)."""
         aside = self.prefix + _QUARANTINE + self._tagged(key)
         with self._errors():
             # NOTE: one script, atomic like MULTI/RENAME/EXPIRE, which redis-py refuses in a cluster pipeline;
             # both keys share the hash tag, hence the slot.
-            if not self.client.eval(_QUARANTINE_SCRIPT, 2, self._key(key), aside, _QUARANTINE_TTL):
+            try:
+                renamed = self.client.eval(_QUARANTINE_SCRIPT, 2, self._key(key), aside, _QUARANTINE_TTL)
+            except ClusterError:  # NOTE: a migrating slot answers TRYAGAIN to keys not all on one node (``aside``
+                # never is; redis-py retries, then raises this): DEL, one key, follows ASK; nothing is kept aside
+                if self.client.delete(self._key(key)):
+                    log.warning("kvmem: deleted corrupt entry %s (its slot is migrating: not kept aside)", key)
+                return
+            if not renamed:
                 return  # no such key: deleted or quarantined by another process meanwhile
         log.warning("kvmem: quarantined corrupt entry %s to redis key %s", key, aside)
 

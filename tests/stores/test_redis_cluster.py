@@ -1,5 +1,6 @@
 """The Redis tier on a real 3-master Redis Cluster (tests/redis_cluster.py): entries spread over the
-masters, batches across slots, quarantine within a slot, prefix reuse across nodes, and resharding.
+masters, batches across slots, quarantine within a slot, prefix reuse across nodes, resharding (MOVED)
+and a live slot migration (ASK).
 
 Memories here have a small CPU tier and no disk tier, so whatever the CPU tier
 does not hold is loaded from the cluster.
@@ -7,7 +8,9 @@ does not hold is loaded from the cluster.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -244,5 +247,153 @@ def test_loads_follow_moved_after_resharding(tmp_path: Path, request: pytest.Fix
                 owner = own.owner(client.keyslot(tier._key(skey)))
                 with redis.Redis(port=owner) as direct:
                     assert direct.exists(tier._key(skey)) == 1
+    finally:
+        own.stop()
+
+
+# -- a live slot migration (ASK) ------------------------------------------------------------------------
+def names_in_one_slot(mem: kvmem.Memory, count: int) -> tuple[int, list[str]]:
+    """A hash slot and ``count`` user keys whose Redis keys (hash-tagged storage keys) all fall in it."""
+    tier = redis_tier(mem)
+    found: defaultdict[int, list[str]] = defaultdict(list)
+    for i in range(100_000):  # NOTE: deterministic names; 6 in one of 16384 slots takes ~10^4 tries
+        name = f"ask-{i}"
+        slot = tier.client.keyslot(tier._key(mem.storage_key(name)))
+        found[slot].append(name)
+        if len(found[slot]) == count:
+            return slot, found[slot]
+    raise AssertionError(f"no slot holds {count} of the names")
+
+
+def reset_stats(own: RedisCluster) -> None:
+    for server in own.servers:
+        with own.client(server.port) as node:
+            node.config_resetstat()
+
+
+def redirects(own: RedisCluster, source: int, target: int) -> tuple[int, int]:
+    """Since :func:`reset_stats`: (``ASK`` replies the source sent, ``ASKING`` commands the target took)."""
+    with own.client(source) as src, own.client(target) as dst:
+        asked = src.info("errorstats").get("errorstat_ASK", {}).get("count", 0)
+        return asked, dst.info("commandstats").get("cmdstat_asking", {}).get("calls", 0)
+
+
+def test_loads_and_stores_follow_ask_during_a_live_slot_migration(tmp_path: Path,
+                                                                  request: pytest.FixtureRequest) -> None:
+    """A slot holding entries is half migrated (MIGRATING on its owner, IMPORTING on the target, some keys
+    moved): its owner keeps it in every slot map and answers ``ASK`` for the keys it no longer holds. Loads,
+    stores and batched probes (pipelines, one per node) are served from whichever node holds each key,
+    CRC-checked, with no tier error; after the migration ends everything loads from the new owner."""
+    own = RedisCluster(tmp_path / "cluster")
+    try:
+        url = with_options(own.url, prefix=unique_prefix(request))
+        with kvmem.Memory(str(tmp_path / "m"), cpu_bytes=0, disk_bytes=0, remote_url=url) as mem, \
+                closing(RedisTier.from_url(with_options(url, ttl=600))) as ttl_tier:
+            tier = redis_tier(mem)
+            client = tier.client
+            assert isinstance(client, ClusterClient)
+            slot, (moved, moved2, kept, kept2, new, absent) = names_in_one_slot(mem, 6)
+            elsewhere = [f"entry-{i}" for i in range(12)]
+            stored = {n: value(i) for i, n in enumerate([moved, moved2, kept, kept2, *elsewhere])}
+            for name, v in stored.items():
+                mem.store(name, v)
+            rkey = {n: tier._key(mem.storage_key(n)) for n in (moved, moved2, kept, kept2, new, absent)}
+            ports = [s.port for s in own.servers]
+            assert {client.get_node_from_key(tier._key(mem.storage_key(n))).port for n in elsewhere} == set(ports)
+            src = own.owner(slot)
+            dst = ports[(ports.index(src) + 1) % len(ports)]
+
+            assert own.begin_migration(slot, dst) == src
+            assert own.migrate_keys(slot, dst, [rkey[moved], rkey[moved2]]) == 2
+            assert own.keys_in_slot(slot, src) == {rkey[kept], rkey[kept2]}
+            assert own.keys_in_slot(slot, dst) == {rkey[moved], rkey[moved2]}
+            reset_stats(own)
+            for name in (moved, kept, moved2, kept2):  # no local tier: every load is a GET on the cluster
+                got = mem.fetch(name)
+                assert got is not None and got.tier == "redis" and torch.equal(got.value, stored[name])
+            assert redirects(own, src, dst) == (2, 2)  # the moved two, each ASKed once, then ASKING on the target
+            assert client.nodes_manager.get_node_from_slot(slot).port == src  # ASK leaves the slot map as it was
+
+            # writes: a new key is created on the target (the source ASKs for a key it lacks); an existing key is
+            # rewritten on the node holding it
+            stored[new], stored[kept], stored[moved] = value(40), value(41), value(42)
+            for name in (new, kept, moved):
+                mem.store(name, stored[name])
+            assert own.keys_in_slot(slot, src) == {rkey[kept], rkey[kept2]}
+            assert own.keys_in_slot(slot, dst) == {rkey[moved], rkey[moved2], rkey[new]}
+
+            # batches across the migrating slot and the others: a pipeline per node, the keys the source lacks
+            # retried one by one after ASK
+            probe = [moved, kept, new, *elsewhere[:6], absent, moved2, kept2, *elsewhere[6:]]
+            skeys = [mem.storage_key(n) for n in probe]
+            reset_stats(own)
+            assert mem.contains_many(probe) == [n != absent for n in probe]
+            assert redirects(own, src, dst)[1] == 4  # moved, new, absent, moved2: each reached the target once
+            for batch_tier in (tier, ttl_tier):  # pipelined GET, and pipelined GETEX (a write command)
+                reset_stats(own)
+                got = batch_tier.get_many(skeys)
+                assert redirects(own, src, dst)[1] == 4
+                for name, skey, raw in zip(probe, skeys, got):
+                    if name == absent:
+                        assert raw is None
+                        continue
+                    assert raw is not None
+                    assert torch.equal(blobfmt.copy_verified(raw), tier.get_verified(skey))  # CRC-checked, whole
+
+            # the migration ends: the slot and all its keys are on the target, every master says so
+            assert own.finish_migration(slot, dst) == 2  # kept, kept2
+            assert own.keys_in_slot(slot, src) == set()
+            assert own.keys_in_slot(slot, dst) == {rkey[n] for n in (moved, moved2, kept, kept2, new)}
+            reset_stats(own)
+            for name, v in stored.items():
+                assert torch.equal(mem.load(name), v)
+            assert mem.contains_many(probe) == [n != absent for n in probe]
+            assert ttl_tier.get_many(skeys)[probe.index(absent)] is None
+            assert redirects(own, src, dst) == (0, 0)
+            assert client.nodes_manager.get_node_from_slot(slot).port == dst  # learnt from MOVED
+            assert mem.metrics.total("kvmem_tier_errors_total") == 0
+            assert mem.metrics.total("kvmem_crc_failures_total") == 0
+            with kvmem.Memory(str(tmp_path / "fresh"), cpu_bytes=0, disk_bytes=0, remote_url=url) as fresh:
+                assert all(torch.equal(fresh.load(n), v) for n, v in stored.items())
+    finally:
+        own.stop()
+
+
+def test_corrupt_entry_in_a_migrating_slot_costs_the_entry_not_the_tier(tmp_path: Path,
+                                                                        request: pytest.FixtureRequest) -> None:
+    """Corrupt values in a half-migrated slot, on the source and on the target: each load is a miss, counted
+    as a CRC failure, the value is taken out of service, and the tier stays up for every other key.
+
+    NOTE: the quarantine ``RENAME`` names two keys; a slot in migration answers ``TRYAGAIN`` to a command whose
+    keys are not all on one node, and the quarantine key never exists yet."""
+    own = RedisCluster(tmp_path / "cluster")
+    try:
+        url = with_options(own.url, prefix=unique_prefix(request))
+        with kvmem.Memory(str(tmp_path / "m"), cpu_bytes=0, disk_bytes=0, remote_url=url) as mem:
+            tier = redis_tier(mem)
+            slot, (on_target, on_source, healthy) = names_in_one_slot(mem, 3)
+            for i, name in enumerate((on_target, on_source, healthy)):
+                mem.store(name, value(i))
+            ports = [s.port for s in own.servers]
+            dst = ports[(ports.index(own.owner(slot)) + 1) % len(ports)]
+            own.begin_migration(slot, dst)
+            assert own.migrate_keys(slot, dst, [tier._key(mem.storage_key(on_target))]) == 1
+            for name in (on_target, on_source):  # flip a payload byte, through the cluster client (ASK)
+                rkey = tier._key(mem.storage_key(name))
+                raw = bytearray(tier.client.get(rkey))
+                raw[-10] ^= 0xFF
+                tier.client.set(rkey, bytes(raw))
+
+            for n, name in enumerate((on_target, on_source), 1):
+                assert mem.load(name) is None
+                assert mem.metrics.total("kvmem_crc_failures_total") == n
+                assert not mem.contains(name)  # out of service: the next load does not meet it again
+            got = mem.fetch(healthy)  # the tier was not skipped
+            assert got is not None and got.tier == "redis" and torch.equal(got.value, value(2))
+            assert mem.metrics.total("kvmem_tier_errors_total") == 0
+            own.finish_migration(slot, dst)
+            assert torch.equal(mem.load(on_target, regenerate=lambda: value(0)), value(0))
+            assert torch.equal(mem.load(healthy), value(2))
+            assert mem.metrics.total("kvmem_tier_errors_total") == 0
     finally:
         own.stop()
