@@ -20,26 +20,40 @@ Both make one round trip, like the baseline.
 Workload: KV chunks of the Llama-3-8B layout (see bench_store.py: 33.5 MB
 blobs, encoded by kvmem's lossless codec), then 64 KiB items (per-op µs).
 
+Then the two-node reuse TTFT: node A prefills a 2048-token prompt through
+``PrefixCache`` with this Redis as its remote tier; node B (another ``Memory``,
+another directory, a CPU tier too small to keep a chunk, so every chunk comes
+from Redis) answers requests that share A's prefix with new 256-token
+suffixes. Its time to first token is set beside a plain forward pass of the
+whole prompt, and its logits are compared with that pass's.
+
 Usage (from the repository root)::
 
     python benchmarks/bench_remote.py                 # 8 chunks, 200 small items, median of 5
     python benchmarks/bench_remote.py --quick
+    python benchmarks/bench_remote.py --no-ttft        # the tier rows only
     python benchmarks/bench_remote.py --url redis://host:6379/0   # an existing server (keys under bench:)
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import redis
+import torch
 from bench_store import Row, make_chunk, make_small, side_by_side
+from bench_ttft import BLOCK, SUFFIX, Forward, Tokens, build_model
 
+import kvmem
 from kvmem import content_hash
 from kvmem.codecs import parse_codec
 from kvmem.codecs.pipeline import encode_value
+from kvmem.kv import PrefixCache
 from kvmem.stores.redis import RedisTier
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -90,6 +104,39 @@ def report(rows: list[Row]) -> None:
               f">= {r.target} {r.verdict}")
 
 
+def two_node_ttft(url: str, prefix_len: int, repeat: int) -> None:
+    """Node B's TTFT on prompts sharing node A's prefix (chunks from Redis) vs a plain forward pass."""
+    model = build_model("55m", torch.float32, prefix_len + SUFFIX)
+    tokens, forward = Tokens(7), Forward(model)
+    prefix = tokens(prefix_len)
+    remote = url + ("&" if "?" in url else "?") + f"prefix=bench-ttft-{time.monotonic_ns()}:"
+    with tempfile.TemporaryDirectory(prefix="kvmem-bench-nodes-") as tmp:
+        node = {"remote_url": remote, "disk_bytes": 0, "fsync": "never"}
+        with kvmem.Memory(f"{tmp}/a", cpu_bytes="1GiB", **node) as mem_a:
+            pc = PrefixCache(model, mem_a, block_size=BLOCK, compression="none")
+            pc.prefill(torch.cat([prefix, tokens(SUFFIX)], 1), logits_to_keep=1)
+            pc.close()
+        with kvmem.Memory(f"{tmp}/b", cpu_bytes="1MiB", **node) as mem_b:  # NOTE: no chunk fits: all from Redis
+            pc = PrefixCache(model, mem_b, block_size=BLOCK, compression="none")
+            plain, mine, worst = [], [], 0.0
+            for _ in range(repeat):
+                ids = torch.cat([prefix, tokens(SUFFIX)], 1)
+                start = time.perf_counter()
+                want = forward(ids)
+                plain.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                got = pc.prefill(ids, logits_to_keep=1)
+                mine.append(time.perf_counter() - start)
+                if got.reused_tokens != prefix_len:
+                    raise SystemExit(f"node B reused {got.reused_tokens} tokens, expected {prefix_len}")
+                worst = max(worst, (got.logits[0, -1].float() - want).abs().max().item())
+            pc.close()
+    a, b = statistics.median(plain), statistics.median(mine)
+    print(f"two-node reuse TTFT ({prefix_len}-token prefix from node A via Redis + {SUFFIX} new tokens, 55m fp32, "
+          f"median of {repeat}): plain forward {a * 1e3:.0f} ms, node B with kvmem {b * 1e3:.0f} ms, "
+          f"{a / b:.2f}x faster; logits max |diff| {worst:.1e}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="an existing Redis (default: a throwaway redis-server)")
@@ -97,6 +144,7 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="2 chunks, 50 small items, 3 repeats")
+    parser.add_argument("--no-ttft", action="store_true", help="skip the two-node reuse TTFT")
     args = parser.parse_args()
     if args.quick:
         args.chunks, args.small, args.repeat = 2, 50, 3
@@ -109,6 +157,8 @@ def main() -> None:
         print(f"redis-server {tier.client.info('server')['redis_version']} at {tier.url}, "
               f"redis-py {redis.__version__}, median of {args.repeat}")
         report(rows)
+        if not args.no_ttft:
+            two_node_ttft(url, 1024 if args.quick else 2048, args.repeat)
     finally:
         tier.close()
         if server is not None:
