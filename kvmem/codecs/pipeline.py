@@ -18,7 +18,7 @@ from kvmem import blob
 from kvmem.codecs import LZ4, CodecSpec, tensor_codec
 from kvmem.errors import IntegrityError, UnsupportedValueError
 
-__all__ = ["encode_value", "decode_value", "decode_tensor_range", "value_kind", "check_owner"]
+__all__ = ["encode_value", "decode_value", "decode_tensor_range", "tensor_parts_range", "value_kind", "check_owner"]
 
 _KEY_NAMES = frozenset({"k", "key", "keys", "key_states", "key_cache"})
 _LZ4_MIN_GAIN = 0.97  # keep the lz4 output only when it saves at least 3 %
@@ -238,11 +238,16 @@ def _torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def _decode_tensor(buf: torch.Tensor, start: int, entry: dict[str, Any]) -> torch.Tensor:
+def _tensor_parts(buf: torch.Tensor, start: int, entry: dict[str, Any]) -> dict[str, torch.Tensor]:
     parts = {}
     for pname, part in entry["parts"].items():
         seg = _segment(buf, start, part)
         parts[pname] = seg.view(_torch_dtype(part["dtype"])).reshape(part["shape"])
+    return parts
+
+
+def _decode_tensor(buf: torch.Tensor, start: int, entry: dict[str, Any]) -> torch.Tensor:
+    parts = _tensor_parts(buf, start, entry)
     dtype = _torch_dtype(entry["dtype"])
     shape = tuple(entry["shape"])
     out = tensor_codec(entry["codec"]).decode(parts, entry["meta"], dtype, shape)
@@ -257,6 +262,16 @@ def decode_tensor_range(data: torch.Tensor, lo: int, entry: dict[str, Any]) -> t
     :func:`kvmem.blob.verify_range`. Lossless leaves are views of ``data``.
     """
     return _decode_tensor(data, -lo, entry)
+
+
+def tensor_parts_range(data: torch.Tensor, lo: int, entry: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The codec parts of one tensor leaf in ``data`` (as :func:`decode_tensor_range` takes it), not decoded.
+
+    What the leaf's codec would decode (e.g. ``q``/``step``/``lo`` of an int8 leaf), typed
+    and shaped as stored, lz4 undone; parts that were not lz4-compressed are views of ``data``.
+    For callers that decode a leaf elsewhere (the fused dequantize of :mod:`kvmem.kv.stream`).
+    """
+    return _tensor_parts(data, -lo, entry)
 
 
 def _decode_leaf(buf: torch.Tensor, start: int, entry: dict[str, Any], kind: str) -> object:

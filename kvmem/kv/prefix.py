@@ -173,7 +173,7 @@ class PrefixCache:
             out = self.model(**inputs, use_cache=True, **{self._cache_arg: cache}, **extra)
             return out.logits[:, -logits_to_keep:] if logits_to_keep else out.logits
 
-        logits, cache, reused, loaded = self._with_prefix(keys, ids.shape[1] - 1, forward)
+        logits, cache, reused, loaded = self._with_prefix(keys, ids.shape[1], forward)
         self._store_new_chunks(ids, cache, keys, first=loaded)
         self._count_tokens(ids.shape[1], reused)
         self.memory.metrics.ttft_seconds.observe(time.perf_counter() - start)
@@ -192,7 +192,7 @@ class PrefixCache:
         def run(cache: DynamicCache, reused: int) -> Any:
             return self.model.generate(ids, use_cache=True, **{self._cache_arg: cache}, **generate_kwargs)
 
-        out, cache, reused, loaded = self._with_prefix(keys, ids.shape[1] - 1, run)
+        out, cache, reused, loaded = self._with_prefix(keys, ids.shape[1], run)
         self._count_tokens(ids.shape[1], reused)
         seq = out.sequences if hasattr(out, "sequences") else out
         if seq.shape[0] == 1:
@@ -231,16 +231,19 @@ class PrefixCache:
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def _with_prefix(self, keys: list[str], limit: int,
+    def _with_prefix(self, keys: list[str], total: int,
                      run: Callable[[DynamicCache, int], T]) -> tuple[T, DynamicCache, int, int]:
-        """``run(cache, reused)`` with the stored prefix streaming in; on a bad chunk, again without it.
+        """``run(cache, reused)`` with the stored prefix of a ``total``-token prompt streaming in.
+
+        On a bad chunk, ``run`` again without it.
 
         Returns:
             ``(run's result, cache, tokens reused, chunks known stored)``.
         """
+        limit = total - 1  # NOTE: the last prompt token is always computed (see the module docstring)
         while True:
             try:
-                cache, reused, sources = self._load_prefix(keys, limit)
+                cache, reused, sources = self._load_prefix(keys, limit, total)
                 result = run(cache, reused)
             except ChunkLoadError as exc:
                 self._chunk_failed(exc)
@@ -249,11 +252,12 @@ class PrefixCache:
             self._count_chunk_hits(keys, sources)
             return result, cache, reused, len(sources)
 
-    def _load_prefix(self, keys: list[str], limit: int) -> tuple[DynamicCache, int, list[ChunkSource]]:
+    def _load_prefix(self, keys: list[str], limit: int, total: int) -> tuple[DynamicCache, int, list[ChunkSource]]:
         """A cache set up to receive the longest stored run of ``keys``, at most ``limit`` tokens.
 
         The bytes stream in layer by layer behind the forward pass (or all before it
-        with ``layerwise=False``).
+        with ``layerwise=False``); int8/int4 layers leave room for the rest of the
+        ``total``-token prompt, which the first forward pass computes.
 
         Returns:
             ``(cache, tokens it will hold, the chunks' sources)``. NOTE: a chunk cut by
@@ -272,7 +276,8 @@ class PrefixCache:
         reused = min(len(sources) * self.block_size, limit)
         if reused:
             assert isinstance(cache, StreamingCache)
-            cache.loader = LayerwiseLoader(sources, cache, self.block_size, reused, self._device)
+            cache.loader = LayerwiseLoader(sources, cache, self.block_size, reused, self._device,
+                                           room=total - reused)
             if not self.layerwise:
                 cache.loader.wait_all(install=False)
         return cache, reused, sources

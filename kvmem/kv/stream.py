@@ -5,9 +5,18 @@ CRC segment (:mod:`kvmem.blob`). A background thread reads the chunks layer by
 layer with ranged reads (``pread`` on disk, slices in memory; the next layer's
 ranges requested ahead), and checks every segment before its bytes are used.
 :class:`StreamingCache` makes the model's ``update`` for layer ``i`` block until
-layer ``i`` is in, so reading later layers overlaps the compute of earlier ones,
-and concatenates the checked chunk pieces with the new tokens' K/V: the prefix is
-copied once, as the forward pass over a cache already in memory copies it.
+layer ``i`` is in, so reading later layers overlaps the compute of earlier ones.
+
+How a layer's prefix gets into the cache depends on its chunks' codec:
+
+- int8/int4 chunks are decoded on the target device by the fused dequantize + scatter
+  op (:func:`kvmem.cuda.dequantize_into`): each chunk-layer's codes and scales move to
+  the device in one copy and are written straight into a ``[B, H, S, D]`` buffer the
+  loader allocates, with room after the prefix for the first update's new tokens, so
+  no float chunk is made on the host and the prefix is never copied again;
+- other chunks (lossless, fp16, bf16) decode to checked per-chunk pieces, mostly views
+  of the tier's buffers, concatenated with the new tokens' K/V: the prefix is copied
+  once, as the forward pass over a cache already in memory copies it.
 
 A chunk that cannot be read or fails a check stops the load: the waiting layer
 raises :class:`ChunkLoadError` naming the chunk, and the caller retries with the
@@ -25,8 +34,11 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from kvmem import blob as blobfmt
-from kvmem.codecs.pipeline import check_owner, decode_tensor_range
-from kvmem.errors import IntegrityError, KVMemError
+from kvmem.codecs import tensor_codec
+from kvmem.codecs.pipeline import check_owner, decode_tensor_range, tensor_parts_range
+from kvmem.codecs.quant import QuantCodec
+from kvmem.cuda.kvquant import dequantize_kv_into
+from kvmem.errors import CodecError, IntegrityError, KVMemError
 from kvmem.kv.layout import install_prefix
 from kvmem.stores.base import StorageTier
 
@@ -50,6 +62,90 @@ class ChunkSource:
 
     key: str
     tier: StorageTier
+
+
+@dataclass
+class _Pieces:
+    """A layer's prefix as checked per-chunk pieces (often views of a tier's buffer: never written to)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    def whole(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prefix's K and V, joined in one copy."""
+        return torch.cat(self.keys, dim=-2), torch.cat(self.values, dim=-2)
+
+    def extended(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prefix followed by new tokens' K and V, in one copy (what ``DynamicLayer.update`` makes)."""
+        return torch.cat([*self.keys, key_states], dim=-2), torch.cat([*self.values, value_states], dim=-2)
+
+
+@dataclass
+class _Filled:
+    """A layer's prefix written in place by the fused path: ``[B, H, S + room, D]`` buffers the loader owns."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    room: int  # tokens left free after the prefix
+
+    def whole(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prefix's K and V: views of the buffers."""
+        end = self.keys.shape[-2] - self.room
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def extended(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prefix followed by new tokens' K and V: written into the room when they fill it exactly."""
+        if not self.room or key_states.shape[-2] != self.room:
+            keys, values = self.whole()
+            return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
+        # NOTE: the buffers are this layer's alone (the loader made them for it): filling the room
+        # in place leaves the prefix where the fused op wrote it, uncopied.
+        self.keys[:, :, -self.room:] = key_states
+        self.values[:, :, -self.room:] = value_states
+        return self.keys, self.values
+
+
+_LayerPrefix = _Pieces | _Filled
+
+
+def _quantized(leaf: dict[str, Any]) -> bool:
+    """Whether a K/V leaf is int8/int4-coded (then the fused op decodes it, straight into the cache).
+
+    Raises:
+        CodecError: the leaf names an unknown codec.
+    """
+    return isinstance(tensor_codec(leaf["codec"]), QuantCodec) and not leaf["meta"].get("raw")
+
+
+def _parts_on(device: torch.device, data: torch.Tensor, lo: int,
+              leaves: list[dict[str, Any]]) -> list[dict[str, torch.Tensor]]:
+    """Each leaf's codec parts (in checked ``data``, from payload offset ``lo``) on ``device``, moved in one copy."""
+    if data.device != device and not any("raw" in p for leaf in leaves for p in leaf["parts"].values()):
+        data = data.to(device)  # NOTE: the layer's codes and scales as stored: one copy, nothing decoded yet
+    parts = [tensor_parts_range(data, lo, leaf) for leaf in leaves]
+    if all(p.device == device for leaf_parts in parts for p in leaf_parts.values()):
+        return parts
+    return _packed_to(device, parts)
+
+
+def _packed_to(device: torch.device, parts: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+    """``parts`` (lz4 undone on the host) on ``device``, packed into one buffer so that they move in one copy."""
+    flat = [p.reshape(-1).view(torch.uint8) for leaf_parts in parts for p in leaf_parts.values()]
+    offsets, end = [], 0
+    for f in flat:
+        offsets.append(end)
+        end = -(-(end + f.numel()) // 16) * 16  # NOTE: 16-byte aligned, so each part can be viewed as its dtype
+    packed = torch.empty(end, dtype=torch.uint8)
+    for f, off in zip(flat, offsets):
+        packed[off:off + f.numel()] = f
+    moved = packed.to(device)
+    out: list[dict[str, torch.Tensor]] = []
+    for leaf_parts in parts:
+        out.append({})
+        for (name, p), f, off in zip(leaf_parts.items(), flat, offsets):
+            out[-1][name] = moved[off:off + f.numel()].view(p.dtype).reshape(p.shape)
+        flat, offsets = flat[len(leaf_parts):], offsets[len(leaf_parts):]
+    return out
 
 
 class _ChunkReader:
@@ -90,15 +186,40 @@ class _ChunkReader:
         """Tell the tier that layer ``layer_idx`` will be read next."""
         self.source.tier.advise_range(self.source.key, *self.layer_range(layer_idx))
 
+    def leaves(self, layer_idx: int) -> list[dict[str, Any]]:
+        """The header entries of layer ``layer_idx``'s K and V."""
+        return self.header["leaves"][2 * layer_idx: 2 * layer_idx + 2]
+
+    def _checked(self, layer_idx: int) -> tuple[torch.Tensor, int]:
+        """Layer ``layer_idx``'s bytes, every CRC segment checked, and their payload offset."""
+        lo, hi = blobfmt.covering_range(self.header, self.leaves(layer_idx))
+        data = self._read(self.start + lo, self.start + hi)
+        blobfmt.verify_range(self.header, data, lo, check=self.source.tier.checks_crc)
+        return data, lo
+
     def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer_idx``'s K and V, ``[B, H, T, D]``, checked and decoded."""
-        leaves = self.header["leaves"][2 * layer_idx: 2 * layer_idx + 2]
-        lo, hi = blobfmt.covering_range(self.header, leaves)
-        data = self._read(self.start + lo, self.start + hi)
         try:
-            blobfmt.verify_range(self.header, data, lo, check=self.source.tier.checks_crc)
-            return decode_tensor_range(data, lo, leaves[0]), decode_tensor_range(data, lo, leaves[1])
+            data, lo = self._checked(layer_idx)
+            keys, values = self.leaves(layer_idx)
+            return decode_tensor_range(data, lo, keys), decode_tensor_range(data, lo, values)
         except IntegrityError as exc:
+            raise self._error(f"layer {layer_idx}: {exc}", corrupt=True) from None
+
+    def layer_into(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, start: int, skip: int,
+                   count: int) -> None:
+        """Decode tokens ``[skip, skip + count)`` of int8/int4 layer ``layer_idx`` into ``keys``/``values``.
+
+        They go to positions ``start..`` of the buffers. The fused path: codes and scales go
+        to the buffers' device in one copy, and the fused dequantize + scatter op writes the
+        values there (no float chunk is made).
+        """
+        try:
+            data, lo = self._checked(layer_idx)
+            leaves = self.leaves(layer_idx)
+            for dst, leaf, parts in zip((keys, values), leaves, _parts_on(keys.device, data, lo, leaves)):
+                dequantize_kv_into(dst, start, parts, leaf["meta"], skip=skip, count=count)
+        except (IntegrityError, CodecError) as exc:  # NOTE: a CodecError here is a header that misdescribes its parts
             raise self._error(f"layer {layer_idx}: {exc}", corrupt=True) from None
 
 
@@ -107,9 +228,10 @@ class LayerwiseLoader:
 
     The cache's layers get placeholders of the prefix's shape at once (so the cache
     already reports the prefix length); chunk 0's header is read here for the shapes.
-    Each layer's bytes arrive as checked per-chunk views (of the tier's buffer or of
-    the ranged read), and :class:`StreamingCache` concatenates them with the new
-    tokens' K/V in the one copy the forward pass makes anyway.
+    A layer whose chunks are all int8/int4 is dequantized on ``device`` straight into
+    one buffer (see the module docstring); any other arrives as checked per-chunk views
+    (of the tier's buffer or of the ranged read), and :class:`StreamingCache`
+    concatenates them with the new tokens' K/V in the one copy the forward pass makes anyway.
 
     Args:
         sources: the prefix's chunks, in order.
@@ -117,13 +239,16 @@ class LayerwiseLoader:
         block_size: tokens per chunk.
         tokens: prefix length to install (``<= len(sources) * block_size``).
         device: where the prefix's K/V live.
+        room: tokens the cache's first update will add (the computed part of the prompt):
+            the fused path's buffers of full-attention layers leave room for them, so
+            that the update writes them in place instead of copying the prefix.
 
     Raises:
         ChunkLoadError: chunk 0's header cannot be read or is corrupt.
     """
 
     def __init__(self, sources: list[ChunkSource], cache: DynamicCache, block_size: int, tokens: int,
-                 device: torch.device) -> None:
+                 device: torch.device, room: int = 0) -> None:
         self.block_size = block_size
         self.tokens = tokens
         self.error: ChunkLoadError | None = None
@@ -131,9 +256,10 @@ class LayerwiseLoader:
         self._sources = sources
         self._cache = cache
         self._device = device
+        self._room = room
         self._done = [threading.Event() for _ in cache.layers]
         self._filled = [False] * len(cache.layers)
-        self._parts: list[tuple[list[torch.Tensor], list[torch.Tensor]] | None] = [None] * len(cache.layers)
+        self._parts: list[_LayerPrefix | None] = [None] * len(cache.layers)
         self._firsts: list[int] = []
         for i, (layer, (shape, dtype)) in enumerate(zip(cache.layers, first_reader.shapes())):
             first = 0
@@ -163,17 +289,12 @@ class LayerwiseLoader:
                     for reader in readers:
                         if self._holds(reader, self._firsts[layer_idx + 1]):
                             reader.advise(layer_idx + 1)
-                keys, values = [], []
-                for reader in readers:
-                    if not self._holds(reader, first):
-                        continue  # a sliding layer keeps only the prefix's last window
-                    lo = reader.index * self.block_size
-                    hi = min(lo + self.block_size, self.tokens)
-                    ck, cv = reader.layer(layer_idx)
-                    skip = max(first - lo, 0)
-                    keys.append(ck[:, :, skip:hi - lo].to(self._device))
-                    values.append(cv[:, :, skip:hi - lo].to(self._device))
-                self._parts[layer_idx] = (keys, values)
+                # NOTE: a sliding layer keeps only the prefix's last window: chunks before it are not read
+                needed = [reader for reader in readers if self._holds(reader, first)]
+                if all(_quantized(leaf) for reader in needed for leaf in reader.leaves(layer_idx)):
+                    self._parts[layer_idx] = self._fused_layer(layer_idx, needed, first)
+                else:
+                    self._parts[layer_idx] = self._decoded_layer(layer_idx, needed, first)
                 self._filled[layer_idx] = True
                 self._done[layer_idx].set()
         except ChunkLoadError as exc:
@@ -183,6 +304,36 @@ class LayerwiseLoader:
         finally:
             for event in self._done:
                 event.set()
+
+    def _span(self, reader: _ChunkReader, first: int) -> tuple[int, int, int]:
+        """``(start, skip, count)``: ``reader``'s chunk tokens ``[skip, skip + count)`` go to prefix position ``start``.
+
+        The prefix of a layer starts at token ``first``; its positions count from there.
+        """
+        lo = reader.index * self.block_size
+        skip = max(first - lo, 0)
+        return lo + skip - first, skip, min(lo + self.block_size, self.tokens) - lo - skip
+
+    def _decoded_layer(self, layer_idx: int, readers: list[_ChunkReader], first: int) -> _Pieces:
+        """Layer ``layer_idx``'s prefix as checked, decoded per-chunk pieces on the device."""
+        keys, values = [], []
+        for reader in readers:
+            _start, skip, count = self._span(reader, first)
+            ck, cv = reader.layer(layer_idx)
+            keys.append(ck[:, :, skip:skip + count].to(self._device))
+            values.append(cv[:, :, skip:skip + count].to(self._device))
+        return _Pieces(keys, values)
+
+    def _fused_layer(self, layer_idx: int, readers: list[_ChunkReader], first: int) -> _Filled:
+        """Layer ``layer_idx``'s int8/int4 prefix, dequantized chunk by chunk into one buffer for K, one for V."""
+        room = self._room if type(self._cache.layers[layer_idx]) is DynamicLayer else 0
+        keys, values = (torch.empty((*leaf["shape"][:2], self.tokens - first + room, leaf["shape"][3]),
+                                    dtype=getattr(torch, leaf["dtype"]), device=self._device)
+                        for leaf in readers[0].leaves(layer_idx))
+        # NOTE: the spans of the readers tile [first, tokens): every prefix position is written before use.
+        for reader in readers:
+            reader.layer_into(layer_idx, keys, values, *self._span(reader, first))
+        return _Filled(keys, values, room)
 
     def _holds(self, reader: _ChunkReader, first: int) -> bool:
         """Whether a layer whose prefix starts at token ``first`` needs any of ``reader``'s chunk."""
@@ -199,8 +350,8 @@ class LayerwiseLoader:
             assert self.error is not None
             raise self.error
 
-    def take(self, layer_idx: int) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
-        """Layer ``layer_idx``'s prefix K and V as per-chunk pieces, once it is loaded; ``None`` once taken.
+    def take(self, layer_idx: int) -> _LayerPrefix | None:
+        """Layer ``layer_idx``'s prefix K and V (pieces, or filled buffers), once loaded; ``None`` once taken.
 
         Raises:
             ChunkLoadError: the load failed; no unchecked byte reached the layer.
@@ -213,8 +364,8 @@ class LayerwiseLoader:
         """Block until every layer is loaded (the load-everything-first mode).
 
         Args:
-            install: also put every layer's prefix into the cache now (one copy each);
-                otherwise :class:`StreamingCache` does as the forward pass reaches it.
+            install: also put every layer's prefix into the cache now (one copy each, none for
+                filled buffers); otherwise :class:`StreamingCache` does as the forward pass reaches it.
         """
         self._thread.join()
         if self.error is not None:
@@ -223,7 +374,7 @@ class LayerwiseLoader:
             for layer_idx, layer in enumerate(self._cache.layers):
                 parts = self.take(layer_idx)
                 if parts is not None:
-                    layer.keys, layer.values = torch.cat(parts[0], dim=-2), torch.cat(parts[1], dim=-2)
+                    layer.keys, layer.values = parts.whole()
 
 
 class StreamingCache(DynamicCache):
@@ -242,9 +393,9 @@ class StreamingCache(DynamicCache):
             if parts is not None:
                 layer = self.layers[layer_idx]
                 if type(layer) is DynamicLayer:
-                    # NOTE: what DynamicLayer.update does, with the prefix still in pieces: one copy in all
-                    layer.keys = torch.cat([*parts[0], key_states], dim=-2)
-                    layer.values = torch.cat([*parts[1], value_states], dim=-2)
+                    # NOTE: what DynamicLayer.update does, with the prefix still in pieces (one copy in all)
+                    # or filled in place with room for these tokens (no copy of the prefix)
+                    layer.keys, layer.values = parts.extended(key_states, value_states)
                     return layer.keys, layer.values
-                layer.keys, layer.values = torch.cat(parts[0], dim=-2), torch.cat(parts[1], dim=-2)
+                layer.keys, layer.values = parts.whole()
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
