@@ -283,25 +283,28 @@ def cmd_gc(args: argparse.Namespace) -> int:
     """``kvmem gc``: reclaim what no entry needs."""
     with _open_existing(args) as memory:
         report = memory.gc()
-    if args.json:
-        _print_json(dataclasses.asdict(report))
-    else:
-        print(f"removed {report.rows_removed} catalog rows without data; freed "
-              f"{format_size(report.quarantine_bytes_freed)} of quarantined entries; reclaimed "
-              f"{report.versions_reclaimed} pinned versions no pin holds")
-    return EXIT_OK
+    return _print_report(args, report, f"removed {report.rows_removed} catalog rows without data; freed "
+                                       f"{format_size(report.quarantine_bytes_freed)} of quarantined entries; "
+                                       f"reclaimed {report.versions_reclaimed} pinned versions no pin holds")
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     """``kvmem migrate --to-format N``: rewrite the disk tier's blobs while the data directory is in use."""
     with _open_existing(args) as memory:
         report = memory.migrate(args.to_format, progress=sys.stderr.isatty() and not args.json)
+    resumed = "; resumed an interrupted run" if report.resumed else ""
+    return _print_report(args, report, f"disk tier in blob format {report.to_format} (area {report.area}): "
+                                       f"{report.migrated} entries rewritten, {report.present} already there, "
+                                       f"{report.vanished} deleted meanwhile, {report.corrupt} corrupt left "
+                                       f"behind{resumed}")
+
+
+def _print_report(args: argparse.Namespace, report: object, text: str) -> int:
+    """A report dataclass as JSON with ``--json``, else ``text``; exit status OK."""
     if args.json:
-        _print_json(dataclasses.asdict(report))
+        _print_json(dataclasses.asdict(report))  # type: ignore[call-overload]
     else:
-        print(f"disk tier in blob format {report.to_format} (area {report.area}): {report.migrated} entries "
-              f"rewritten, {report.present} already there, {report.vanished} deleted meanwhile, "
-              f"{report.corrupt} corrupt left behind{'; resumed an interrupted run' if report.resumed else ''}")
+        print(text)
     return EXIT_OK
 
 

@@ -38,7 +38,16 @@ class QuantCodec:
     def encode(self, t: torch.Tensor, axis: int) -> Encoded:
         if t.ndim == 0 or t.numel() == 0:
             return {"data": t}, {"raw": True}
-        axis = axis if -t.ndim <= axis < t.ndim else -1
+        x, meta = self.groups(t, axis if -t.ndim <= axis < t.ndim else -1)
+        lo_s, step = self.scales(x.amin(dim=-1, keepdim=True), x.amax(dim=-1, keepdim=True))
+        q = torch.round((x - lo_s.float()) / step.float()).clamp_(0, self.levels).to(torch.uint8)
+        if self.bits == 4:
+            q = q[..., 0::2] | (q[..., 1::2] << 4)
+        return {"q": q.contiguous(), "step": step.contiguous(), "lo": lo_s.contiguous()}, meta
+
+    def groups(self, t: torch.Tensor, axis: int) -> tuple[torch.Tensor, dict[str, Any]]:
+        """``t`` as fp32 groups ``[rows, G, group]`` along ``axis`` (the last group padded with its last
+        element), and the codec's ``meta`` for them."""
         moved = t.movedim(axis, -1)
         moved_shape = list(moved.shape)
         cols = moved_shape[-1]
@@ -47,19 +56,21 @@ class QuantCodec:
         x = moved.reshape(-1, cols).float()
         if padded != cols:
             x = torch.cat([x, x[:, -1:].expand(-1, padded - cols)], dim=1)
-        x = x.reshape(x.shape[0], padded // group, group)
-        lo = x.amin(dim=-1, keepdim=True)
-        hi = x.amax(dim=-1, keepdim=True)
-        if not (torch.isfinite(lo).all() and torch.isfinite(hi).all()):
+        meta = {"axis": axis, "group": group, "cols": cols, "moved_shape": moved_shape}
+        return x.reshape(x.shape[0], padded // group, group), meta
+
+    def scales(self, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each group's stored minimum and step: fp16, or fp32 where fp16 breaks the half-step bound.
+
+        Raises:
+            CodecError: a group holds inf or nan.
+        """
+        if not bool(torch.isfinite(lo).all() & torch.isfinite(hi).all()):
             raise CodecError(f"codec {self.name}: tensor holds inf or nan; use none, fp16 or bf16 for it")
         lo_s, step = self._scales(lo, hi, torch.float16)
         if not self._within_half_step(lo, hi, lo_s, step):
             lo_s, step = self._scales(lo, hi, torch.float32)
-        q = torch.round((x - lo_s.float()) / step.float()).clamp_(0, self.levels).to(torch.uint8)
-        if self.bits == 4:
-            q = q[..., 0::2] | (q[..., 1::2] << 4)
-        meta = {"axis": axis, "group": group, "cols": cols, "moved_shape": moved_shape}
-        return {"q": q.contiguous(), "step": step.contiguous(), "lo": lo_s.contiguous()}, meta
+        return lo_s, step
 
     def _scales(self, lo: torch.Tensor, hi: torch.Tensor, sdtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Each group's minimum and step, rounded to ``sdtype`` (a step of 0 becomes 1: a constant group)."""

@@ -46,24 +46,11 @@ def quantize_kv(t: torch.Tensor, bits: int, group: int, axis: int) -> tuple[Part
     """
     codec = QuantCodec(bits, group)
     _check(t, axis, "quantize_kv input")
-    moved = t.movedim(axis, -1)
-    moved_shape = list(moved.shape)
-    cols = moved_shape[-1]
-    group = min(codec.group, cols + cols % 2)
-    padded = -(-cols // group) * group
-    x = moved.reshape(-1, cols).float()
-    if padded != cols:
-        x = torch.cat([x, x[:, -1:].expand(-1, padded - cols)], dim=1)
-    x = x.reshape(x.shape[0], padded // group, group).contiguous()
+    x, meta = codec.groups(t, axis)
+    x = x.contiguous()
     lo, hi = cuda.group_minmax(x)
-    if not bool(torch.isfinite(lo).all() & torch.isfinite(hi).all()):
-        raise CodecError(f"codec {codec.name}: tensor holds inf or nan; use none, fp16 or bf16 for it")
-    # NOTE: the codec's own scale rules (fp16, or fp32 where fp16 breaks the half-step bound).
-    lo_s, step = codec._scales(lo, hi, torch.float16)
-    if not codec._within_half_step(lo, hi, lo_s, step):
-        lo_s, step = codec._scales(lo, hi, torch.float32)
+    lo_s, step = codec.scales(lo, hi)  # NOTE: the codec's own scale rules, on the device
     q = cuda.quantize_groups(x, lo_s, step, bits)
-    meta = {"axis": axis, "group": group, "cols": cols, "moved_shape": moved_shape}
     return {"q": q, "step": step.contiguous(), "lo": lo_s.contiguous()}, meta
 
 

@@ -14,6 +14,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
 
@@ -24,8 +25,42 @@ from kvmem.stores.base import TierBase
 
 __all__ = ["MemoryTier", "CpuTier", "GpuTier"]
 
+E = TypeVar("E")
 
-class MemoryTier(TierBase):
+
+class _LruTier(TierBase, Generic[E]):
+    """What the in-memory tiers share: entries by key in LRU order, and the bytes they hold."""
+
+    def __init__(self) -> None:
+        # NOTE: OrderedDict order is the LRU order: first = least recently used.
+        self._entries: OrderedDict[str, E] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def _forget(self, entry: E) -> None:
+        """Account for ``entry`` leaving (caller holds ``_lock``)."""
+        raise NotImplementedError
+
+    def contains(self, key: str) -> bool:
+        return key in self._entries
+
+    def delete(self, key: str) -> bool:
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._forget(old)
+            return old is not None
+
+    def keys(self) -> Iterator[str]:
+        with self._lock:
+            snapshot = list(self._entries)
+        return iter(snapshot)
+
+    def usage(self) -> int:
+        return self._bytes
+
+
+class MemoryTier(_LruTier[torch.Tensor]):
     """LRU of blob buffers on ``device``; all operations O(1).
 
     Args:
@@ -43,10 +78,7 @@ class MemoryTier(TierBase):
         self.capacity = capacity
         self.device = torch.device(device)
         self.pin_memory = pin_memory and self.device.type == "cpu"
-        # NOTE: OrderedDict order is the LRU order: first = least recently used.
-        self._entries: OrderedDict[str, torch.Tensor] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
+        super().__init__()
 
     def get(self, key: str) -> torch.Tensor | None:
         with self._lock:
@@ -62,23 +94,8 @@ class MemoryTier(TierBase):
             self._bytes += buf.numel() - (old.numel() if old is not None else 0)
             self._entries[key] = buf
 
-    def contains(self, key: str) -> bool:
-        return key in self._entries
-
-    def delete(self, key: str) -> bool:
-        with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._bytes -= old.numel()
-            return old is not None
-
-    def keys(self) -> Iterator[str]:
-        with self._lock:
-            snapshot = list(self._entries)
-        return iter(snapshot)
-
-    def usage(self) -> int:
-        return self._bytes
+    def _forget(self, entry: torch.Tensor) -> None:
+        self._bytes -= entry.numel()
 
 
 class CpuTier(MemoryTier):
@@ -88,7 +105,7 @@ class CpuTier(MemoryTier):
         super().__init__("cpu", capacity, "cpu", pin_memory=torch.cuda.is_available())
 
 
-class GpuTier(TierBase):
+class GpuTier(_LruTier["_Entry"]):
     """Device-memory tier on a paged pool: blobs live in fixed-size pages of one preallocated buffer.
 
     No allocation per entry and no fragmentation: a blob takes ``ceil(nbytes / page_bytes)``
@@ -134,10 +151,7 @@ class GpuTier(TierBase):
         self._host_staging = torch.empty((1, run * self.page_bytes), dtype=torch.uint8, pin_memory=pin)
         self._staging = self._host_staging if self.device.type == "cpu" else torch.empty_like(
             self._host_staging, device=self.device)
-        # NOTE: OrderedDict order is the LRU order of entries: first = least recently used.
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
+        super().__init__()
 
     def get(self, key: str) -> torch.Tensor | None:
         with self._lock:
@@ -168,7 +182,7 @@ class GpuTier(TierBase):
             self._write(blocks, blob)
             old = self._entries.pop(key, None)
             if old is not None:  # NOTE: the new version is written before the old one's pages are freed
-                self._release(old)
+                self._forget(old)
             self._entries[key] = _Entry(blocks, blob.nbytes)
             self._bytes += blob.nbytes
 
@@ -196,27 +210,9 @@ class GpuTier(TierBase):
         self._buffer.write(blocks[done:done + n], self._staging[:, :n * self.page_bytes])
         return done + n
 
-    def contains(self, key: str) -> bool:
-        return key in self._entries
-
-    def delete(self, key: str) -> bool:
-        with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._release(old)
-            return old is not None
-
-    def _release(self, entry: _Entry) -> None:
+    def _forget(self, entry: _Entry) -> None:
         self._buffer.pool.free(entry.blocks)
         self._bytes -= entry.nbytes
-
-    def keys(self) -> Iterator[str]:
-        with self._lock:
-            snapshot = list(self._entries)
-        return iter(snapshot)
-
-    def usage(self) -> int:
-        return self._bytes
 
     @property
     def free_pages(self) -> int:

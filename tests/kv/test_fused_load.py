@@ -24,7 +24,7 @@ from kvmem.kv import PrefixCache
 from kvmem.kv import stream as kvstream
 from kvmem.kv.layout import cache_argument, new_cache
 from kvmem.kv.stream import ChunkLoadError, ChunkSource, LayerwiseLoader, StreamingCache
-from tests.kv.workers import BLOCK, NEW_TOKENS, PROMPT_B, SHARED
+from tests.kv.workers import BLOCK, NEW_TOKENS, PROMPT_B, SHARED, stored_sources
 
 QUANT = ["int8", "int4", "int4+lz4"]
 
@@ -115,18 +115,6 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Calls]:
     yield Calls(monkeypatch)
 
 
-def _stored(memory: kvmem.Memory, pc: PrefixCache) -> list[ChunkSource]:
-    pc.prefill(PROMPT_B)
-    pc.flush()
-    out = []
-    for key in pc.chunk_keys(PROMPT_B):
-        skey = memory.storage_key(key, pc.namespace)
-        tier = memory.tiers.locate(skey)
-        assert tier is not None
-        out.append(ChunkSource(skey, tier))
-    return out
-
-
 def _decoded_prefix(sources: list[ChunkSource], layer_idx: int, first: int, tokens: int
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefix tokens ``[first, tokens)`` of a layer by the decode path, from the whole blobs."""
@@ -149,7 +137,7 @@ def test_fused_load_writes_the_decode_paths_values(tiny_model: Callable, open_me
                                                    compression: str, tier: str) -> None:
     model = tiny_model(arch)
     memory = open_memory(cpu_bytes="64MiB" if tier == "cpu" else 0)
-    sources = _stored(memory, prefix_cache(model, memory, compression=compression))[:4]
+    sources = stored_sources(memory, prefix_cache(model, memory, compression=compression))[:4]
     assert {s.tier.name for s in sources} == {tier}
     tokens = 4 * BLOCK - 3  # the last chunk is cut; mistral's window also starts inside a chunk
     cache = new_cache(model, StreamingCache)
@@ -181,7 +169,7 @@ def test_prefill_and_generate_are_bit_identical_to_the_decode_path(
         monkeypatch: pytest.MonkeyPatch, arch: str, compression: str) -> None:
     model = tiny_model(arch)
     memory = open_memory(cpu_bytes=0)  # ranged reads from disk
-    _stored(memory, prefix_cache(model, memory, compression=compression))
+    stored_sources(memory, prefix_cache(model, memory, compression=compression))
     # prefill and generate each load 4 chunks: one op call per chunk, layer and K/V (a sliding layer: its window's)
     windows = [getattr(layer, "sliding_window", SHARED + 1) - 1 for layer in new_cache(model).layers]
     chunk_layers = sum(4 - max(0, SHARED - w) // BLOCK for w in windows)
@@ -206,7 +194,7 @@ def test_the_prompts_new_tokens_go_into_the_room_the_prefix_is_not_copied(
         layerwise: bool) -> None:
     model = tiny_model("llama")
     memory = open_memory()
-    _stored(memory, prefix_cache(model, memory, compression="int8"))
+    stored_sources(memory, prefix_cache(model, memory, compression="int8"))
     buffers: list[torch.Tensor] = []
     fused_layer = LayerwiseLoader._fused_layer
 
@@ -227,7 +215,7 @@ def test_room_that_does_not_fit_the_update_falls_back_to_one_copy(tiny_model: Ca
                                                                  prefix_cache: Callable) -> None:
     model = tiny_model("qwen2")
     memory = open_memory()
-    sources = _stored(memory, prefix_cache(model, memory, compression="int8"))[:4]
+    sources = stored_sources(memory, prefix_cache(model, memory, compression="int8"))[:4]
     suffix = PROMPT_B[:, SHARED:SHARED + 3]
     logits = []
     for room in (3, 7):  # exactly the 3 new tokens; more than them
@@ -247,7 +235,7 @@ def test_a_corrupt_int8_segment_is_caught_before_the_op_reads_it(tiny_model: Cal
                                                                  prefix_cache: Callable, calls: Calls) -> None:
     model = tiny_model("llama")
     memory = open_memory(cpu_bytes=0)
-    sources = _stored(memory, prefix_cache(model, memory, compression="int8"))[:4]
+    sources = stored_sources(memory, prefix_cache(model, memory, compression="int8"))[:4]
     path = _chunk_file(memory, sources[2])
     data = bytearray(path.read_bytes())
     data[-10] ^= 0xFF  # inside the last layer's V segment
@@ -266,7 +254,7 @@ def test_lossless_chunks_keep_the_decode_path(tiny_model: Callable, open_memory:
                                               calls: Calls) -> None:
     model = tiny_model("llama")
     memory = open_memory()
-    _stored(memory, prefix_cache(model, memory, compression="fp16"))
+    stored_sources(memory, prefix_cache(model, memory, compression="fp16"))
     assert not isinstance(tensor_codec("fp16"), QuantCodec)
     calls.fused = calls.decoded = 0
     assert prefix_cache(model, memory, compression="fp16").prefill(PROMPT_B).reused_tokens == SHARED

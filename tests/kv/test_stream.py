@@ -9,25 +9,11 @@ import pytest
 import torch
 
 import kvmem
-from kvmem.kv import PrefixCache
 from kvmem.kv.layout import new_cache
 from kvmem.kv.stream import ChunkLoadError, ChunkSource, LayerwiseLoader, StreamingCache
-from tests.kv.workers import BLOCK, PROMPT_B, WINDOW
+from tests.kv.workers import BLOCK, PROMPT_B, WINDOW, stored_sources
 
 EXACT = 1e-5
-
-
-def _stored(memory: kvmem.Memory, pc: PrefixCache) -> list[ChunkSource]:
-    """Sources of PROMPT_B's stored chunks, as the prefix cache would locate them."""
-    pc.prefill(PROMPT_B)
-    pc.flush()
-    sources = []
-    for key in pc.chunk_keys(PROMPT_B):
-        skey = memory.storage_key(key, pc.namespace)
-        tier = memory.tiers.locate(skey)
-        assert tier is not None
-        sources.append(ChunkSource(skey, tier))
-    return sources
 
 
 def _chunk_file(memory: kvmem.Memory, source: ChunkSource) -> Path:
@@ -40,7 +26,7 @@ def test_loader_fills_each_layer_with_the_stored_prefix(tiny_model: Callable, op
                                                        prefix_cache: Callable, arch: str, tier: str) -> None:
     model = tiny_model(arch)
     memory = open_memory(cpu_bytes="64MiB" if tier == "cpu" else 0)
-    sources = _stored(memory, prefix_cache(model, memory))
+    sources = stored_sources(memory, prefix_cache(model, memory))
     assert {s.tier.name for s in sources} == {tier}
     full = new_cache(model)  # records every token, sliding layers included
     with torch.no_grad():
@@ -64,7 +50,7 @@ def test_a_corrupt_layer_segment_is_reported_with_its_chunk(tiny_model: Callable
                                                             prefix_cache: Callable) -> None:
     model = tiny_model("llama")
     memory = open_memory(cpu_bytes=0)
-    sources = _stored(memory, prefix_cache(model, memory))
+    sources = stored_sources(memory, prefix_cache(model, memory))
     path = _chunk_file(memory, sources[2])
     data = bytearray(path.read_bytes())
     data[-10] ^= 0xFF  # inside the last layer's V segment
@@ -82,7 +68,7 @@ def test_a_chunk_gone_before_the_read_is_not_called_corrupt(tiny_model: Callable
                                                             prefix_cache: Callable) -> None:
     model = tiny_model("llama")
     memory = open_memory(cpu_bytes=0)
-    sources = _stored(memory, prefix_cache(model, memory))
+    sources = stored_sources(memory, prefix_cache(model, memory))
     _chunk_file(memory, sources[1]).unlink()
     cache = new_cache(model, StreamingCache)
     loader = LayerwiseLoader(sources[:4], cache, BLOCK, 4 * BLOCK, torch.device("cpu"))
@@ -114,7 +100,7 @@ def test_corrupt_header_of_the_first_chunk_falls_back_to_a_full_prefill(tiny_mod
     model = tiny_model("qwen2")
     memory = open_memory(cpu_bytes=0)
     pc = prefix_cache(model, memory)
-    sources = _stored(memory, pc)
+    sources = stored_sources(memory, pc)
     path = _chunk_file(memory, sources[0])
     data = bytearray(path.read_bytes())
     data[30] ^= 0x01  # the JSON header

@@ -27,6 +27,7 @@ from transformers import (
 
 import kvmem
 from kvmem.kv import PrefixCache
+from kvmem.kv.stream import ChunkSource
 
 ARCHS = ("llama", "qwen2", "gpt2", "mistral")
 BLOCK = 16  # tokens per chunk in these tests
@@ -67,6 +68,19 @@ def build_model(arch: str, seed: int = 0) -> PreTrainedModel:
     """``arch`` with random weights drawn from ``seed`` (fp32, eval mode)."""
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config(arch)).eval()
+
+
+def stored_sources(memory: kvmem.Memory, pc: PrefixCache) -> list[ChunkSource]:
+    """Prefill PROMPT_B, then the sources of its stored chunks, as the prefix cache would locate them."""
+    pc.prefill(PROMPT_B)
+    pc.flush()
+    sources = []
+    for key in pc.chunk_keys(PROMPT_B):
+        skey = memory.storage_key(key, pc.namespace)
+        tier = memory.tiers.locate(skey)
+        assert tier is not None
+        sources.append(ChunkSource(skey, tier))
+    return sources
 
 
 def disk_reuse(path: str, arch: str) -> dict[str, object]:
