@@ -72,7 +72,7 @@ class Memory:
         self._semantics: dict[str, SemanticIndex] = {}  # "" -> the text layer; else an embedder's name
         self._semantic_lock = threading.Lock()
         self.catalog = Catalog(self.config.resolved_catalog_url, flush_seconds=_CATALOG_FLUSH_SECONDS,
-                               on_error=self._catalog_failed)
+                               on_error=self._catalog_failed, journal=Path(self.config.path) / "catalog-pending")
         self.tiers = TieredStore(build_tiers(self.config), self.metrics,
                                  offload_threshold=self.config.offload_threshold,
                                  write_policy=self.config.write_policy, queue_size=self.config.write_back_queue,

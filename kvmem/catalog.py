@@ -47,6 +47,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 
 from kvmem.errors import ConfigError, TierUnavailable
+from kvmem.journal import Journal
 
 __all__ = ["Catalog", "EntryRow", "create_tables", "dialect_insert", "unreachable"]
 
@@ -188,6 +189,9 @@ class Catalog:
         flush_seconds: write buffered hits and removals from a timer thread this long
             after the first one (``None``: only when :meth:`flush` is called).
         on_error: told of a database failure in that timer thread (default: logged).
+        journal: a directory where upserts the database missed are also kept on disk
+            (:mod:`kvmem.journal`): a process killed during an outage loses none, the next
+            catalog opened there replays them. ``None``: kept in memory only.
 
     Raises:
         ConfigError: ``url`` is not a database URL SQLAlchemy knows.
@@ -195,7 +199,7 @@ class Catalog:
     """
 
     def __init__(self, url: str, *, flush_seconds: float | None = None,
-                 on_error: Callable[[SQLAlchemyError], None] | None = None) -> None:
+                 on_error: Callable[[SQLAlchemyError], None] | None = None, journal: Path | None = None) -> None:
         try:
             parsed = make_url(url)
         except ArgumentError:
@@ -235,6 +239,11 @@ class Catalog:
             raise TierUnavailable(f"catalog {parsed.render_as_string(hide_password=True)} cannot be "
                                   f"reached: {exc.__class__.__name__}: {exc.orig if hasattr(exc, 'orig') else exc}"
                                   ) from None
+        self._journal = Journal(journal) if journal is not None else None
+        if self._journal is not None:
+            with self._lock:
+                self._keep(self._journal.claim_orphans())  # NOTE: stores of a process killed during an outage
+                self._schedule_flush()
 
     @property
     def pending(self) -> int:
@@ -258,6 +267,7 @@ class Catalog:
         row = {"key": key, "namespace": self._text(namespace), "user_key": self._text(user_key[:256]), "kind": kind,
                "size": size, "stored_size": stored_size, "codec": codec, "crc": crc, "tiers": ",".join(tiers),
                "metadata": metadata, "last_access": now, "state": "ok", "version": 1, "created": now, "hits": 0}
+        store = dict(row)  # NOTE: this store alone (version 1): what the journal records
         with self._lock:
             self._removed.discard(key)
             missed = self._pending.pop(key, None)
@@ -271,6 +281,8 @@ class Catalog:
             if unreachable(exc):
                 with self._lock:
                     self._keep([row])
+                    if self._journal is not None:
+                        self._journal.append([store])
                     self._schedule_flush()
             raise
 
@@ -360,6 +372,9 @@ class Catalog:
                     conn.execute(_ADD_HITS, [{"k": key, "n": hits[key][0], "t": hits[key][1]} for key in sorted(hits)])
                 if removed:
                     conn.execute(delete(entries).where(entries.c.key.in_(sorted(removed))))
+            if pending and self._journal is not None:
+                with self._lock:  # NOTE: the database has them now; what is queued since stays journaled
+                    self._journal.rewrite(list(self._pending.values()))
         except SQLAlchemyError as exc:
             if not unreachable(exc):
                 with self._lock:

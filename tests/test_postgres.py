@@ -182,6 +182,51 @@ def test_outage_mid_run_keeps_serving_and_the_catalog_catches_up(tmp_path: Path,
         assert {e.user_key: e.version for e in other.entries()} == versions
 
 
+_OUTAGE_CHILD = """
+import json, sys
+from kvmem import Memory
+mem = Memory(sys.argv[1], catalog_url=sys.argv[2], **json.loads(sys.argv[3]))
+mem.store("a", b"a1")
+print("READY", flush=True)
+sys.stdin.readline()  # the parent stops PostgreSQL
+for key, value in (("b", b"b1"), ("a", b"a2"), ("c", b"c1"), ("a", b"a3")):
+    mem.store(key, value)
+print("STORED", mem.catalog.pending, flush=True)
+sys.stdin.readline()  # killed here
+"""
+
+
+def test_a_process_killed_during_an_outage_loses_no_catalog_write(tmp_path: Path,
+                                                                   postgres_server: PostgresServer) -> None:
+    """Stores made while PostgreSQL is down are journaled: the next memory opened there writes them."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", _OUTAGE_CHILD, str(tmp_path / "n"), postgres_server.url,
+                              json.dumps(SMALL)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        assert child.stdout.readline().split() == ["READY"]
+        postgres_server.stop()
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().split() == ["STORED", "3"]  # a (twice), b, c queued
+        assert len(list((tmp_path / "n" / "catalog-pending").glob("pending.*.jsonl"))) == 1
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        child.kill()
+    postgres_server.start()
+    with node(tmp_path / "n", postgres_server.url) as mem:  # claims the dead process's journal
+        _wait(lambda: mem.catalog.pending == 0)
+        assert {e.user_key: e.version for e in mem.entries()} == {"a": 3, "b": 1, "c": 1}
+        assert (mem.load("a"), mem.load("b"), mem.load("c")) == (b"a3", b"b1", b"c1")
+        assert list((tmp_path / "n" / "catalog-pending").iterdir()) == []  # taken by the database: gone
+
+
 def test_nodes_with_their_own_tiers_never_reap_each_others_rows(tmp_path: Path, pg: str) -> None:
     """A shared catalog without a shared tier: B holds none of A's entries, and must not drop their rows."""
     with node(tmp_path / "a", pg) as a:
