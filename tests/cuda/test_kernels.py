@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from kvmem.cuda import reference
 from kvmem.cuda.kvquant import dequantize_kv, dequantize_kv_into, quantize_kv
 from kvmem.cuda.transfer import plan_runs
 from kvmem.errors import CodecError, ConfigError
+from tests.servers import missing
 
 CASES = [(bits, axis, tokens) for bits in (8, 4) for axis in (-2, -1) for tokens in (16, 13, 70)]
 
@@ -105,7 +107,8 @@ print("same bits")
 
 def test_triton_kernels_match_references_in_the_triton_interpreter() -> None:
     """The Triton source, run by Triton's CPU interpreter (a fresh process: the mode is read at import)."""
-    pytest.importorskip("triton")
+    if importlib.util.find_spec("triton") is None:
+        missing("triton is not installed (torch's Linux wheels bring it)")  # NOTE: fails under CI, never skips
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
     done = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True, timeout=240)
