@@ -11,6 +11,8 @@ from kvmem.cuda import reference
 from kvmem.cuda.kvquant import quantize_kv
 from kvmem.paged import PagedBuffer
 from kvmem.stores import GpuTier
+from tests.stores.blobs import blob_of
+from tests.stores.test_gpu_tier import key, raw
 
 pytestmark = pytest.mark.cuda
 
@@ -57,8 +59,6 @@ def test_paged_buffer_and_gpu_tier_on_the_device() -> None:
     buf.write([3, 9, 0, 31, 7], src)
     assert torch.equal(buf.read([3, 9, 0, 31, 7]), src)
     tier = GpuTier(8 << 20)
-    from tests.paged.test_gpu_tier import blob_of, key, raw
-
     enc = blob_of(bytes(range(256)) * 9000)  # > 2 MB: several 1 MB staged runs
     tier.put(key(0), enc)
     got = tier.get(key(0))

@@ -16,17 +16,16 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 import kvmem
 from kvmem import blob as blobfmt
-from kvmem.blob import EncodedBlob
 from kvmem.codecs import parse_codec
 from kvmem.errors import IntegrityError
 from kvmem.stores import CpuTier, DiskTier, GpuTier, StorageTier, TieredStore
 from tests.bounds import assert_bit_exact, error_bound
+from tests.stores.blobs import blob_of
 
 SPECS = ["none", "fp16", "bf16", "int8", "int4", "lz4", "int8+lz4", "int4+lz4"]
 STACKS = ["cpu", "disk", "gpu", "cpu+disk"]
@@ -49,9 +48,6 @@ def tier(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StorageTier
     yield made
     made.close()
 
-
-def blob_of(payload: bytes, kind: str = "test") -> EncodedBlob:
-    return blobfmt.encode({"kind": kind}, [np.frombuffer(payload, dtype=np.uint8)])
 
 
 def key(i: int) -> str:

@@ -7,14 +7,10 @@ import pytest
 import torch
 
 import kvmem
-from kvmem import blob as blobfmt
 from kvmem.blob import EncodedBlob
 from kvmem.errors import CapacityError
 from kvmem.stores import CpuTier, GpuTier
-
-
-def blob_of(payload: bytes) -> EncodedBlob:
-    return blobfmt.encode({"kind": "test"}, [np.frombuffer(payload, dtype=np.uint8)])
+from tests.stores.blobs import blob_of
 
 
 def key(i: int) -> str:

@@ -23,6 +23,7 @@ from kvmem.errors import CapacityError, ConfigError, IntegrityError
 from kvmem.stores import StorageTier, build_tiers
 from kvmem.stores.redis import RedisTier, redact
 from tests.servers import RedisServer
+from tests.stores.blobs import blob_of
 from tests.stores.redis_helpers import (
     open_memories,
     redis_tier,
@@ -33,9 +34,6 @@ from tests.stores.redis_helpers import (
 
 MemoryFactory = Callable[..., kvmem.Memory]
 
-
-def blob_of(payload: bytes) -> blobfmt.EncodedBlob:
-    return blobfmt.encode({"kind": "test"}, [np.frombuffer(payload, dtype=np.uint8)])
 
 
 def key(i: int) -> str:

@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
 
-import numpy as np
 import pytest
 import redis
 import torch
@@ -25,6 +24,7 @@ from kvmem.errors import ConfigError
 from kvmem.stores import build_tiers
 from kvmem.stores.redis import RedisTier, redact
 from tests.redis_cluster import RedisCluster
+from tests.stores.blobs import blob_of
 from tests.stores.redis_helpers import (
     open_memories,
     redis_tier,
@@ -36,9 +36,6 @@ from tests.stores.redis_helpers import (
 MemoryFactory = Callable[..., kvmem.Memory]
 ENTRIES = 50
 
-
-def blob_of(payload: bytes) -> blobfmt.EncodedBlob:
-    return blobfmt.encode({"kind": "test"}, [np.frombuffer(payload, dtype=np.uint8)])
 
 
 def key(i: int) -> str:
