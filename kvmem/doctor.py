@@ -268,7 +268,7 @@ def _churn(s: Snapshot, live: LiveMetrics, t: Thresholds) -> list[Finding]:
 
 # -- (e) integrity ---------------------------------------------------------------------------------------
 def check_integrity(s: Snapshot, t: Thresholds) -> list[Finding]:
-    """CRC failures and quarantined entries; tiers that fail."""
+    """CRC failures and quarantined entries; tiers that fail; a blob-format migration left unfinished."""
     crc = sum(s.live.crc_failures.values()) if s.live is not None else 0
     numbers: dict[str, Number] = {"quarantined_rows": s.quarantined_rows, "quarantine_files": s.quarantine_files,
                                   "quarantine_bytes": s.quarantine_bytes}
@@ -287,6 +287,12 @@ def check_integrity(s: Snapshot, t: Thresholds) -> list[Finding]:
                            {**{f"tier_errors_{k}": v for k, v in sorted(errors.items())},
                             "unhealthy": ",".join(down) or "-"},
                            "check the failing tier: disk space and permissions, Redis / PostgreSQL reachability"))
+    areas = s.disk_areas
+    if areas is not None and areas.target is not None:
+        out.append(Finding("integrity", "warn", f"a blob-format migration to format {areas.target_format} is under "
+                           f"way (area {areas.target}); entries are read from both areas until it finishes",
+                           {"active_format": areas.format, "target_format": areas.target_format or 0},
+                           f"finish it: `kvmem migrate --to-format {areas.target_format}` (resumes where it stopped)"))
     if not out:
         out.append(Finding("integrity", "ok", "nothing quarantined, no failing tiers (`kvmem verify` reads every "
                            "copy for a full CRC scan)", numbers))

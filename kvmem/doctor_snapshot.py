@@ -24,6 +24,8 @@ from kvmem.catalog import entries
 from kvmem.config import Config
 from kvmem.errors import TierUnavailable
 from kvmem.metrics import Metrics
+from kvmem.stores import DiskTier
+from kvmem.stores.areas import AreaState
 
 __all__ = ["HistogramSummary", "KVChunkGroup", "LiveMetrics", "Snapshot", "TierState", "take_snapshot",
            "kv_block_size"]
@@ -99,6 +101,7 @@ class Snapshot:
     quarantine_bytes: int = 0
     kv: tuple[KVChunkGroup, ...] = ()
     live: LiveMetrics | None = None
+    disk_areas: AreaState | None = None  # the disk tier's areas (a blob-format migration under way?)
 
     def tier(self, name: str) -> TierState | None:
         return next((t for t in self.tiers if t.name == name), None)
@@ -124,9 +127,11 @@ def take_snapshot(memory: Memory, *, live: bool = True) -> Snapshot:
                   for t in stats.tiers)
     files = [p for t in memory.tiers.tiers for p in _quarantined(t)]
     totals, kv = _catalog_facts(memory)
+    disk = next((t for t in memory.tiers.tiers if isinstance(t, DiskTier)), None)
     return Snapshot(config=memory.config, tiers=tiers, quarantine_files=len(files),
                     quarantine_bytes=sum(_size(p) for p in files), kv=kv,
-                    live=_live(memory.metrics) if live else None, **totals)
+                    live=_live(memory.metrics) if live else None,
+                    disk_areas=disk.areas if disk is not None else None, **totals)
 
 
 def _quarantined(tier: object) -> list[Path]:

@@ -31,6 +31,7 @@ from kvmem.doctor_snapshot import (
 )
 from kvmem.kv import PrefixCache
 from kvmem.metrics import Metrics
+from kvmem.stores.areas import AreaState
 from tests.kv.workers import build_model, prompt
 
 GiB = 1024**3
@@ -222,6 +223,12 @@ def test_integrity_warns_on_failing_tiers() -> None:
                    {"tiers": (TIERS[0], replace(TIERS[1], healthy=False))}):
         f = only(check(snap(**fields)), "integrity")
         assert f.severity == "warn" and "disk" in f.title
+
+
+def test_integrity_warns_on_an_unfinished_migration() -> None:
+    f = only(check(snap(disk_areas=AreaState("blobs", 1, "blobs.f2", 2))), "integrity")
+    assert f.severity == "warn" and "format 2" in f.title and "kvmem migrate --to-format 2" in f.recommendation
+    assert only(check(snap(disk_areas=AreaState("blobs.f2", 2))), "integrity").severity == "ok"
 
 
 # -- rendering and the histogram summary -------------------------------------------------------------------

@@ -23,6 +23,8 @@ import kvmem
 from kvmem import blob as blobfmt
 from kvmem.codecs import parse_codec
 from kvmem.codecs.pipeline import encode_value
+from kvmem.doctor import check
+from kvmem.doctor_snapshot import take_snapshot
 from kvmem.errors import ConfigError
 from kvmem.migrate import _hottest_first
 from kvmem.stores import DiskTier
@@ -176,6 +178,8 @@ def test_a_killed_migration_resumes_and_meanwhile_nothing_is_missed(legacy: kvme
     assert all(legacy.load(f"k{i}") == {"i": i, "pad": "x" * 5000} for i in range(n))  # from either area
     legacy.store("during", {"i": -1})
     assert formats(root, "blobs.f2") == {(2, 64)}  # writes go to the new area, in its format
+    unfinished = [f for f in check(take_snapshot(legacy, live=False)) if "migration" in f.title]
+    assert [f.severity for f in unfinished] == ["warn"]  # kvmem doctor says how to finish it
 
     with pytest.raises(ConfigError, match="a migration to format 2 is under way"):
         legacy.migrate(1)
