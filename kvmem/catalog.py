@@ -433,10 +433,11 @@ class Catalog:
         with self.engine.connect() as conn:
             return [EntryRow(**r) for r in conn.execute(stmt).mappings()]
 
-    def keys(self) -> Iterator[str]:
-        """Every key in the catalog."""
+    def keys(self, hottest_first: bool = False) -> Iterator[str]:
+        """Every key in the catalog (with ``hottest_first``: by hits, most first)."""
+        stmt = select(entries.c.key).order_by(entries.c.hits.desc()) if hottest_first else select(entries.c.key)
         with self.engine.connect() as conn:
-            return iter([r[0] for r in conn.execute(select(entries.c.key))])
+            return iter([r[0] for r in conn.execute(stmt)])
 
     def totals(self) -> dict[str, int]:
         """``entries``, and ``size``, ``stored_size`` and ``hits`` summed over all rows."""

@@ -116,7 +116,7 @@ def _hottest_first(disk: DiskTier, catalog: Catalog, area: str) -> list[str]:
     """Keys of ``area``: by catalog hits, most first; then those the catalog does not know, most recent first."""
     held = disk.area_keys(area)
     known = set(held)
-    order = [row.key for row in catalog.rows(order="hits") if row.key in known]
+    order = [key for key in catalog.keys(hottest_first=True) if key in known]  # NOTE: keys only, no row bodies
     listed = set(order)
     return order + [key for key in reversed(held) if key not in listed]
 

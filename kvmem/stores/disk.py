@@ -72,7 +72,8 @@ class DiskTier(TierBase):
         self._quarantine = self.root / "quarantine"
         self._quarantine.mkdir(parents=True, exist_ok=True)
         self._state_file = os.fspath(self.root / STATE_FILE)
-        self._use_state(read_state(self.root))
+        stamp = self._state_stamp()
+        self._use_state(read_state(self.root), stamp)
         self._lock = threading.Lock()
         # NOTE: key -> size; order is the LRU order (first = least recently used).
         self._index: OrderedDict[str, int] = OrderedDict()
@@ -100,30 +101,31 @@ class DiskTier(TierBase):
         write_state(self.root, state)
         self._refresh()
 
-    def _use_state(self, state: AreaState) -> None:
+    def _use_state(self, state: AreaState, stamp: tuple[int, int]) -> None:
+        """Follow ``state``, read from ``areas.json`` as it was at ``stamp``."""
         self._state = state
         self._dirs = tuple(os.fspath(self.root / name) + os.sep for name in state.reading_order)
         self._write_dir = os.fspath(self.root / state.write_area) + os.sep
         os.makedirs(self._write_dir, exist_ok=True)
+        self._stamp = stamp
         self._checked = time.monotonic()
-        try:
-            st = os.stat(self._state_file)
-            self._stamp = (st.st_mtime_ns, st.st_ino)
-        except FileNotFoundError:
-            self._stamp = (0, 0)
 
     def _refresh(self) -> bool:
         """Follow ``areas.json`` if another process changed it; whether it had changed."""
-        try:
-            st = os.stat(self._state_file)
-            stamp = (st.st_mtime_ns, st.st_ino)
-        except FileNotFoundError:
-            stamp = (0, 0)
+        stamp = self._state_stamp()
         self._checked = time.monotonic()
         if stamp == self._stamp:
             return False
-        self._use_state(read_state(self.root))
+        self._use_state(read_state(self.root), stamp)
         return True
+
+    def _state_stamp(self) -> tuple[int, int]:
+        """``areas.json``'s (mtime, inode), taken before it is read: a change made after the read shows."""
+        try:
+            st = os.stat(self._state_file)
+        except FileNotFoundError:
+            return (0, 0)
+        return (st.st_mtime_ns, st.st_ino)
 
     def area_keys(self, area: str) -> list[str]:
         """Keys with a file in ``area``, least recently used first."""
