@@ -58,7 +58,7 @@ from safetensors.torch import load_file, save_file
 
 import kvmem
 from kvmem import Memory
-from kvmem.stores import DiskTier, MemoryTier
+from kvmem.stores import CpuTier, DiskTier
 
 # Llama-3-8B KV layout of one 256-token chunk.
 LAYERS, KV_HEADS, TOKENS, HEAD_DIM = 32, 8, 256, 128
@@ -234,7 +234,7 @@ def open_memory(root: Path, name: str, *, cpu_bytes: int, disk_bytes: int, fsync
     return Memory(path=str(root / name), cpu_bytes=cpu_bytes, disk_bytes=disk_bytes, fsync=fsync)
 
 
-def tier(mem: Memory, kind: type) -> MemoryTier | DiskTier:
+def tier(mem: Memory, kind: type) -> CpuTier | DiskTier:
     """``mem``'s tier of class ``kind``."""
     return next(t for t in mem.tiers.tiers if isinstance(t, kind))
 
@@ -266,7 +266,7 @@ def bench_cpu_load(root: Path, values: Sequence[Chunk | torch.Tensor], repeat: i
     size = nbytes_of(values[0])
     with open_memory(root, f"cpu-{label}", cpu_bytes=4 * size * len(values) + (64 << 20), disk_bytes=0) as mem:
         keys = fill(mem, values, "cpu")
-        cpu = tier(mem, MemoryTier)
+        cpu = tier(mem, CpuTier)
         blobs = [cpu.get(mem.storage_key(k)).numpy() for k in keys]  # type: ignore[union-attr]
         kv_t, base_t = side_by_side(load_all(mem, keys), lambda: [copy_owned(b) for b in blobs], repeat)
     return Row("CPU tier load", "np.copyto into np.empty", size, len(values), kv_t, base_t, TARGETS["cpu_load"])

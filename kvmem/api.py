@@ -12,7 +12,9 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -21,16 +23,19 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import SQLAlchemyError
 
 from kvmem import blob as blobfmt
+from kvmem.blob import EncodedBlob
 from kvmem.catalog import Catalog
-from kvmem.codecs import parse_codec
+from kvmem.codecs import CodecSpec, parse_codec
 from kvmem.codecs.pipeline import check_owner, decode_value, encode_value, value_kind
 from kvmem.config import Config, load_config
-from kvmem.errors import CapacityError, ConfigError, IntegrityError, TierUnavailable
+from kvmem.errors import CapacityError, ConfigError, IntegrityError, OutputMismatch, TierUnavailable
 from kvmem.keys import storage_key
+from kvmem.loads import check_out, copy_into, fill, read_back
 from kvmem.maintenance import GcReport, VerifyReport, collect_garbage, verify_entries
 from kvmem.metrics import Metrics
 from kvmem.records import EntryInfo, Loaded, Stats, TierStats, entry_info
-from kvmem.stores import DiskTier, TieredStore, build_tiers
+from kvmem.stores import DiskTier, Stored, TieredStore, build_tiers
+from kvmem.stores.files import io_pool
 from kvmem.versions import Pin, Versions
 
 if TYPE_CHECKING:  # NOTE: kvmem.semantic loads only when a text is stored or looked up
@@ -111,8 +116,46 @@ class Memory:
             TierUnavailable: no tier could take the value.
         """
         start = time.perf_counter()
-        skey = self.storage_key(key, namespace)
         spec = parse_codec(compression)
+        job = self._prepare(key, value, namespace, spec, metadata)
+        stored = self.tiers.put(job.skey, job.encoded)
+        self._record(job, stored)
+        if text is not None:  # NOTE: a catalog outage costs the text its index row, never the store
+            index = self.semantic_index()
+            self._catalog_write(lambda: index.add(job.skey, text, namespace or ""))
+        self.metrics.store_seconds.observe(time.perf_counter() - start)
+        return job.skey
+
+    def store_many(self, items: Mapping[str | bytes, object] | Sequence[tuple[str | bytes, object]], *,
+                   namespace: str | None = None, compression: str | None = None) -> list[str]:
+        """Store several values in one call: each copied once into the top tier, the persistent tiers
+        written in parallel and made durable together, the catalog rows written in one transaction.
+
+        Args:
+            items: ``{key: value}`` or ``[(key, value), ...]`` (see :meth:`store` for keys and values).
+            namespace: scope of every key.
+            compression: codec spec for floating-point tensors (see :meth:`store`).
+
+        Returns:
+            The storage keys, in order.
+
+        Raises:
+            InvalidKeyError, UnsupportedValueError, CodecError, CapacityError: bad input; nothing is stored.
+            TierUnavailable: no tier could take some value (the others are stored).
+        """
+        start = time.perf_counter()
+        spec = parse_codec(compression)
+        pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
+        jobs = [self._prepare(key, value, namespace, spec, None) for key, value in pairs]
+        for job, stored in zip(jobs, self.tiers.put_many([(job.skey, job.encoded) for job in jobs])):
+            self._record(job, stored)
+        self.metrics.store_seconds.observe(time.perf_counter() - start)
+        return [job.skey for job in jobs]
+
+    def _prepare(self, key: str | bytes, value: object, namespace: str | None, spec: CodecSpec,
+                 metadata: dict[str, Any] | None) -> _Job:
+        """``value`` encoded as the blob ``key`` will be stored as (checked against the tiers' sizes)."""
+        skey = self.storage_key(key, namespace)
         # NOTE: a str key may hold lone surrogates, which no database accepts as text
         preview = key.encode("utf-8", "backslashreplace").decode() if isinstance(key, str) else key.hex()
         encoded, raw = encode_value(value, spec, metadata, info={"namespace": namespace or "",
@@ -123,19 +166,21 @@ class Memory:
             raise CapacityError(f"value of {encoded.nbytes} bytes (encoded) under key {preview[:80]!r} is larger "
                                 f"than every tier (largest: {largest} bytes); raise cpu_bytes/disk_bytes "
                                 "or store it compressed")
-        written = self.tiers.put(skey, encoded)
-        if not written and not self.config.write_policy == "back":
-            raise TierUnavailable(f"no tier could store key {preview[:80]!r}: every tier that fits "
-                                  f"{encoded.nbytes} bytes is failing (see kvmem_tier_errors_total)")
-        self._catalog_write(lambda: self.catalog.upsert(
-            skey, namespace=namespace or "", user_key=preview, kind=value_kind(value), size=raw,
-            stored_size=encoded.nbytes, codec=str(spec), crc=encoded.crc, tiers=written, metadata=metadata or {}))
-        if text is not None:  # NOTE: a catalog outage costs the text its index row, never the store
-            index = self.semantic_index()
-            self._catalog_write(lambda: index.add(skey, text, namespace or ""))
-        self.metrics.stored(raw, encoded.nbytes)
-        self.metrics.store_seconds.observe(time.perf_counter() - start)
-        return skey
+        return _Job(skey, preview, namespace or "", value_kind(value), str(spec), raw, encoded, metadata or {})
+
+    def _record(self, job: _Job, stored: Stored) -> None:
+        """Queue ``job``'s catalog row (write-behind) and count it.
+
+        Raises:
+            TierUnavailable: no tier took the value (and no write-back will).
+        """
+        if not stored.tiers and not self.config.write_policy == "back":
+            raise TierUnavailable(f"no tier could store key {job.preview[:80]!r}: every tier that fits "
+                                  f"{job.encoded.nbytes} bytes is failing (see kvmem_tier_errors_total)")
+        self.catalog.upsert_later(job.skey, namespace=job.namespace, user_key=job.preview, kind=job.kind,
+                                  size=job.raw, stored_size=job.encoded.nbytes, codec=job.codec,
+                                  crc=_crc_of(stored.blob), tiers=stored.tiers, metadata=job.metadata)
+        self.metrics.stored(job.raw, job.encoded.nbytes)
 
     # -- semantic lookup ---------------------------------------------------------
     def semantic_index(self, embedder: Embedder | None = None) -> SemanticIndex:
@@ -184,6 +229,7 @@ class Memory:
 
         index = self.semantic_index()
         matches: list[Match] = []
+        self._catalog_write(self.catalog.flush_all)  # NOTE: rows of stores still queued (write-behind) are read
         for skey, score, text in index.search(query, namespace or "", k, threshold, verify):
             if not self.tiers.contains(skey):  # NOTE: evicted from every tier: never a dangling hit
                 if self._sees_every_entry:  # NOTE: else another node may hold it: its row stays
@@ -219,7 +265,7 @@ class Memory:
         fetched, corrupt = self.tiers.get(skey)
         while fetched is not None:
             try:
-                value, header = decode_value(fetched.buf, device, fetched.head)
+                value, header = decode_value(fetched.buf, device, fetched.head, copy=not fetched.owned)
                 check_owner(header, skey)
             except IntegrityError as exc:
                 # NOTE: the copy passed its CRC, so it was written whole, but it is not this
@@ -238,11 +284,12 @@ class Memory:
 
     def load(self, key: str | bytes, default: V | None = None, *, namespace: str | None = None,
              device: torch.device | str | None = None, regenerate: Callable[[], Any] | None = None,
-             strict: bool | None = None) -> Any:
+             strict: bool | None = None, out: torch.Tensor | None = None) -> Any:
         """The value stored under ``key``, or ``default``.
 
-        Every copy read from a tier below the GPU is CRC-checked; a corrupt copy
-        is quarantined and never returned.
+        Every copy read from disk or a remote tier is CRC-checked (the CPU tier's pages were
+        checked as they came in; ``cpu_verify`` checks them again); a corrupt copy is
+        quarantined and never returned.
 
         Args:
             key: the key given to :meth:`store`.
@@ -252,9 +299,21 @@ class Memory:
             regenerate: called on a miss or corruption; its result is stored and returned.
             strict: raise :class:`IntegrityError` when only corrupt copies were found
                 (default: ``config.strict``).
+            out: a tensor of the stored tensor's shape and dtype, of any layout and device
+                (e.g. a slice of a KV cache): the value is written into it, with no other
+                buffer allocated (one copy for lossless values), and ``out`` is returned.
+                On a miss it is left as it is, unless a corrupt copy was read into it first.
+
+        Raises:
+            OutputMismatch: ``out`` does not match the stored value (nothing is written).
         """
         start = time.perf_counter()
-        loaded, corrupt = self._fetch(self.storage_key(key, namespace), device)
+        skey = self.storage_key(key, namespace)
+        if out is not None:
+            hit, corrupt = self._fetch_into(skey, check_out(out))
+            loaded = Loaded(out, "", {}) if hit else None
+        else:
+            loaded, corrupt = self._fetch(skey, device)
         if loaded is not None:
             value = loaded.value
         elif corrupt and (strict if strict is not None else self.config.strict):
@@ -263,10 +322,69 @@ class Memory:
         elif regenerate is not None:
             value = regenerate()
             self.store(key, value, namespace=namespace)
+            if out is not None:
+                value = copy_into(out, value)
         else:
             value = default
         self.metrics.load_seconds.observe(time.perf_counter() - start)
         return value
+
+    def load_many(self, keys: Sequence[str | bytes], *, namespace: str | None = None,
+                  out: Sequence[torch.Tensor] | None = None, device: torch.device | str | None = None) -> list[Any]:
+        """:meth:`load` for several keys: those in memory copied on this thread, the others read from their
+        files several at a time (kvmem's I/O threads).
+
+        Args:
+            keys: the keys given to :meth:`store`.
+            namespace: their namespace.
+            out: one tensor per key to load into (see :meth:`load`), e.g. the slices of a KV cache.
+            device: put tensors on this device (without ``out``).
+
+        Returns:
+            Per key: the value (``out[i]`` itself with ``out``), or ``None`` on a miss.
+
+        Raises:
+            OutputMismatch: ``out`` is not one tensor per key, or one does not match its stored value.
+        """
+        start = time.perf_counter()
+        skeys = [self.storage_key(k, namespace) for k in keys]
+        outs = [check_out(t) for t in out] if out is not None else None
+        if outs is not None and len(outs) != len(skeys):
+            raise OutputMismatch(f"out holds {len(outs)} tensors for {len(skeys)} keys: expected one per key")
+
+        def one(i: int) -> Any:
+            if outs is not None:
+                return outs[i] if self._fetch_into(skeys[i], outs[i])[0] else None
+            loaded = self._fetch(skeys[i], device)[0]
+            return None if loaded is None else loaded.value
+
+        top = self.tiers.tiers[0] if self.tiers.tiers else None
+        near = [i for i, k in enumerate(skeys) if top is not None and not top.persistent and top.contains(k)]
+        far = [i for i in range(len(skeys)) if i not in set(near)]
+        values: list[Any] = [None] * len(skeys)
+        for i in near:
+            values[i] = one(i)
+        for i, value in zip(far, io_pool().map(one, far) if len(far) > 1 else map(one, far)):
+            values[i] = value
+        self.metrics.load_seconds.observe(time.perf_counter() - start)
+        return values
+
+    def _fetch_into(self, skey: str, out: torch.Tensor) -> tuple[bool, int]:
+        """Write ``skey``'s tensor into ``out``; ``(hit, corrupt copies found)``. A hit below the top tier is
+        promoted from ``out`` (no second read)."""
+        header, reader, corrupt = self.tiers.read(skey, lambda r: fill(r, skey, out))
+        if header is None or reader is None:
+            self.metrics.miss("unknown")
+            if corrupt:
+                self._catalog_write(lambda: self.catalog.set_state(skey, "quarantined"))
+            return False, corrupt
+        self.metrics.hit(reader.tier, header.get("kind", "tree"))
+        self.catalog.record_hit(skey)
+        if self.tiers.tiers and reader.tier != self.tiers.tiers[0].name:
+            blob = read_back(reader, out)
+            if blob is not None:
+                self.tiers.promote(skey, blob, reader.tier)
+        return True, corrupt
 
     def pin(self, key: str | bytes, *, namespace: str | None = None, lease: float | None = None) -> Pin | None:
         """Pin the current version of ``key``: ``pin.load()`` returns it until ``pin.release()``.
@@ -313,7 +431,7 @@ class Memory:
     def info(self, key: str | bytes, *, namespace: str | None = None) -> EntryInfo | None:
         """Catalog facts about ``key`` and the tiers that hold it now, or ``None`` (also when the catalog is down)."""
         skey = self.storage_key(key, namespace)
-        self._catalog_write(self.catalog.flush)
+        self._catalog_write(self.catalog.flush_all)
         row = self._catalog_write(lambda: self.catalog.get(skey))
         if row is None:
             return None
@@ -340,7 +458,7 @@ class Memory:
     # -- maintenance -------------------------------------------------------------
     def stats(self) -> Stats:
         """Catalog totals, tier occupancy and counters since this instance started."""
-        self._catalog_write(self.catalog.flush)
+        self._catalog_write(self.catalog.flush_all)
         self.tiers.update_usage_metrics()
         totals = self._catalog_write(self.catalog.totals) or {"entries": 0, "size": 0, "stored_size": 0, "hits": 0}
         m = self.metrics
@@ -392,7 +510,7 @@ class Memory:
 
     def entries(self, namespace: str | None = None, limit: int | None = None) -> Iterator[EntryInfo]:
         """Catalog entries, most recently used first (none while the catalog is down)."""
-        self._catalog_write(self.catalog.flush)
+        self._catalog_write(self.catalog.flush_all)
         for row in self._catalog_write(lambda: self.catalog.rows(namespace, limit)) or []:
             yield entry_info(row, [])
 
@@ -452,6 +570,29 @@ class Memory:
         """Count and log a database failure (also one of the catalog's background flushes)."""
         self.metrics.tier_errors.labels(tier="catalog").inc()
         log.warning("kvmem: catalog operation failed (%s); the data path goes on without it", exc)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One value on its way into the tiers: its key, its blob, and its catalog facts."""
+
+    skey: str
+    preview: str
+    namespace: str
+    kind: str
+    codec: str
+    raw: int
+    encoded: EncodedBlob
+    metadata: dict[str, Any]
+
+
+def _crc_of(blob: EncodedBlob) -> int | Callable[[], int | None]:
+    """What the catalog records as ``blob``'s CRC: the CRC, or a function computing it at the catalog's flush
+    (off the caller's thread) while the blob is still held by a tier."""
+    if blob.sealed:
+        return blob.crc
+    held = weakref.ref(blob)
+    return lambda: None if (b := held()) is None else b.crc
 
 
 # -- the module-level default -----------------------------------------------------------

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -43,10 +45,11 @@ import numpy as np
 import torch
 
 from kvmem.errors import IntegrityError
+from kvmem.rows import Source, byte_rows, nbytes_of
 
 __all__ = [
     "MAGIC", "FORMATS", "FORMAT_VERSION", "ALIGN", "PAGE", "HEAD_PROBE", "alignment", "format_of",
-    "EncodedBlob", "Header", "StreamVerifier", "Verified",
+    "EncodedBlob", "Piece", "Header", "chain_crc", "StreamVerifier", "Verified",
     "encode", "parse", "parse_head", "header_extent", "verify", "copy_verified", "payload_start",
     "segment_offsets", "stored_crc", "empty_buffer", "covering_range", "verify_range",
 ]
@@ -63,6 +66,7 @@ HEAD_PROBE = 4096
 _PREFIX = struct.Struct("<8sHHIII")
 _CRC_AT = 20
 _ZEROS = np.zeros(PAGE, dtype=np.uint8)
+_CRC_WIDTH = 10  # NOTE: a u32 in decimal: the header's CRC slots are this wide, so sealing never moves a byte
 # NOTE: copy+CRC in 4 MiB steps: the CRC reads each step while it is still in (L3) cache.
 # Measured on a 33.5 MB blob (2-core EPYC VM): copy+CRC ran at 0.75-0.83 of a plain
 # copy with 4 MiB steps, 0.63-0.77 with 1 MiB steps, 0.72-0.76 with 8 MiB steps.
@@ -104,28 +108,137 @@ def payload_start(header_len: int, align: int = ALIGN) -> int:
 
 
 @dataclass(frozen=True)
+class Piece:
+    """Payload bytes of a blob: ``source`` (any layout) goes at blob offset ``offset``, after ``pad`` zero bytes
+    that belong to the same CRC segment."""
+
+    offset: int
+    source: Source
+    pad: int = 0
+
+
 class EncodedBlob:
-    """A blob as parts (uint8 arrays) ready to be written or copied once.
+    """A blob ready to be copied or written once: its head (prefix, header, padding) and its payload pieces.
+
+    The pieces are the value's own bytes (a strided KV cache slice stays strided: it is
+    copied once, into pool pages or a file, never first into a contiguous temporary).
+    The CRCs are computed when first needed (:meth:`seal`): by the tier that writes the
+    bytes out (in the same pass as the write), by the catalog, or by a reader of
+    :attr:`parts`. Until then the header's CRC fields hold zeros, in fixed-width slots,
+    so sealing rewrites the head in place and never moves the payload.
 
     Attributes:
-        parts: prefix, header, padding and payload segments, in order.
+        head: prefix + JSON header + padding, ``start`` bytes (a view into a tier's pages
+            for a blob a tier holds).
+        pieces: payload pieces by increasing offset; bytes no piece covers are zero.
         nbytes: total size in bytes.
-        crc: the header CRC32C (it covers the segment CRCs, so it names the whole content).
+        header: the parsed header (segment CRCs filled once sealed), or ``None`` when
+            wrapped from bytes (:meth:`from_buffer`).
     """
 
-    parts: tuple[np.ndarray, ...]
-    nbytes: int
-    crc: int
+    def __init__(self, head: np.ndarray, pieces: tuple[Piece, ...], nbytes: int, header: Header | None,
+                 crc_at: tuple[int, ...] = (), sealed: bool = True) -> None:
+        self.head = head
+        self.pieces = pieces
+        self.nbytes = nbytes
+        self.header = header
+        self._crc_at = crc_at  # NOTE: offsets in head of each segment's 10-digit CRC slot
+        self._sealed = sealed
+        self._lock = threading.Lock()
 
     @classmethod
-    def from_buffer(cls, buf: torch.Tensor) -> EncodedBlob:
-        """Wrap a contiguous blob (e.g. one held by a tier) without copying it."""
+    def from_buffer(cls, buf: torch.Tensor, parsed: tuple[Header, int] | None = None) -> EncodedBlob:
+        """Wrap a whole, sealed blob (e.g. one a tier read) without copying it.
+
+        Args:
+            buf: the blob's bytes.
+            parsed: ``(header, payload_start)`` as its check parsed them; without it the
+                blob is not parsed at all, and its :attr:`head` is the whole blob.
+        """
         host = buf if buf.device.type == "cpu" else buf.cpu()
         arr = host.numpy()
-        return cls(parts=(arr,), nbytes=arr.size, crc=stored_crc(host))
+        if parsed is None:
+            return cls(arr, (), arr.size, None)
+        header, start = parsed
+        return cls(arr[:start], (Piece(start, arr[start:]),) if arr.size > start else (), arr.size, header)
+
+    def crc_slots(self) -> tuple[int, ...]:
+        """Where the segment CRCs go in :attr:`head` (for a copy of this blob that will be sealed on its own)."""
+        return self._crc_at
+
+    @property
+    def start(self) -> int:
+        """Offset of the payload (the head's size)."""
+        return self.head.size
+
+    @property
+    def sealed(self) -> bool:
+        """Whether the CRCs are in place."""
+        return self._sealed
+
+    @property
+    def crc(self) -> int:
+        """The header CRC32C (it covers the segment CRCs, so it names the whole content); seals first."""
+        self.seal()
+        return int.from_bytes(self.head[_CRC_AT:_PREFIX.size].tobytes(), "little")
+
+    def seal(self, crcs: Sequence[int] | None = None) -> None:
+        """Fill in the segment CRCs (computed from the pieces unless given) and the header CRC. Idempotent.
+
+        Args:
+            crcs: the segments' CRCs as a writer computed them in its own pass over the bytes.
+        """
+        with self._lock:
+            if self._sealed:
+                return
+            assert self.header is not None
+            if crcs is None:
+                crcs = [chain_crc(self.segment_rows(i)) for i in range(len(self._crc_at))]
+            for i, (at, crc) in enumerate(zip(self._crc_at, crcs)):
+                self.head[at:at + _CRC_WIDTH] = np.frombuffer(f"{crc:{_CRC_WIDTH}d}".encode(), np.uint8)
+                self.header["segments"][i][1] = crc
+            self.head[_CRC_AT:_PREFIX.size] = np.frombuffer(_header_crc(self.head).to_bytes(4, "little"), np.uint8)
+            self._sealed = True
+
+    def segment_rows(self, i: int) -> list[np.ndarray]:
+        """Contiguous byte rows of CRC segment ``i`` (its leading padding included)."""
+        assert self.header is not None
+        table = self.header["segments"]
+        return self.rows(self.start + (table[i - 1][0] if i else 0), self.start + table[i][0])
+
+    def rows(self, lo: int, hi: int) -> list[np.ndarray]:
+        """Contiguous byte rows of payload bytes ``[lo, hi)`` (blob offsets), padding as zeros.
+
+        NOTE: a piece is cut only if its source is contiguous (a tier's pages); pieces of
+        a value's own tensors are whole segments, so segment bounds never cut them.
+        """
+        rows: list[np.ndarray] = []
+        for piece in self.pieces:
+            first, end = piece.offset - piece.pad, piece.offset + nbytes_of(piece.source)
+            if end <= lo or first >= hi:
+                continue
+            if piece.offset > max(lo, first):
+                rows.append(_ZEROS[:piece.offset - max(lo, first)])
+            if lo <= piece.offset and end <= hi:
+                rows += byte_rows(piece.source)
+            else:
+                (whole,) = byte_rows(piece.source, min_row=0) or [_ZEROS[:0]]
+                rows.append(whole[max(lo, piece.offset) - piece.offset:min(hi, end) - piece.offset])
+        return rows
+
+    @property
+    def parts(self) -> tuple[np.ndarray, ...]:
+        """The sealed blob as contiguous uint8 arrays, in order (strided pieces are copied to make them so)."""
+        self.seal()
+        out = [self.head]
+        for piece in self.pieces:
+            if piece.pad:
+                out.append(_ZEROS[:piece.pad])
+            out += byte_rows(piece.source)
+        return tuple(out)
 
     def to_tensor(self, device: torch.device | str = "cpu", pin_memory: bool = False) -> torch.Tensor:
-        """One contiguous uint8 tensor holding the blob (a single copy of each part)."""
+        """One contiguous uint8 tensor holding the sealed blob (a single copy of each part)."""
         out = empty_buffer(self.nbytes, pin_memory)
         dst = out.numpy()
         offset = 0
@@ -135,9 +248,17 @@ class EncodedBlob:
         return out if torch.device(device).type == "cpu" else out.to(device)
 
 
-def encode(header: Header, segments: list[np.ndarray], blob_format: int = FORMAT_VERSION,
+def chain_crc(rows: Sequence[np.ndarray]) -> int:
+    """CRC32C of the concatenation of ``rows``."""
+    crc = 0
+    for row in rows:
+        crc = crc32c.crc32c(row, crc)
+    return crc
+
+
+def encode(header: Header, segments: Sequence[Source], blob_format: int = FORMAT_VERSION,
            align: int = ALIGN) -> EncodedBlob:
-    """Frame ``segments`` behind ``header``, with a CRC per segment and one for the header.
+    """Frame ``segments`` behind ``header``; their CRCs are computed when the blob is sealed.
 
     Each segment's offset (from the payload start) and size are recorded by the
     caller in ``header`` (see :func:`segment_offsets`); this function lays them out
@@ -145,7 +266,8 @@ def encode(header: Header, segments: list[np.ndarray], blob_format: int = FORMAT
 
     Args:
         header: JSON-able dict without ``payload_nbytes`` or ``segments``.
-        segments: uint8 arrays, in the order of their recorded offsets.
+        segments: the segments' bytes (uint8 arrays, or tensors of any dtype and layout),
+            in the order of their recorded offsets; they are not copied.
         blob_format: one of :data:`FORMATS`.
         align: segment alignment: :data:`ALIGN` in format 1; in format 2 a power of two
             from 64 to :data:`PAGE` (:func:`alignment` picks it).
@@ -154,25 +276,29 @@ def encode(header: Header, segments: list[np.ndarray], blob_format: int = FORMAT
         raise IntegrityError(f"blob format {blob_format!r} with alignment {align!r}: accepted format 1 with "
                              f"{ALIGN}, format 2 with a power of two from {ALIGN} to {PAGE}")
     offset = 0
-    body: list[np.ndarray] = []
-    table: list[list[int]] = []
+    spans: list[tuple[int, int, Source]] = []  # (pad, payload offset, source)
+    ends: list[int] = []
     for seg in segments:
-        pad = _align(offset, align) - offset
-        crc = crc32c.crc32c(_ZEROS[:pad]) if pad else 0
-        if pad:
-            body.append(_ZEROS[:pad])
-        body.append(seg)
-        offset += pad + seg.size
-        table.append([offset, crc32c.crc32c(seg, crc)])
-    header = {**header, "payload_nbytes": offset, "segments": table}
-    hjson = json.dumps(header, separators=(",", ":"), allow_nan=True).encode()
-    head = np.zeros(payload_start(len(hjson), align), dtype=np.uint8)
+        at = _align(offset, align)
+        spans.append((at - offset, at, seg))
+        offset = at + nbytes_of(seg)
+        ends.append(offset)
+    body = json.dumps({**header, "payload_nbytes": offset}, separators=(",", ":"), allow_nan=True)
+    text = body[:-1] + ("," if len(body) > 2 else "") + '"segments":['
+    crc_at = []
+    for i, end in enumerate(ends):
+        text += f"[{end},"
+        crc_at.append(_PREFIX.size + len(text))
+        text += " " * (_CRC_WIDTH - 1) + "0]" + ("," if i + 1 < len(ends) else "")
+    hjson = (text + "]}").encode()
+    start = payload_start(len(hjson), align)
+    head = np.zeros(start, dtype=np.uint8)
     flags = align.bit_length() - 1 if blob_format == 2 else 0
     head[:_PREFIX.size] = np.frombuffer(_PREFIX.pack(MAGIC, blob_format, flags, len(hjson), 0, 0), np.uint8)
     head[_PREFIX.size:_PREFIX.size + len(hjson)] = np.frombuffer(hjson, dtype=np.uint8)
-    crc = _header_crc(head)
-    head[_CRC_AT:_PREFIX.size] = np.frombuffer(crc.to_bytes(4, "little"), dtype=np.uint8)
-    return EncodedBlob((head, *body), head.size + offset, crc)
+    parsed = {**header, "payload_nbytes": offset, "segments": [[end, 0] for end in ends]}
+    pieces = tuple(Piece(start + at, seg, pad) for pad, at, seg in spans)
+    return EncodedBlob(head, pieces, start + offset, parsed, tuple(crc_at), sealed=False)
 
 
 def _header_crc(head: np.ndarray) -> int:

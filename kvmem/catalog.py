@@ -19,8 +19,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,7 @@ entries = Table(
 )
 
 _INSERTS = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
+_LIVE: weakref.WeakSet[Catalog] = weakref.WeakSet()  # NOTE: this process's catalogs, for flush_all
 _MAX_PENDING = 100_000  # rows kept for a retry while the database is unreachable
 _PG_CONNECT_TIMEOUT = 5  # seconds; libpq's default waits on the OS (minutes on a dropped route)
 # NOTE: one fixed key for pg_advisory_xact_lock, shared by every kvmem process and table set
@@ -143,6 +145,16 @@ def unreachable(exc: BaseException) -> bool:
     """Whether ``exc`` says the database could not be reached (worth a retry), not that a write was wrong."""
     return isinstance(exc, (OperationalError, InterfaceError)) or (
         isinstance(exc, DBAPIError) and exc.connection_invalidated)
+
+
+def _journaled(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` as the journal records them: a CRC not computed yet is recorded as 0 (unknown)."""
+    return [row if not callable(row["crc"]) else {**row, "crc": 0} for row in rows]
+
+
+def _resolved(crc: int | Callable[[], int | None]) -> int:
+    """A row's CRC: given, or computed now by the function given (0 when it has none to give)."""
+    return (crc() or 0) if callable(crc) else crc
 
 
 def _upsert_statement(insert: Any) -> Any:
@@ -240,9 +252,11 @@ class Catalog:
                                   f"reached: {exc.__class__.__name__}: {exc.orig if hasattr(exc, 'orig') else exc}"
                                   ) from None
         self._journal = Journal(journal) if journal is not None else None
+        _LIVE.add(self)
         if self._journal is not None:
             with self._lock:
-                self._keep(self._journal.claim_orphans())  # NOTE: stores of a process killed during an outage
+                for row in self._journal.claim_orphans():  # NOTE: stores of a process killed before its flush
+                    self._queue(row)
                 self._schedule_flush()
 
     @property
@@ -253,7 +267,7 @@ class Catalog:
 
     def upsert(self, key: str, *, namespace: str, user_key: str, kind: str, size: int, stored_size: int,
                codec: str, crc: int, tiers: list[str], metadata: dict[str, Any]) -> int:
-        """Record a store of ``key``: a new row at version 1, or the next version of an existing one.
+        """Record a store of ``key`` now: a new row at version 1, or the next version of an existing one.
 
         NOTE: when the database cannot be reached, the row is kept (with the count of
         stores it stands for) and the error raised; the timer thread, or the next
@@ -263,10 +277,7 @@ class Catalog:
         Returns:
             The version now current.
         """
-        now = time.time()
-        row = {"key": key, "namespace": self._text(namespace), "user_key": self._text(user_key[:256]), "kind": kind,
-               "size": size, "stored_size": stored_size, "codec": codec, "crc": crc, "tiers": ",".join(tiers),
-               "metadata": metadata, "last_access": now, "state": "ok", "version": 1, "created": now, "hits": 0}
+        row = self._row(key, namespace, user_key, kind, size, stored_size, codec, crc, tiers, metadata)
         store = dict(row)  # NOTE: this store alone (version 1): what the journal records
         with self._lock:
             self._removed.discard(key)
@@ -274,6 +285,7 @@ class Catalog:
             if missed is not None:
                 row["version"] += missed["version"]
                 row["created"] = missed["created"]
+                row["crc"] = _resolved(row["crc"])
         try:
             with self.engine.begin() as conn:
                 return int(conn.execute(self._upsert, row).scalar_one())
@@ -285,6 +297,50 @@ class Catalog:
                         self._journal.append([store])
                     self._schedule_flush()
             raise
+
+    def upsert_later(self, key: str, *, namespace: str, user_key: str, kind: str, size: int, stored_size: int,
+                     codec: str, crc: int | Callable[[], int | None], tiers: list[str],
+                     metadata: dict[str, Any]) -> None:
+        """Record a store of ``key`` at the next :meth:`flush` (within ``flush_seconds``): write-behind.
+
+        Several stores of a key before a flush make one row write that adds all their
+        versions. ``crc`` may be a function, called at the flush (a blob whose CRCs are
+        computed when first needed: the flush computes them, off the caller's thread);
+        ``None`` from it (the blob is gone already) records 0.
+
+        NOTE: a store's row is written after the store returned: :meth:`flush` (which
+        ``info``, ``stats``, ``entries`` and pins call first) makes it visible. Until then
+        it is in the journal (one appended line, not fsynced): a process killed before the
+        flush loses no row, the next catalog opened on the directory writes it.
+        """
+        row = self._row(key, namespace, user_key, kind, size, stored_size, codec, crc, tiers, metadata)
+        with self._lock:
+            self._removed.discard(key)
+            if self._journal is not None:  # NOTE: a killed process loses no row: the next catalog replays it
+                self._journal.append(_journaled([row]))
+            self._queue(row)
+            self._schedule_flush()
+
+    def _queue(self, row: dict[str, Any]) -> None:
+        """Queue ``row``, the newest store of its key: it adds the versions of a row queued before it
+        (caller holds ``_lock``)."""
+        older = self._pending.get(row["key"])
+        if older is not None:
+            row["version"] += older["version"]
+            row["created"] = older["created"]
+        elif len(self._pending) >= _MAX_PENDING:
+            self.dropped += 1
+            return
+        self._pending[row["key"]] = row
+
+    def _row(self, key: str, namespace: str, user_key: str, kind: str, size: int, stored_size: int, codec: str,
+             crc: int | Callable[[], int | None], tiers: list[str], metadata: dict[str, Any]) -> dict[str, Any]:
+        """The row one store of ``key`` writes (version 1)."""
+        now = time.time()
+        return {"key": key, "namespace": self._text(namespace), "user_key": self._text(user_key[:256]),
+                "kind": kind, "size": size, "stored_size": stored_size, "codec": codec, "crc": crc,
+                "tiers": ",".join(tiers), "metadata": metadata, "last_access": now, "state": "ok", "version": 1,
+                "created": now, "hits": 0}
 
     def _keep(self, rows: list[dict[str, Any]]) -> None:
         """Queue upserts for a retry, merged with newer ones of the same keys (caller holds ``_lock``)."""
@@ -362,6 +418,8 @@ class Catalog:
             pending, self._pending = self._pending, {}
         if not hits and not removed and not pending:
             return
+        for row in pending.values():  # NOTE: outside the lock: a CRC computed here may take a while
+            row["crc"] = _resolved(row["crc"])
         try:
             with self.engine.begin() as conn:
                 # NOTE: rows in key order: two processes flushing overlapping keys lock them in
@@ -374,7 +432,7 @@ class Catalog:
                     conn.execute(delete(entries).where(entries.c.key.in_(sorted(removed))))
             if pending and self._journal is not None:
                 with self._lock:  # NOTE: the database has them now; what is queued since stays journaled
-                    self._journal.rewrite(list(self._pending.values()))
+                    self._journal.rewrite(_journaled(self._pending.values()))
         except SQLAlchemyError as exc:
             if not unreachable(exc):
                 with self._lock:
@@ -389,7 +447,20 @@ class Catalog:
                     if key not in self._removed:
                         now_count, now_when = self._hits.get(key, (0, 0.0))
                         self._hits[key] = (count + now_count, max(when, now_when))
+                if pending and self._journal is not None:  # NOTE: from now on a crash must not lose them
+                    self._journal.rewrite(_journaled(self._pending.values()))
             raise
+
+    def flush_all(self) -> None:
+        """:meth:`flush` every open catalog of this process on this database (e.g. for a pin, which must
+        see the rows other memories of this process queued).
+
+        Raises:
+            SQLAlchemyError: as :meth:`flush`.
+        """
+        for catalog in list(_LIVE):
+            if catalog.url == self.url and not catalog._closed:
+                catalog.flush()
 
     def delete(self, key: str) -> bool:
         """Remove the row of ``key``; whether there was one.
@@ -458,4 +529,6 @@ class Catalog:
         try:
             self.flush()
         finally:
+            if self._journal is not None:
+                self._journal.close()
             self.engine.dispose()

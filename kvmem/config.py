@@ -82,6 +82,7 @@ class Config:
     compression: str = "fp16"
     gpu_bytes: int = 0
     cpu_bytes: int = 2 * 1024**3
+    cpu_verify: bool = False
     disk_bytes: int = 20 * 1024**3
     fsync: str = "batch"
     write_policy: str = "through"
@@ -147,6 +148,8 @@ def _validate(c: Config) -> None:
         raise bad("path", "a directory path")
     if not isinstance(c.strict, bool):
         raise bad("strict", "true | false")
+    if not isinstance(c.cpu_verify, bool):
+        raise bad("cpu_verify", "true | false")
     if not isinstance(c.tenant_salt, str):
         raise bad("tenant_salt", "a string")
     for name in ("catalog_url", "remote_url"):

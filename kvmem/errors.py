@@ -21,6 +21,7 @@ __all__ = [
     "PinExpired",
     "VersionConflict",
     "BlockError",
+    "OutputMismatch",
 ]
 
 
@@ -78,3 +79,8 @@ class VersionConflict(KVMemError):
 
 class BlockError(KVMemError, ValueError):
     """A paged-pool block id out of range, freed more often than it was referenced, or hashed while free."""
+
+
+class OutputMismatch(KVMemError, ValueError):
+    """An ``out=`` tensor that cannot receive the stored value: another shape or dtype, or a value that is not
+    one tensor."""

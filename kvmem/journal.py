@@ -40,13 +40,16 @@ class Journal:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.path = directory / f"pending.{os.getpid()}.{uuid.uuid4().hex[:12]}.jsonl"
+        self._fd = -1  # NOTE: kept open for appends (a store appends a line); reopened after a rewrite
 
     def append(self, rows: list[Row]) -> None:
         """Add ``rows`` (each one store) to the file; a file that cannot be written is logged, never raised."""
+        data = "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows).encode()
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.writelines(json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
+            if self._fd < 0:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.write(self._fd, data)
         except OSError as exc:  # NOTE: the rows stay queued in memory; only a crash now would lose them
             log.warning("kvmem: catalog journal %s cannot be written (%s)", self.path, exc)
 
@@ -56,16 +59,24 @@ class Journal:
         NOTE: a crash between the database taking rows and this rewrite replays them once more: their
         stores are counted twice in ``version``, never lost.
         """
+        self.close()
         try:
             if not rows:
                 self.path.unlink(missing_ok=True)
                 return
+            self.directory.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")
             with open(tmp, "w", encoding="utf-8") as f:
                 f.writelines(json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
             os.replace(tmp, self.path)
         except OSError as exc:
             log.warning("kvmem: catalog journal %s cannot be rewritten (%s)", self.path, exc)
+
+    def close(self) -> None:
+        """Close the file (appends reopen it)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def claim_orphans(self) -> list[Row]:
         """Rows of journals whose process is gone, now appended to this one (their files removed)."""

@@ -179,6 +179,7 @@ class Versions:
                 if fetched is None:
                     return None
                 crc, first = blobfmt.stored_crc(fetched.buf), None
+            self._guard(self._catalog.flush_all)  # NOTE: stores queue their rows (write-behind): see them first
             row = self._guard(self._catalog.get, key)
             if row is not None and row.crc == crc:
                 return self._pinned(Pin(self, uuid.uuid4().hex, key, row.version, crc, lease or self.lease),
@@ -220,7 +221,7 @@ class Versions:
         """``pin``'s value: the tiers' copy when its CRC is still the pinned one, else the kept copy."""
         fetched, _ = self._tiers.get(pin.key)
         if fetched is not None and blobfmt.stored_crc(fetched.buf) == pin.crc:
-            value, header = decode_value(fetched.buf, device, fetched.head)
+            value, header = decode_value(fetched.buf, device, fetched.head, copy=not fetched.owned)
             check_owner(header, pin.key)
             return value
         body = self._guard(self._kept, pin)

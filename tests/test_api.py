@@ -189,17 +189,20 @@ def test_regenerate_on_miss(memory: kvmem.Memory) -> None:
     assert memory.info("lazy", namespace="m").version == 1  # type: ignore[union-attr]
 
 
-def test_regenerate_on_corruption(memory: kvmem.Memory) -> None:
+def test_regenerate_on_corruption(tmp_path: Path) -> None:
+    memory = kvmem.Memory(str(tmp_path / "m"), cpu_bytes="8MiB", disk_bytes="8MiB", fsync="never", cpu_verify=True)
     memory.store("x", torch.arange(100.0))
     assert corrupt_every_copy(memory, "x") == 2
     got = memory.load("x", regenerate=lambda: torch.arange(100.0) * 2)
     assert torch.equal(got, torch.arange(100.0) * 2)
     assert torch.equal(memory.load("x"), torch.arange(100.0) * 2)
     assert memory.stats().crc_failures == 2
+    memory.close()
 
 
 def test_corruption_is_a_miss_or_raises_when_strict(tmp_path: Path) -> None:
-    with kvmem.Memory(str(tmp_path / "m"), cpu_bytes="8MiB", disk_bytes="8MiB", fsync="never", strict=True) as mem:
+    with kvmem.Memory(str(tmp_path / "m"), cpu_bytes="8MiB", disk_bytes="8MiB", fsync="never", strict=True,
+                      cpu_verify=True) as mem:
         mem.store("x", torch.arange(100.0))
         corrupt_every_copy(mem, "x")
         with pytest.raises(IntegrityError, match="integrity check"):
@@ -207,7 +210,8 @@ def test_corruption_is_a_miss_or_raises_when_strict(tmp_path: Path) -> None:
         mem.store("y", torch.arange(100.0))
         corrupt_every_copy(mem, "y")
         assert mem.load("y", MISSING, strict=False) is MISSING
-    with kvmem.Memory(str(tmp_path / "n"), cpu_bytes="8MiB", disk_bytes="8MiB", fsync="never") as mem:
+    with kvmem.Memory(str(tmp_path / "n"), cpu_bytes="8MiB", disk_bytes="8MiB", fsync="never",
+                      cpu_verify=True) as mem:
         mem.store("x", torch.arange(100.0))
         corrupt_every_copy(mem, "x")
         with pytest.raises(IntegrityError):

@@ -21,6 +21,7 @@ from kvmem import blob as blobfmt
 
 MISS = "<miss>"
 SETTINGS = {"cpu_bytes": "4MiB", "disk_bytes": "64MiB", "fsync": "never"}
+VERIFIED = {**SETTINGS, "cpu_verify": True}  # NOTE: CPU-tier loads re-check CRCs only when asked
 
 
 def _value(i: int) -> dict[str, object]:
@@ -263,7 +264,7 @@ def test_lz4_and_lossy_entries_are_checked_too(tmp_path: Path) -> None:
 
 
 def test_corrupt_cpu_copy_falls_through_to_the_good_disk_copy(tmp_path: Path) -> None:
-    with kvmem.Memory(tmp_path / "kvmem", **SETTINGS) as mem:
+    with kvmem.Memory(tmp_path / "kvmem", **VERIFIED) as mem:
         skey = mem.store("e0", _value(0))
         cpu, disk = mem.tiers.tiers
         held = cpu.get(skey)  # the CPU tier's own buffer: a bit flips in RAM
@@ -282,7 +283,7 @@ def test_corrupt_cpu_copy_falls_through_to_the_good_disk_copy(tmp_path: Path) ->
 
 
 def test_corrupt_copies_in_every_tier_are_a_miss(tmp_path: Path) -> None:
-    with kvmem.Memory(tmp_path / "kvmem", **SETTINGS) as mem:
+    with kvmem.Memory(tmp_path / "kvmem", **VERIFIED) as mem:
         skey = mem.store("e0", _value(0))
         held = mem.tiers.tiers[0].get(skey)
         assert held is not None
@@ -292,6 +293,24 @@ def test_corrupt_copies_in_every_tier_are_a_miss(tmp_path: Path) -> None:
         assert mem.metrics.value("kvmem_crc_failures_total", tier="cpu") == 1
         assert mem.metrics.value("kvmem_crc_failures_total", tier="disk") == 1
         assert not mem.contains("e0")
+
+
+def test_by_default_cpu_loads_trust_the_pages_and_verify_finds_a_flip(tmp_path: Path) -> None:
+    """The integrity decision, as built: bytes are checked as they enter RAM, CPU-tier loads trust them."""
+    with kvmem.Memory(tmp_path / "kvmem", **SETTINGS) as mem:
+        skey = mem.store("e0", _value(0))
+        cpu = mem.tiers.tiers[0]
+        assert not cpu.checks_crc
+        held = cpu.get(skey)
+        assert held is not None
+        header, start = blobfmt.parse(held)
+        k = header["leaves"][0]["parts"]["data"]
+        held[start + k["off"]] ^= 0x40  # a bit flips in RAM, after the bytes came in
+        assert not _same(mem.load("e0"), _value(0))  # served as it is: no second pass over the pages
+        assert mem.metrics.value("kvmem_crc_failures_total", tier="cpu") == 0
+        report = mem.verify(fix=True, progress=False)  # the scrub re-checks every page it holds
+        assert [(tier, key) for tier, key, _ in report.corrupt] == [("cpu", skey)]
+        assert _same(mem.load("e0"), _value(0))  # from disk again
 
 
 # -- verify -------------------------------------------------------------------------------------------

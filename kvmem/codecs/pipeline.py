@@ -16,7 +16,9 @@ import torch
 
 from kvmem import blob
 from kvmem.codecs import LZ4, CodecSpec, tensor_codec
+from kvmem.codecs.cast import CastCodec
 from kvmem.errors import IntegrityError, UnsupportedValueError
+from kvmem.rows import Source, nbytes_of
 
 __all__ = ["encode_value", "decode_value", "decode_tensor_range", "tensor_parts_range", "value_kind", "check_owner"]
 
@@ -34,20 +36,23 @@ class _Leaf:
 @dataclass
 class _Segments:
     align: int = blob.ALIGN
-    arrays: list[np.ndarray] = field(default_factory=list)
+    arrays: list[Source] = field(default_factory=list)
     offset: int = 0
 
-    def add(self, arr: np.ndarray, itemsize: int, spec: CodecSpec) -> dict[str, Any]:
+    def add(self, src: Source, itemsize: int, spec: CodecSpec) -> dict[str, Any]:
+        """Lay out ``src`` (bytes of any layout; kept as it is unless lz4 compresses it) as the next segment."""
         entry: dict[str, Any] = {}
-        if spec.lz4 and arr.size:
-            packed = LZ4.compress(arr, itemsize)
-            if packed.size < arr.size * _LZ4_MIN_GAIN:
-                entry = {"raw": int(arr.size), "shuffle": itemsize}
-                arr = packed
+        size = nbytes_of(src)
+        if spec.lz4 and size:
+            raw = src if isinstance(src, np.ndarray) else _contiguous_bytes(src)
+            packed = LZ4.compress(raw, itemsize)
+            if packed.size < size * _LZ4_MIN_GAIN:
+                entry = {"raw": size, "shuffle": itemsize}
+                src, size = packed, packed.size
         self.offset = -(-self.offset // self.align) * self.align
-        entry.update(off=self.offset, n=int(arr.size))
-        self.offset += arr.size
-        self.arrays.append(arr)
+        entry.update(off=self.offset, n=size)
+        self.offset += size
+        self.arrays.append(src)
         return entry
 
 
@@ -99,24 +104,30 @@ def _flatten(value: object, path: str, leaves: list[_Leaf], axis_hint: int) -> A
         "bytes, str, int, float, bool, None, and dict (str keys) / list / tuple of those")
 
 
-def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
-    return t.reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
+def _contiguous_bytes(t: torch.Tensor) -> np.ndarray:
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
 
 
 def _encode_tensor(t: torch.Tensor, axis: int, spec: CodecSpec, segs: _Segments) -> dict[str, Any]:
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.contiguous()
     name = spec.tensor if t.is_floating_point() else "none"
-    parts, meta = tensor_codec(name).encode(t, axis)
+    codec = tensor_codec(name)
+    # NOTE: a lossless or pass-through leaf keeps its layout (a KV cache slice is copied once, by the tier
+    # that takes it); a codec that computes from the values gets contiguous input
+    parts, meta = codec.encode(t if _passes_through(codec, t) else t.contiguous(), axis)
     entry: dict[str, Any] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
                              "codec": name, "meta": meta, "parts": {}}
     for pname, p in parts.items():
-        p = p.contiguous()
         entry["parts"][pname] = {"dtype": str(p.dtype).removeprefix("torch."), "shape": list(p.shape),
-                                 **segs.add(_tensor_bytes(p), p.element_size(), spec)}
+                                 **segs.add(p, p.element_size(), spec)}
     return entry
+
+
+def _passes_through(codec: Any, t: torch.Tensor) -> bool:
+    """Whether ``codec`` stores ``t`` as it is (``none``; ``fp16``/``bf16`` of a 16-bit tensor)."""
+    return codec.name == "none" or (isinstance(codec, CastCodec) and t.element_size() <= 2)
 
 
 def encode_value(value: object, spec: CodecSpec, metadata: dict[str, Any] | None = None,
@@ -274,41 +285,51 @@ def tensor_parts_range(data: torch.Tensor, lo: int, entry: dict[str, Any]) -> di
     return _tensor_parts(data, -lo, entry)
 
 
-def _decode_leaf(buf: torch.Tensor, start: int, entry: dict[str, Any], kind: str) -> object:
+def _decode_leaf(buf: torch.Tensor, start: int, entry: dict[str, Any], kind: str, copy: bool) -> object:
     if kind == "T":
-        return _decode_tensor(buf, start, entry)
+        t = _decode_tensor(buf, start, entry)
+        return t.clone() if copy and _within(t, buf) else t
     seg = _segment(buf, start, entry["data"])
     host = (seg if seg.device.type == "cpu" else seg.cpu()).numpy()
     if kind == "N":
         dtype = np.dtype(entry["dtype"])
         if dtype.hasobject:
             raise IntegrityError(f"blob names numpy dtype {entry['dtype']!r}: object arrays are never loaded")
-        return host.view(dtype).reshape(entry["shape"])
+        arr = host.view(dtype).reshape(entry["shape"])
+        return arr.copy() if copy and "raw" not in entry["data"] else arr
     data = host.tobytes()
     return data if kind == "B" else data.decode("utf-8", "surrogatepass")
 
 
-def _unflatten(tree: Any, leaves: list[dict[str, Any]], buf: torch.Tensor, start: int) -> object:
+def _within(t: torch.Tensor, buf: torch.Tensor) -> bool:
+    """Whether ``t`` shows bytes of ``buf`` (a lossless leaf decodes to a view of the blob)."""
+    lo = buf.data_ptr()
+    return t.device == buf.device and lo <= t.data_ptr() < lo + buf.numel()
+
+
+def _unflatten(tree: Any, leaves: list[dict[str, Any]], buf: torch.Tensor, start: int, copy: bool) -> object:
     (tag, body), = tree.items()
     if tag == "J":
         return body
     if tag == "D":
-        return {k: _unflatten(v, leaves, buf, start) for k, v in body}
+        return {k: _unflatten(v, leaves, buf, start, copy) for k, v in body}
     if tag in ("L", "U"):
-        items = [_unflatten(v, leaves, buf, start) for v in body]
+        items = [_unflatten(v, leaves, buf, start, copy) for v in body]
         return items if tag == "L" else tuple(items)
-    return _decode_leaf(buf, start, leaves[body], tag)
+    return _decode_leaf(buf, start, leaves[body], tag, copy)
 
 
 def decode_value(buf: torch.Tensor, device: torch.device | str | None = None,
-                 head: tuple[dict[str, Any], int] | None = None) -> tuple[object, dict[str, Any]]:
-    """Decode a verified, caller-owned blob buffer. Lossless tensors are views of ``buf``.
+                 head: tuple[dict[str, Any], int] | None = None, copy: bool = False) -> tuple[object, dict[str, Any]]:
+    """Decode a verified blob buffer. Lossless tensors are views of ``buf`` unless ``copy``.
 
     Args:
         buf: a contiguous uint8 blob (CRC already checked where required).
         device: move tensors there (``None``: leave them where ``buf`` is).
         head: ``(header, payload_start)`` as the CRC check of exactly these bytes parsed
             them (:class:`kvmem.blob.Verified`); ``None``: parse (and check) the header here.
+        copy: ``buf`` is not the caller's (a view of a memory tier's pages): every leaf that
+            would be a view of it is copied out (leaves a codec decoded are new already).
 
     Returns:
         ``(value, header)``.
@@ -318,11 +339,11 @@ def decode_value(buf: torch.Tensor, device: torch.device | str | None = None,
     """
     header, start = head if head is not None else blob.parse(buf)
     try:
-        value = _unflatten(header["tree"], header["leaves"], buf, start)
+        value = _unflatten(header["tree"], header["leaves"], buf, start, copy and device is None)
     except (KeyError, ValueError, TypeError, RuntimeError, AttributeError) as exc:
         raise IntegrityError(f"blob header does not describe its payload: {type(exc).__name__}: {exc}") from None
     if device is not None:
-        value = _to_device(value, torch.device(device))
+        value = _to_device(value, torch.device(device), copy)
     return value, header
 
 
@@ -342,13 +363,13 @@ def check_owner(header: dict[str, Any], key: str) -> None:
                              "(a file moved or copied onto another entry's name)")
 
 
-def _to_device(value: object, device: torch.device) -> object:
+def _to_device(value: object, device: torch.device, copy: bool) -> object:
     if isinstance(value, torch.Tensor):
-        return value.to(device)
+        return value.to(device, copy=copy)
     if isinstance(value, dict):
-        return {k: _to_device(v, device) for k, v in value.items()}
+        return {k: _to_device(v, device, copy) for k, v in value.items()}
     if isinstance(value, list):
-        return [_to_device(v, device) for v in value]
+        return [_to_device(v, device, copy) for v in value]
     if isinstance(value, tuple):
-        return tuple(_to_device(v, device) for v in value)
+        return tuple(_to_device(v, device, copy) for v in value)
     return value

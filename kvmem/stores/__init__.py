@@ -17,12 +17,13 @@ import torch
 from kvmem.config import Config
 from kvmem.errors import ConfigError
 from kvmem.stores.base import StorageTier, TierBase
+from kvmem.stores.cpu import CpuTier
 from kvmem.stores.disk import DiskTier
-from kvmem.stores.memory import CpuTier, GpuTier, MemoryTier
-from kvmem.stores.tiered import Fetched, TieredStore
+from kvmem.stores.memory import GpuTier
+from kvmem.stores.tiered import Fetched, Stored, TieredStore
 
-__all__ = ["StorageTier", "TierBase", "MemoryTier", "CpuTier", "GpuTier", "DiskTier", "TieredStore",
-           "Fetched", "register_remote", "build_tiers"]
+__all__ = ["StorageTier", "TierBase", "CpuTier", "GpuTier", "DiskTier", "TieredStore",
+           "Fetched", "Stored", "register_remote", "build_tiers"]
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def _gpu(config: Config) -> StorageTier | None:
 
 
 def _cpu(config: Config) -> StorageTier | None:
-    return CpuTier(config.cpu_bytes) if config.cpu_bytes else None
+    return CpuTier(config.cpu_bytes, verify=config.cpu_verify) if config.cpu_bytes else None
 
 
 def _disk(config: Config) -> StorageTier | None:

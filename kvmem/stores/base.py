@@ -9,6 +9,7 @@ import torch
 
 from kvmem import blob as blobfmt
 from kvmem.blob import EncodedBlob
+from kvmem.stores.readers import BlobReader
 
 __all__ = ["StorageTier", "TierBase"]
 
@@ -73,7 +74,17 @@ class StorageTier(Protocol):
         ...
 
     def put(self, key: str, blob: EncodedBlob) -> None:
-        """Store ``blob`` under ``key`` atomically, replacing any older version."""
+        """Store ``blob`` under ``key`` atomically, replacing any older version.
+
+        ``blob`` may be unsealed (its CRCs not computed yet): a tier that writes its bytes
+        out seals it (in the same pass as the write where it can); a memory tier copies it
+        and keeps it unsealed, to be sealed when first needed.
+        """
+        ...
+
+    def blob(self, key: str) -> EncodedBlob | None:
+        """``key``'s blob as this tier holds it, to be written to another tier without a copy, or ``None``
+        (not held, or the tier cannot lend its bytes)."""
         ...
 
     def contains(self, key: str) -> bool:
@@ -98,6 +109,18 @@ class StorageTier(Protocol):
 
     def get_many(self, keys: Sequence[str]) -> list[torch.Tensor | None]:
         """``get`` for several keys (one round trip where the tier can)."""
+        ...
+
+    def open_blob(self, key: str) -> BlobReader | None:
+        """``key``'s blob, one version of it, for reading parts straight into tensors; ``None`` when absent.
+
+        Raises:
+            IntegrityError: its header is not intact.
+        """
+        ...
+
+    def put_many(self, items: Sequence[tuple[str, EncodedBlob]]) -> None:
+        """``put`` for several entries (written in parallel, made durable together where the tier can)."""
         ...
 
     def contains_many(self, keys: Sequence[str]) -> list[bool]:
@@ -144,11 +167,22 @@ class TierBase:
         buf = self.get(key)
         return None if buf is None else buf[start:stop]
 
+    def blob(self, key: str) -> EncodedBlob | None:
+        return None
+
     def advise_range(self, key: str, start: int, stop: int) -> None:
         return None
 
     def get_many(self, keys: Sequence[str]) -> list[torch.Tensor | None]:
         return [self.get(k) for k in keys]
+
+    def open_blob(self, key: str) -> BlobReader | None:
+        got = self.read_verified(key)
+        return None if got is None else BlobReader(got.buf, got.head, self.name)
+
+    def put_many(self, items: Sequence[tuple[str, EncodedBlob]]) -> None:
+        for key, blob in items:
+            self.put(key, blob)  # type: ignore[attr-defined]
 
     def contains_many(self, keys: Sequence[str]) -> list[bool]:
         return [self.contains(k) for k in keys]

@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -41,6 +41,7 @@ from kvmem.keys import is_storage_key
 from kvmem.stores import files
 from kvmem.stores.areas import STATE_FILE, AreaState, read_state, write_state
 from kvmem.stores.base import TierBase
+from kvmem.stores.readers import BlobReader, FileReader
 
 __all__ = ["DiskTier"]
 
@@ -312,9 +313,7 @@ class DiskTier(TierBase):
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(tmp, files.CREATE, 0o644)
         try:
-            parts = list(blob.parts)
-            for i in range(0, len(parts), files.IOV_MAX):
-                files.write_all(fd, parts[i:i + files.IOV_MAX])
+            files.write_blob(fd, blob)
             if self.fsync == "always":
                 os.fsync(fd)
         except BaseException:
@@ -326,23 +325,60 @@ class DiskTier(TierBase):
         return tmp
 
     def put(self, key: str, blob: EncodedBlob) -> None:
+        self.put_many([(key, blob)])
+
+    def put_many(self, items: Sequence[tuple[str, EncodedBlob]]) -> None:
+        """Write every entry to a temporary file (in parallel, each fsynced per ``fsync``), then rename each
+        over its entry, then fsync each directory once (``fsync="always"``).
+
+        NOTE: an entry is committed by its rename alone, so a crash leaves each entry whole, old
+        or new; a batch makes its directories durable together, not one file at a time.
+        """
         area = self._write_dir
-        path = Path(self._file(key, area))
-        blob = _in_format(blob, self._state.write_format)
-        os.replace(self._write_tmp(path, key, blob), path)
+        fmt = self._state.write_format
+        jobs = [(key, Path(self._file(key, area)), _in_format(blob, fmt)) for key, blob in items]
+        if len(jobs) == 1:
+            tmps = [self._write_tmp(jobs[0][1], jobs[0][0], jobs[0][2])]
+        else:
+            tmps = list(files.io_pool().map(lambda job: self._write_tmp(job[1], job[0], job[2]), jobs))
+        paths = []
+        for (_key, path, _blob), tmp in zip(jobs, tmps):
+            os.replace(tmp, path)
+            paths.append(path)
         if self._refresh() and self._write_dir != area:
-            # NOTE: a migration began or switched while this file was written: move it where entries go now
-            path = self._move_to_write_area(key, path)
+            # NOTE: a migration began or switched while these files were written: move them where entries go now
+            paths = [self._move_to_write_area(key, path) for (key, _p, _b), path in zip(jobs, paths)]
         if self.fsync == "always":
-            files.fsync_dir(path.parent)
+            for directory in dict.fromkeys(p.parent for p in paths):
+                files.fsync_dir(directory)
         with self._lock:
-            self._bytes += blob.nbytes - self._index.pop(key, 0)
-            self._index[key] = blob.nbytes
-            if self.fsync == "batch":
-                self._unsynced.add(path)
+            for (key, _p, blob), path in zip(jobs, paths):
+                self._bytes += blob.nbytes - self._index.pop(key, 0)
+                self._index[key] = blob.nbytes
+                if self.fsync == "batch":
+                    self._unsynced.add(path)
         if self.fsync == "batch" and (len(self._unsynced) >= _BATCH_FSYNC_EVERY
                                       or time.monotonic() - self._last_sync > _BATCH_FSYNC_SECONDS):
             self.flush()
+
+    def open_blob(self, key: str) -> BlobReader | None:
+        """``key``'s file, opened once: its header read and checked, its parts read into tensors on demand.
+
+        Raises:
+            IntegrityError: the file's head is not an intact blob header.
+        """
+        found = self._open(key)
+        if found is None:
+            return None
+        fd, path = found
+        try:
+            size = os.fstat(fd).st_size
+            reader = FileReader(fd, self.name)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._touch(key, path, size)
+        return reader
 
     def _move_to_write_area(self, key: str, path: Path) -> Path:
         """Move ``key``'s file at ``path`` into the current write area (in its format); the new path."""
@@ -442,7 +478,7 @@ class DiskTier(TierBase):
 def _in_format(blob: EncodedBlob, blob_format: int) -> EncodedBlob:
     """``blob`` in ``blob_format``: as it is, or reframed (a writer that encoded before a migration began)."""
     try:
-        if blobfmt.format_of(blob.parts[0])[0] == blob_format:
+        if blobfmt.format_of(blob.head)[0] == blob_format:
             return blob
     except IntegrityError:
         return blob  # NOTE: not a blob this tier can read: stored as given, its CRC check fails it on load

@@ -3,18 +3,46 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import crc32c
 import numpy as np
 
 from kvmem import blob as blobfmt
+from kvmem.rows import steps
 
-__all__ = ["CREATE", "IOV_MAX", "fsync_dir", "open_or_none", "pid_alive", "read_into", "stamp", "write_all"]
+__all__ = ["CREATE", "IOV_MAX", "fsync_dir", "io_pool", "open_or_none", "pid_alive", "pwrite_all", "read_into",
+           "stamp", "write_blob"]
 
 CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL
 IOV_MAX = 512
 _READ_STEP = 1 << 20  # verified reads go in 1 MiB steps, each checked while it is still in cache
+
+
+_IO_THREADS = 4  # NOTE: enough queue depth for a virtual disk's cold reads; file copies release the GIL
+_io_pool: ThreadPoolExecutor | None = None
+_io_lock = threading.Lock()
+
+
+def io_pool() -> ThreadPoolExecutor:
+    """The process's threads for parallel file I/O (several chunk files at once), made on first use."""
+    global _io_pool
+    with _io_lock:
+        if _io_pool is None:
+            _io_pool = ThreadPoolExecutor(max_workers=_IO_THREADS, thread_name_prefix="kvmem-io")
+        return _io_pool
+
+
+def _forget_pool() -> None:
+    global _io_pool
+    _io_pool = None  # NOTE: a forked child has none of the parent's threads: it makes its own pool
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def pid_alive(pid: int) -> bool:
@@ -65,16 +93,43 @@ def read_into(fd: int, dst: np.ndarray, checker: blobfmt.StreamVerifier | None) 
     return got
 
 
-def write_all(fd: int, parts: list) -> None:
-    """Write every byte of ``parts`` (uint8 arrays) with ``writev``, resuming after short writes."""
+def write_blob(fd: int, blob: blobfmt.EncodedBlob) -> None:
+    """Write ``blob`` at the start of the new file ``fd``: sealed, or sealed in the same pass as the write.
+
+    NOTE: an unsealed blob's segments are written ``_READ_STEP`` at a time, each step
+    CRC'd right before ``pwritev`` copies it while it is still in cache; its head, whose
+    CRC slots that fills, is written last.
+    """
+    if blob.sealed:
+        pwrite_all(fd, list(blob.parts), 0)
+        return
+    assert blob.header is not None
+    offset = blob.start
+    crcs = []
+    for i in range(len(blob.header["segments"])):
+        crc = 0
+        for group in steps(blob.segment_rows(i), _READ_STEP):
+            for row in group:
+                crc = crc32c.crc32c(row, crc)
+            offset += pwrite_all(fd, group, offset)
+        crcs.append(crc)
+    blob.seal(crcs)
+    pwrite_all(fd, [blob.head], 0)
+
+
+def pwrite_all(fd: int, parts: list[np.ndarray], offset: int) -> int:
+    """Write every byte of ``parts`` at ``offset`` with ``pwritev``, resuming after short writes; bytes written."""
     views = [memoryview(p).cast("B") for p in parts if p.size]
-    while views:
-        n = os.writev(fd, views)
+    total = sum(len(v) for v in views)
+    while views:  # NOTE: at most IOV_MAX buffers per call
+        n = os.pwritev(fd, views[:IOV_MAX], offset)
+        offset += n
         while views and n >= len(views[0]):
             n -= len(views[0])
             views.pop(0)
         if views and n:
             views[0] = views[0][n:]
+    return total
 
 
 def fsync_dir(directory: Path) -> None:

@@ -1,11 +1,8 @@
-"""In-memory tiers: an LRU of blobs on one torch device.
+"""In-memory tiers: what they share (an LRU of entries), and the GPU tier.
 
-``CpuTier`` (a :class:`MemoryTier`) keeps each blob as its own tensor that is never
-written again (copy-on-write): a reader copying out an old version keeps reading
-consistent bytes while a writer replaces it, and the GPU path may hold a tier
-buffer as a view (torch's refcount keeps it alive after the tier drops it) and
-copy from it without an intermediate host copy. ``GpuTier`` keeps blobs in the
-pages of one preallocated pool (:mod:`kvmem.paged`).
+``GpuTier`` keeps blobs in the pages of one preallocated device pool
+(:mod:`kvmem.paged`); the CPU tier (:mod:`kvmem.stores.cpu`) in the pages of one
+host pool (:mod:`kvmem.pool`).
 """
 
 from __future__ import annotations
@@ -23,13 +20,13 @@ from kvmem.errors import CapacityError, ConfigError
 from kvmem.paged import PagedBuffer
 from kvmem.stores.base import TierBase
 
-__all__ = ["MemoryTier", "CpuTier", "GpuTier"]
+__all__ = ["LruTier", "GpuTier"]
 
 E = TypeVar("E")
 
 
-class _LruTier(TierBase, Generic[E]):
-    """What the in-memory tiers share: entries by key in LRU order, and the bytes they hold."""
+class LruTier(TierBase, Generic[E]):
+    """What the in-memory tiers share: entries by key in LRU order, and the blob bytes they hold."""
 
     def __init__(self) -> None:
         # NOTE: OrderedDict order is the LRU order: first = least recently used.
@@ -60,52 +57,7 @@ class _LruTier(TierBase, Generic[E]):
         return self._bytes
 
 
-class MemoryTier(_LruTier[torch.Tensor]):
-    """LRU of blob buffers on ``device``; all operations O(1).
-
-    Args:
-        name: tier name for metrics (``cpu``, ``gpu``).
-        capacity: bytes this tier may hold.
-        device: torch device the buffers live on.
-        pin_memory: allocate CPU buffers pinned (for fast copies to a GPU).
-    """
-
-    shares_buffers = True
-
-    def __init__(self, name: str, capacity: int, device: torch.device | str = "cpu",
-                 pin_memory: bool = False) -> None:
-        self.name = name
-        self.capacity = capacity
-        self.device = torch.device(device)
-        self.pin_memory = pin_memory and self.device.type == "cpu"
-        super().__init__()
-
-    def get(self, key: str) -> torch.Tensor | None:
-        with self._lock:
-            buf = self._entries.get(key)
-            if buf is not None:
-                self._entries.move_to_end(key)
-            return buf
-
-    def put(self, key: str, blob: EncodedBlob) -> None:
-        buf = blob.to_tensor(self.device, pin_memory=self.pin_memory)
-        with self._lock:
-            old = self._entries.pop(key, None)
-            self._bytes += buf.numel() - (old.numel() if old is not None else 0)
-            self._entries[key] = buf
-
-    def _forget(self, entry: torch.Tensor) -> None:
-        self._bytes -= entry.numel()
-
-
-class CpuTier(MemoryTier):
-    """Host-memory tier; pinned buffers when CUDA is present."""
-
-    def __init__(self, capacity: int) -> None:
-        super().__init__("cpu", capacity, "cpu", pin_memory=torch.cuda.is_available())
-
-
-class GpuTier(_LruTier["_Entry"]):
+class GpuTier(LruTier["_Entry"]):
     """Device-memory tier on a paged pool: blobs live in fixed-size pages of one preallocated buffer.
 
     No allocation per entry and no fragmentation: a blob takes ``ceil(nbytes / page_bytes)``

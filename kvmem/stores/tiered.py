@@ -31,8 +31,9 @@ from kvmem.blob import EncodedBlob
 from kvmem.errors import CapacityError, IntegrityError, TierUnavailable
 from kvmem.metrics import Metrics
 from kvmem.stores.base import StorageTier
+from kvmem.stores.readers import BlobReader
 
-__all__ = ["TieredStore", "Fetched"]
+__all__ = ["TieredStore", "Fetched", "Stored"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -41,11 +42,26 @@ _FAILED = object()
 
 @dataclass(frozen=True)
 class Fetched:
-    """A verified, caller-owned blob buffer, the tier that served it, and its parsed header if the check parsed it."""
+    """A verified blob buffer, the tier that served it, and its parsed header if the tier had it.
+
+    ``owned``: the buffer is the caller's; otherwise it is a view of a memory tier's pages
+    (never written while it lives), which a load copies out of (:func:`decode_value` ``copy=True``).
+    """
 
     buf: torch.Tensor
     tier: str
     head: tuple[dict[str, Any], int] | None = None
+    owned: bool = True
+
+
+@dataclass(frozen=True)
+class Stored:
+    """What :meth:`TieredStore.put` did: the tiers written now, and the blob as the first of them holds it
+    (whose :attr:`~kvmem.blob.EncodedBlob.crc` names the entry)."""
+
+    tiers: list[str]
+    blob: EncodedBlob
+    refused: CapacityError | None = None
 
 
 class _Health:
@@ -150,9 +166,49 @@ class TieredStore:
                 continue
             assert isinstance(got, blobfmt.Verified)
             if i:
-                self._promote(key, got.buf, self.tiers[:i])
-            return Fetched(got.buf, tier.name, got.head), corrupt
+                self._promote(key, EncodedBlob.from_buffer(got.buf, got.head), self.tiers[:i])
+            return Fetched(got.buf, tier.name, got.head, owned=not tier.shares_buffers), corrupt
         return None, corrupt
+
+    def read(self, key: str, fill: Callable[[BlobReader], T]) -> tuple[T | None, BlobReader | None, int]:
+        """``fill(reader)`` on ``key``'s blob in the first tier holding an intact copy.
+
+        A copy whose header or read part fails its check is quarantined and the next tier
+        tried (``fill`` may then run again: what it wrote from the bad copy is overwritten);
+        a tier that raises ``OSError`` is skipped and counted. Errors ``fill`` raises for
+        other reasons reach the caller. Nothing is promoted: the caller decides
+        (:meth:`promote`), as only it knows whether it read the whole blob.
+
+        Returns:
+            ``(fill's result or None, the (closed) reader it read from or None, corrupt copies found)``.
+        """
+        corrupt = 0
+        for tier in self.tiers:
+            try:
+                got = self._call(tier, lambda t=tier: self._fill_from(t, key, fill))
+            except IntegrityError as exc:
+                corrupt += 1
+                self.metrics.crc_failures.labels(tier=tier.name).inc()
+                log.warning("kvmem: entry %s in tier %s is corrupt (%s); quarantined", key, tier.name, exc)
+                self._call(tier, lambda t=tier: t.quarantine(key))
+                continue
+            if got is not _FAILED and got is not None:
+                return got[0], got[1], corrupt  # type: ignore[index]
+        return None, None, corrupt
+
+    @staticmethod
+    def _fill_from(tier: StorageTier, key: str, fill: Callable[[BlobReader], T]) -> tuple[T, BlobReader] | None:
+        reader = tier.open_blob(key)
+        if reader is None:
+            return None
+        with reader:
+            return fill(reader), reader
+
+    def promote(self, key: str, blob: EncodedBlob, served_by: str) -> None:
+        """Copy ``blob`` (just read from tier ``served_by``) into the usable tiers above it that can take it."""
+        upper = self.tiers[:next(i for i, t in enumerate(self.tiers) if t.name == served_by)]
+        if upper:
+            self._promote(key, blob, upper)
 
     def quarantine(self, key: str, tier: str, reason: Exception) -> None:
         """Take the copy of ``key`` that ``tier`` served out of service, with the copies a hit promoted.
@@ -168,36 +224,21 @@ class TieredStore:
 
     @staticmethod
     def _read_owned(tier: StorageTier, key: str) -> blobfmt.Verified | None:
-        """``key``'s blob in ``tier`` as a buffer the caller owns, CRC-checked where ``tier`` needs it.
+        """``key``'s blob in ``tier``, CRC-checked where ``tier`` needs it, with its header if the tier had it.
 
-        The header the check parsed comes with it, so a load parses it once.
-
-        NOTE: the check runs in the same pass over memory as the copy (memory tiers)
-        or the read (``get_verified``), never as a second pass over the blob.
+        NOTE: the check runs in the same pass as the read (``read_verified``); a memory
+        tier lends a view of its pages (``shares_buffers``), which a load copies out of.
 
         Raises:
             IntegrityError: the blob does not match its CRC.
         """
-        if not tier.shares_buffers:
-            return tier.read_verified(key)
-        raw = tier.get(key)
-        if raw is None:
-            return None
-        if tier.checks_crc and raw.device.type == "cpu":
-            checker = blobfmt.StreamVerifier()
-            return blobfmt.Verified(blobfmt.copy_verified(raw, checker=checker), (checker.header, checker.start))
-        return blobfmt.Verified(raw.clone())
+        return tier.read_verified(key)
 
-    def _promote(self, key: str, buf: torch.Tensor, upper: list[StorageTier]) -> None:
-        encoded: EncodedBlob | None = None
+    def _promote(self, key: str, encoded: EncodedBlob, upper: list[StorageTier]) -> None:
         for tier in upper:
-            if buf.numel() <= tier.capacity * self.offload_threshold and self.healthy(tier):
-                if encoded is None:  # NOTE: wrapped only when some tier can take it (most loads promote nothing)
-                    encoded = EncodedBlob.from_buffer(buf)
-                self._make_room(tier, encoded.nbytes)
-                if self._call(tier, lambda t=tier, e=encoded: t.put(key, e)) is not _FAILED:
+            if encoded.nbytes <= tier.capacity * self.offload_threshold and self.healthy(tier):
+                if self._put_one(tier, key, encoded) is True:
                     self.metrics.promotions.labels(tier=tier.name).inc()
-                    self._offload(tier)
 
     def warm(self, key: str) -> bool:
         """Make sure ``key`` sits in the top tier (promoting it from below); whether it exists."""
@@ -241,42 +282,93 @@ class TieredStore:
         return found
 
     # -- writes -------------------------------------------------------------
-    def put(self, key: str, encoded: EncodedBlob) -> list[str]:
-        """Store ``encoded`` under ``key``.
-
-        Returns:
-            Names of the tiers written now (write-back targets not included).
+    def put(self, key: str, encoded: EncodedBlob) -> Stored:
+        """Store ``encoded`` under ``key`` (see :meth:`put_many`).
 
         Raises:
             CapacityError: every target refused the value as too large for one entry.
         """
-        written: list[str] = []
-        home = next((i for i, t in enumerate(self.tiers)
-                     if encoded.nbytes <= t.capacity and self.healthy(t)), None)
+        stored = self.put_many([(key, encoded)])[0]
+        if stored.refused is not None and not stored.tiers:
+            raise stored.refused
+        return stored
+
+    def put_many(self, items: Sequence[tuple[str, EncodedBlob]]) -> list[Stored]:
+        """Store each ``(key, blob)``: in the highest tier with room, and in every persistent tier below it.
+
+        The first tier written copies the value's bytes; the persistent tiers below are
+        written from that tier's copy when it lends one (``blob``), so the caller's tensors
+        are read once and may change as soon as this returns. A persistent tier gets the
+        whole batch in one ``put_many`` (parallel writes, one directory fsync each).
+
+        Returns:
+            Per item: the tiers written now (write-back targets not included), the blob as
+            stored, and the refusal if every target refused it as too large.
+        """
+        plans = [self._targets(blob) for _key, blob in items]
+        sources = [blob for _key, blob in items]
+        written: list[list[str]] = [[] for _ in items]
+        refused: list[CapacityError | None] = [None] * len(items)
+        later: list[list[StorageTier]] = [[] for _ in items]
+        for tier in self.tiers:
+            now = []
+            for i, targets in enumerate(plans):
+                if tier in targets and targets[0] is not tier and self.write_back:
+                    later[i].append(tier)
+                elif tier in targets:
+                    now.append(i)
+            if not now:
+                continue
+            for i, done in zip(now, self._put_into(tier, [(items[i][0], sources[i]) for i in now])):
+                if isinstance(done, CapacityError):
+                    refused[i] = done
+                elif done:
+                    written[i].append(tier.name)
+                    if sources[i] is items[i][1]:
+                        lent = self._call(tier, lambda t=tier, k=items[i][0]: t.blob(k))
+                        sources[i] = lent if isinstance(lent, EncodedBlob) else sources[i]
+        for i, (key, blob) in enumerate(items):
+            if later[i]:
+                self._enqueue(key, sources[i] if sources[i] is not blob else _owned(blob, written[i]), later[i])
+        return [Stored(w, src, r) for w, src, r in zip(written, sources, refused)]
+
+    def _targets(self, blob: EncodedBlob) -> list[StorageTier]:
+        """Where a new entry goes: the highest usable tier it fits, then every persistent tier below."""
+        home = next((i for i, t in enumerate(self.tiers) if blob.nbytes <= t.capacity and self.healthy(t)), None)
         if home is None:
-            return written
-        targets = [self.tiers[home]] + [t for t in self.tiers[home + 1:] if t.persistent]
-        later: list[StorageTier] = []
-        refused: CapacityError | None = None
-        for n, tier in enumerate(targets):
-            if n and self.write_back:
-                later.append(tier)
-                continue
-            self._make_room(tier, encoded.nbytes)
+            return []
+        return [self.tiers[home]] + [t for t in self.tiers[home + 1:] if t.persistent]
+
+    def _put_into(self, tier: StorageTier, batch: list[tuple[str, EncodedBlob]]) -> list[bool | CapacityError]:
+        """Put ``batch`` into ``tier``: per entry, whether it was written (or the refusal)."""
+        if len(batch) > 1 and tier.persistent:
+            self._make_room(tier, sum(blob.nbytes for _key, blob in batch))
             try:
-                done = self._call(tier, lambda t=tier: t.put(key, encoded))
-            except CapacityError as exc:  # NOTE: a per-value limit (Redis's 512 MiB): this value only, tier stays up
-                log.warning("kvmem: tier %s refused key %s: %s", tier.name, key, exc)
-                refused = exc
-                continue
-            if done is not _FAILED:
-                written.append(tier.name)
-                self._offload(tier)
-        if later:
-            self._enqueue(key, EncodedBlob.from_buffer(encoded.to_tensor()) if written else encoded, later)
-        elif refused is not None and not written:
-            raise refused
-        return written
+                done = self._call(tier, lambda: tier.put_many(batch))
+            except CapacityError:  # NOTE: one of them is too large for this tier: one at a time, below
+                pass
+            else:
+                if done is not _FAILED:
+                    self._offload(tier)
+                return [done is not _FAILED] * len(batch)
+        return [self._put_one(tier, key, blob) for key, blob in batch]
+
+    def _put_one(self, tier: StorageTier, key: str, blob: EncodedBlob) -> bool | CapacityError:
+        for attempt in range(2):
+            self._make_room(tier, blob.nbytes)
+            try:
+                done = self._call(tier, lambda: tier.put(key, blob))
+                break
+            except CapacityError as exc:
+                # NOTE: a per-value limit (Redis's 512 MiB), or a memory tier whose pages other threads' puts
+                # or views took meanwhile: room is made once more; then this value only is refused here
+                if attempt:
+                    log.warning("kvmem: tier %s refused key %s: %s", tier.name, key, exc)
+                    return exc
+        if done is _FAILED:
+            return False
+        self._offload(tier)
+        return True
 
     def delete(self, key: str) -> bool:
         """Remove ``key`` from every tier (and from the write-back queue)."""
@@ -333,15 +425,18 @@ class TieredStore:
             if not pending and self._call(target, lambda: target.contains(key)) is True:
                 break
             if raw is None:
-                raw = self._call(tier, lambda: tier.get(key))
+                raw = self._call(tier, lambda: tier.blob(key) or _wrapped(tier.get(key)))
                 if raw is _FAILED or raw is None:
                     return False
-            encoded = EncodedBlob.from_buffer(raw)  # type: ignore[arg-type]
+            encoded: EncodedBlob = raw  # type: ignore[assignment]
             if encoded.nbytes > target.capacity:
                 continue
             self._shed(target, target.capacity - encoded.nbytes)
-            if self._call(target, lambda: target.put(key, encoded)) is not _FAILED:
-                break
+            try:
+                if self._call(target, lambda: target.put(key, encoded)) is not _FAILED:
+                    break
+            except CapacityError:  # NOTE: no room below after all (its pages are held): try the next tier down
+                continue
         else:
             return False
         self._call(tier, lambda: tier.delete(key))
@@ -368,9 +463,7 @@ class TieredStore:
                 self._writing = key
             try:
                 for tier in targets:
-                    self._make_room(tier, encoded.nbytes)
-                    if self._call(tier, lambda t=tier: t.put(key, encoded)) is not _FAILED:
-                        self._offload(tier)
+                    self._put_one(tier, key, encoded)  # NOTE: a refusal (too large) is logged there, never raised
             finally:
                 with self._pending_cv:
                     self._writing = None
@@ -403,3 +496,12 @@ class TieredStore:
         """Refresh ``kvmem_memory_usage_bytes`` from every tier."""
         for t in self.tiers:
             self.metrics.memory_usage.labels(tier=t.name).set(t.usage())
+
+
+def _wrapped(buf: torch.Tensor | None) -> EncodedBlob | None:
+    return None if buf is None else EncodedBlob.from_buffer(buf)
+
+
+def _owned(encoded: EncodedBlob, written: list[str]) -> EncodedBlob:
+    """``encoded`` for a write-back: copied first if a tier took it (the caller may change its tensors now)."""
+    return EncodedBlob.from_buffer(encoded.to_tensor()) if written else encoded

@@ -104,7 +104,7 @@ def test_encoders_layers_features_and_dtypes_never_share(memory: Memory, images:
 
 
 def test_a_corrupt_entry_is_encoded_again(tmp_path: Path, images: list) -> None:
-    with Memory(tmp_path / "kvmem", fsync="never") as mem:
+    with Memory(tmp_path / "kvmem", fsync="never", cpu_verify=True) as mem:
         vc = tiny(mem)
         want = vc.encode(images[:2])
         assert corrupt_every_copy(mem, vc.digest(images[0]), namespace=vc.namespace) == 2  # cpu and disk

@@ -30,6 +30,7 @@ from tests.stores.blobs import blob_of
 SPECS = ["none", "fp16", "bf16", "int8", "int4", "lz4", "int8+lz4", "int4+lz4"]
 STACKS = ["cpu", "disk", "gpu", "cpu+disk"]
 CRC_STACKS = ["cpu", "disk", "cpu+disk"]  # the GPU tier is not CRC-checked by design (bytes never left the device)
+VERIFY = {"cpu_verify": True}  # NOTE: CPU-tier loads re-check CRCs only when asked (they trust the pool's pages)
 PERSISTENT = {"disk", "cpu+disk"}
 ENTRY = 16_900  # bytes of one 16 KiB fp32 entry once framed (header, alignment, CRC)
 MISSING = object()
@@ -54,9 +55,15 @@ def key(i: int) -> str:
     return kvmem.content_hash(f"entry-{i}")
 
 
+def footprint(tier: StorageTier, nbytes: int) -> int:
+    """What ``tier.usage()`` counts for a blob of ``nbytes``: its bytes, or whole pages of the CPU tier's pool."""
+    page = tier.pool.page_bytes if isinstance(tier, CpuTier) else 1
+    return -(-nbytes // page) * page
+
+
 def test_tier_satisfies_protocol(tier: StorageTier) -> None:
     assert isinstance(tier, StorageTier)
-    assert tier.checks_crc == (tier.name != "gpu")
+    assert tier.checks_crc == (tier.name == "disk")  # the CPU tier trusts its pages unless verify=True
     assert tier.persistent == (tier.name == "disk")
 
 
@@ -70,7 +77,7 @@ def test_tier_put_get_miss(tier: StorageTier) -> None:
     assert got is not None and got.dtype == torch.uint8
     assert got.cpu().numpy().tobytes() == b"".join(p.tobytes() for p in enc.parts)
     blobfmt.verify(got.cpu())
-    assert tier.usage() == enc.nbytes
+    assert tier.usage() == footprint(tier, enc.nbytes)
     assert list(tier.keys()) == [key(0)]
 
 
@@ -80,7 +87,7 @@ def test_tier_overwrite_replaces_and_accounts_once(tier: StorageTier) -> None:
     tier.put(key(0), new)
     got = tier.get(key(0))
     assert got is not None and got.cpu().numpy().tobytes() == b"".join(p.tobytes() for p in new.parts)
-    assert tier.usage() == new.nbytes
+    assert tier.usage() == footprint(tier, new.nbytes)
     assert list(tier.keys()) == [key(0)]
 
 
@@ -91,7 +98,7 @@ def test_tier_delete(tier: StorageTier) -> None:
     assert tier.delete(key(0)) is False
     assert tier.get(key(0)) is None and not tier.contains(key(0))
     assert list(tier.keys()) == [key(1)]
-    assert tier.usage() == blob_of(b"y" * 10).nbytes
+    assert tier.usage() == footprint(tier, blob_of(b"y" * 10).nbytes)
 
 
 def test_tier_keys_in_lru_order(tier: StorageTier) -> None:
@@ -379,7 +386,7 @@ def test_value_larger_than_every_tier_is_refused(opened: Callable[..., kvmem.Mem
 @pytest.mark.parametrize("stack", CRC_STACKS)
 def test_corruption_is_a_miss_never_wrong_data(opened: Callable[..., kvmem.Memory], stack: str, spec: str,
                                                where: str) -> None:
-    mem = opened(stack)
+    mem = opened(stack, **VERIFY)
     skey = mem.store("chunk", kv(3), compression=spec)
     holders = [t.name for t in mem.tiers.tiers if t.contains(skey)]
     for name in holders:
@@ -395,7 +402,7 @@ def test_corruption_is_a_miss_never_wrong_data(opened: Callable[..., kvmem.Memor
 
 @pytest.mark.parametrize("spec", ["none", "int4+lz4"])
 def test_corrupt_upper_copy_falls_back_to_a_good_lower_copy(opened: Callable[..., kvmem.Memory], spec: str) -> None:
-    mem = opened("cpu+disk")
+    mem = opened("cpu+disk", **VERIFY)
     value = kv(4)
     skey = mem.store("chunk", value, compression=spec)
     corrupt(mem, "cpu", skey, "payload")
@@ -409,7 +416,7 @@ def test_corrupt_upper_copy_falls_back_to_a_good_lower_copy(opened: Callable[...
 
 @pytest.mark.parametrize("stack", CRC_STACKS)
 def test_corruption_strict_raises_and_regenerate_rebuilds(opened: Callable[..., kvmem.Memory], stack: str) -> None:
-    mem = opened(stack)
+    mem = opened(stack, **VERIFY)
     skey = mem.store("chunk", kv(5))
     for t in mem.tiers.tiers:
         if t.contains(skey):
@@ -486,5 +493,5 @@ def test_stored_size_is_what_every_tier_holds(opened: Callable[..., kvmem.Memory
     mem.store("x", kv(1))
     stored = mem.info("x").stored_size  # type: ignore[union-attr]
     assert stored > sum(t.numel() * t.element_size() for t in kv(1).values())
-    assert [t.usage() for t in mem.tiers.tiers] == [stored, stored]
+    assert [t.usage() for t in mem.tiers.tiers] == [footprint(t, stored) for t in mem.tiers.tiers]
     assert os.path.getsize(tier_named(mem, "disk").path(mem.storage_key("x"))) == stored  # type: ignore[attr-defined]

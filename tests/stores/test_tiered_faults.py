@@ -128,16 +128,16 @@ def test_enospc_in_the_middle_of_a_write_leaves_no_partial_file(mem: kvmem.Memor
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     import kvmem.stores.files as files_module
 
-    real_write_all = files_module.write_all
+    real_pwrite_all = files_module.pwrite_all
 
-    def write_half_then_fail(fd: int, parts: list[Any]) -> None:
-        real_write_all(fd, parts[:len(parts) // 2])
+    def write_half_then_fail(fd: int, parts: list[Any], offset: int) -> int:
+        real_pwrite_all(fd, parts[:len(parts) // 2], offset)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     mem.store("before", _value(0))
-    monkeypatch.setattr(files_module, "write_all", write_half_then_fail)
+    monkeypatch.setattr(files_module, "pwrite_all", write_half_then_fail)
     mem.store("during", _value(1))
-    monkeypatch.setattr(files_module, "write_all", real_write_all)
+    monkeypatch.setattr(files_module, "pwrite_all", real_pwrite_all)
 
     blobs = _disk(mem).root / "blobs"
     assert sorted(p.name for p in blobs.rglob("*") if p.is_file()) == [f"{mem.storage_key('before')}.kvb"]
@@ -315,7 +315,8 @@ def test_catalog_that_cannot_be_opened_any_more(tmp_path: Path) -> None:
     assert m.load("missing", regenerate=lambda: _value(2)) is not None
     assert m.delete("before") is True
     assert m.load("before", default="miss") == "miss"
-    assert _errors(m, "catalog") >= 3
+    m.flush()  # NOTE: stores queue their rows (write-behind): the flush and the delete meet the broken database
+    assert _errors(m, "catalog") >= 2
     assert m.stats().entries == 0  # unknown, not an exception
     m.close()
 

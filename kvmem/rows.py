@@ -1,0 +1,133 @@
+"""The bytes of a tensor or array as contiguous rows, and copies between such rows: one copy, no staging.
+
+A slice of a KV cache (``kv[:, :, a:b, :]``) is not contiguous, but it is a short list of
+contiguous rows (here one per K/V x layer x head, each ``(b - a) * head_dim`` elements).
+Its bytes can be written to a file with one ``pwritev``, read from one with one
+``preadv``, checksummed row by row and copied into pool pages without ever being
+gathered into a contiguous temporary. That is what this module gives the tiers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+from numpy.lib.stride_tricks import as_strided
+
+__all__ = ["MIN_ROW", "Source", "byte_rows", "writable_rows", "nbytes_of", "copy_rows", "steps"]
+
+MIN_ROW = 4096
+"""Rows shorter than this are gathered into one contiguous copy first (a syscall or a copy per
+row would cost more than the copy)."""
+
+Source = torch.Tensor | np.ndarray
+"""Bytes to write or copy: a CPU tensor of any dtype and layout, or a numpy array."""
+
+
+def nbytes_of(src: Source) -> int:
+    """Bytes of ``src``."""
+    if isinstance(src, np.ndarray):
+        return int(src.nbytes)
+    return src.numel() * src.element_size()
+
+
+def _as_bytes_array(src: Source) -> np.ndarray:
+    """``src`` as a (possibly strided) uint8 numpy array whose last axis runs over contiguous bytes."""
+    if isinstance(src, np.ndarray):
+        arr = src
+    else:
+        t = src.detach() if src.ndim else src.detach().reshape(1)
+        if t.dtype is not torch.uint8:
+            # NOTE: a dtype view of the same bytes; needs a unit last stride, else make it contiguous
+            t = (t if t.ndim and t.stride(-1) == 1 else t.contiguous()).view(torch.uint8)
+        arr = t.numpy()
+    if arr.dtype != np.uint8:
+        arr = arr if arr.ndim and arr.strides[-1] == arr.itemsize else np.ascontiguousarray(arr).reshape(-1)
+        arr = arr.view(np.uint8)
+    return arr
+
+
+def byte_rows(src: Source, min_row: int = MIN_ROW) -> list[np.ndarray]:
+    """The bytes of ``src`` in C order, as contiguous 1-D uint8 arrays (views of ``src`` where possible).
+
+    A contiguous ``src`` is one row. Otherwise its dimensions are merged where their
+    strides allow and each remaining leading index gives one row; rows shorter than
+    ``min_row`` bytes (or a layout without a contiguous innermost run) make the whole
+    ``src`` one contiguous copy instead.
+    """
+    if nbytes_of(src) == 0:
+        return []
+    arr = _as_bytes_array(src)
+    return _rows_of(arr, min_row) or [np.ascontiguousarray(arr).reshape(-1)]
+
+
+def writable_rows(dst: torch.Tensor, min_row: int = MIN_ROW) -> list[np.ndarray] | None:
+    """:func:`byte_rows` of a CPU tensor as views only (to read into), or ``None`` where that would need a copy."""
+    if dst.device.type != "cpu" or (dst.ndim and dst.stride(-1) != 1):
+        return None
+    if dst.numel() == 0:
+        return []
+    return _rows_of(_as_bytes_array(dst), min_row)
+
+
+def _rows_of(arr: np.ndarray, min_row: int) -> list[np.ndarray] | None:
+    """Contiguous row views covering ``arr`` in C order, or ``None`` (no unit-stride run of ``min_row`` bytes)."""
+    if arr.flags.c_contiguous:
+        return [arr.reshape(-1)]
+    shape: list[int] = []
+    strides: list[int] = []
+    for n, s in zip(arr.shape, arr.strides):
+        if n == 1:
+            continue
+        if shape and strides[-1] == n * s:  # NOTE: the outer dim steps over exactly this one: merge them
+            shape[-1] *= n
+            strides[-1] = s
+        else:
+            shape.append(n)
+            strides.append(s)
+    if strides[-1] != 1 or shape[-1] < min_row:
+        return None
+    lead = as_strided(arr, shape=(*shape[:-1], shape[-1]), strides=(*strides[:-1], 1))
+    return [lead[idx] for idx in np.ndindex(*shape[:-1])]
+
+
+def steps(rows: Sequence[np.ndarray], step: int) -> Iterator[list[np.ndarray]]:
+    """``rows`` cut and grouped into lists of about ``step`` bytes (rows longer than ``step`` are cut)."""
+    group: list[np.ndarray] = []
+    size = 0
+    for row in rows:
+        for lo in range(0, row.size, step):
+            piece = row[lo:lo + step]
+            group.append(piece)
+            size += piece.size
+            if size >= step:
+                yield group
+                group, size = [], 0
+    if group:
+        yield group
+
+
+def copy_rows(dst: Iterable[np.ndarray], src: Iterable[np.ndarray]) -> int:
+    """Copy the byte stream of ``src`` rows into the byte stream of ``dst`` rows; bytes copied.
+
+    Stops when either runs out. Each row pair is one ``np.copyto`` of their overlap.
+    """
+    done = 0
+    out = iter(dst)
+    d, d_at = None, 0
+    for s in src:
+        s_at = 0
+        while s_at < s.size:
+            if d is None or d_at == d.size:
+                d = next(out, None)
+                d_at = 0
+                if d is None:
+                    return done
+                continue
+            n = min(s.size - s_at, d.size - d_at)
+            np.copyto(d[d_at:d_at + n], s[s_at:s_at + n])
+            s_at += n
+            d_at += n
+            done += n
+    return done

@@ -1,0 +1,247 @@
+"""The CPU tier: blobs in the pages of one host pool allocated when the tier opens.
+
+A put copies the blob's bytes once, from wherever they are (a strided KV cache slice,
+a file, a socket buffer), into pages of the pool (:mod:`kvmem.pool`); nothing is
+allocated per entry. A load copies them once, out of the pages into the caller's
+tensor. Eviction drops the entry's pages; a view handed out earlier (``get``,
+``read_range``) keeps them until it is gone, so bytes once handed out never change.
+
+Integrity: bytes enter this tier CRC-checked (read from disk or Redis) or from the
+caller (whose CRCs are computed when first needed: by the write to a persistent tier,
+in the same pass, or by the catalog's background flush). Loads trust the pages they
+copy from; with ``verify=True`` every load checks the CRCs again (a second pass over
+the bytes; see the README's integrity note for its cost).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvmem import blob as blobfmt
+from kvmem.blob import EncodedBlob, Piece
+from kvmem.errors import CapacityError, IntegrityError
+from kvmem.pool import Allocation, HostPool
+from kvmem.rows import byte_rows, copy_rows, nbytes_of, writable_rows
+from kvmem.stores.memory import LruTier
+from kvmem.stores.readers import BlobReader, check_size
+
+__all__ = ["CpuTier"]
+
+_TORCH_COPY_FROM = 1 << 20  # NOTE: torch's copy_ runs on its threads and handles any strides: worth it from 1 MiB
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One stored blob: its pages, and the blob they hold (head and payload are views of the pages)."""
+
+    alloc: Allocation
+    blob: EncodedBlob
+
+    @property
+    def nbytes(self) -> int:
+        return self.alloc.nbytes
+
+    @property
+    def footprint(self) -> int:
+        """Bytes of the pages it occupies."""
+        return self.alloc.pages * self.alloc.pool.page_bytes
+
+
+class CpuTier(LruTier[_Entry]):
+    """Host-memory tier on a :class:`~kvmem.pool.HostPool` (pinned when CUDA is present).
+
+    Args:
+        capacity: bytes of pages this tier's entries may hold (``usage`` counts whole pages).
+        verify: CRC-check every load (default: trust the pages; see the module docstring).
+
+    NOTE: pages are 4 KiB, smaller for a small tier (at least 1024 pages, 64 B at least),
+    so that the unused tail of each entry's last page wastes little. The pool holds 1/16
+    more than ``capacity`` (and 16 pages), for views that outlive their entry and for
+    the tail of the entry being put; a put that still finds too few pages raises
+    :class:`~kvmem.errors.CapacityError`, which the tiered store answers by making room
+    and trying once more, then by treating the value as refused here.
+    """
+
+    shares_buffers = True
+
+    def __init__(self, capacity: int, verify: bool = False) -> None:
+        super().__init__()
+        self.name = "cpu"
+        self.capacity = capacity
+        self.checks_crc = verify
+        page = _page_bytes(capacity)
+        self.pool = HostPool(capacity + capacity // 16 + 16 * page, page_bytes=page)
+
+    # -- writes ----------------------------------------------------------------
+    def put(self, key: str, blob: EncodedBlob) -> None:
+        entry = self._copy_in(blob)
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._forget(old)
+            self._entries[key] = entry
+            self._bytes += entry.footprint
+
+    def _copy_in(self, blob: EncodedBlob) -> _Entry:
+        """``blob``'s bytes copied once into newly allocated pages, as an entry.
+
+        Raises:
+            CapacityError: the pool has too few free pages (or none long enough for the head).
+        """
+        alloc = self.pool.allocate(blob.nbytes)
+        if alloc is None or next(alloc.spans(), (0, 0, 0))[2] < min(blob.start, blob.nbytes):
+            free = self.pool.free_bytes
+            raise CapacityError(f"CPU tier: {blob.nbytes} bytes do not fit in the pool ({free} bytes of pages free)")
+        _copy(alloc, 0, blob.head)
+        for piece in blob.pieces:
+            if piece.pad:
+                for arr in alloc.array(piece.offset - piece.pad, piece.offset):
+                    arr.fill(0)
+            _copy(alloc, piece.offset, piece.source)
+        header, start = blob.header, blob.start
+        if header is None:  # NOTE: a whole blob wrapped from bytes (a promotion): its head is parsed once, here
+            header, start = blobfmt.parse_head(alloc.view(0, min(blob.nbytes, blob.start)))
+        else:
+            header = {**header, "segments": [list(seg) for seg in header["segments"]]}
+        head = alloc.view(0, start).numpy()
+        pieces = tuple(Piece(start + off, t) for off, t in _offsets(alloc.pieces(start)))
+        pooled = EncodedBlob(head, pieces, blob.nbytes, header, blob.crc_slots(), sealed=blob.sealed)
+        if self.checks_crc:
+            pooled.seal()  # NOTE: verified loads need CRCs taken as the bytes came in, not when first needed
+        return _Entry(alloc, pooled)
+
+    # -- reads -----------------------------------------------------------------
+    def lookup(self, key: str) -> _Entry | None:
+        """``key``'s entry (marked recently used), or ``None``. Its ``alloc`` stays valid while it is held."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+            return entry
+
+    def blob(self, key: str) -> EncodedBlob | None:
+        """``key``'s blob as this tier holds it (views of its pages), for writing it elsewhere without a copy."""
+        entry = self.lookup(key)
+        return None if entry is None else entry.blob
+
+    def get(self, key: str) -> torch.Tensor | None:
+        """The sealed blob: a view of its pages (one run), else a gathered copy. Never written to while it lives."""
+        entry = self.lookup(key)
+        return None if entry is None else self._sealed(entry)
+
+    def read_verified(self, key: str) -> blobfmt.Verified | None:
+        """``get`` with the header this tier parsed when the blob came in; CRC-checked only with ``verify``.
+
+        Raises:
+            IntegrityError: ``verify`` is on and the blob does not match its CRCs.
+        """
+        entry = self.lookup(key)
+        if entry is None:
+            return None
+        buf = self._sealed(entry)
+        head = blobfmt.verify(buf) if self.checks_crc else (entry.blob.header, entry.blob.start)
+        return blobfmt.Verified(buf, head)
+
+    @staticmethod
+    def _sealed(entry: _Entry) -> torch.Tensor:
+        entry.blob.seal()  # NOTE: once per entry: its CRCs are computed from its pages when first needed
+        if entry.alloc.contiguous:
+            return entry.alloc.view()
+        out = blobfmt.empty_buffer(entry.nbytes)
+        copy_rows([out.numpy()], entry.alloc.array())
+        return out
+
+    def read_range(self, key: str, start: int, stop: int) -> torch.Tensor | None:
+        """Bytes ``[start, stop)`` of ``key``'s blob: a view of the pages when they lie in one run."""
+        entry = self.lookup(key)
+        if entry is None:
+            return None
+        stop = min(stop, entry.nbytes)
+        pieces = entry.alloc.pieces(start, stop) if start < stop else []
+        if len(pieces) <= 1:
+            return pieces[0] if pieces else torch.empty(0, dtype=torch.uint8)
+        out = blobfmt.empty_buffer(stop - start)
+        copy_rows([out.numpy()], [p.numpy() for p in pieces])
+        return out
+
+    def open_blob(self, key: str) -> BlobReader | None:
+        entry = self.lookup(key)
+        return None if entry is None else _PoolReader(entry, self.name, self.checks_crc)
+
+    def _forget(self, entry: _Entry) -> None:
+        self._bytes -= entry.footprint  # NOTE: its pages go back when the last view of them goes (refcount)
+
+
+class _PoolReader(BlobReader):
+    """An entry's blob read in parts: one copy per part, out of the pages (held while the reader lives)."""
+
+    def __init__(self, entry: _Entry, tier: str, verify: bool) -> None:
+        self._entry = entry
+        self.checks_crc = verify
+        if verify:
+            entry.blob.seal()
+        super().__init__(None, (entry.blob.header, entry.blob.start), tier)  # type: ignore[arg-type]
+
+    def head_bytes(self) -> np.ndarray:
+        return self._entry.blob.head
+
+    def part_into(self, part: dict[str, Any], dst: torch.Tensor) -> None:
+        check_size(part, dst)
+        seg_lo, crc, i = self.segment_of(part)
+        lo = self.start + int(part["off"])
+        spans = self._entry.alloc.array(lo, lo + int(part["n"]))
+        if self.checks_crc:
+            got = blobfmt.chain_crc(self._entry.alloc.array(self.start + seg_lo, lo + int(part["n"])))
+            if got != crc:
+                raise IntegrityError(f"segment {i} CRC32C mismatch: stored {crc:#010x}, computed {got:#010x}")
+        if len(spans) == 1:
+            dst.copy_(torch.from_numpy(spans[0]).view(dst.dtype).view(dst.shape) if dst.numel() else dst)
+            return
+        rows = writable_rows(dst, min_row=0)
+        if rows is None:
+            tmp = blobfmt.empty_buffer(int(part["n"]))
+            copy_rows([tmp.numpy()], spans)
+            dst.copy_(tmp.view(dst.dtype).view(dst.shape))
+        else:
+            copy_rows(rows, spans)
+
+    def read_bytes(self, lo: int, hi: int) -> torch.Tensor:
+        pieces = self._entry.alloc.pieces(lo, hi) if lo < hi else []
+        if len(pieces) <= 1:
+            return pieces[0] if pieces else torch.empty(0, dtype=torch.uint8)
+        out = blobfmt.empty_buffer(hi - lo)
+        copy_rows([out.numpy()], [p.numpy() for p in pieces])
+        return out
+
+
+def _page_bytes(capacity: int) -> int:
+    """4 KiB, or the largest power of two giving the tier at least 1024 pages (64 B at least)."""
+    size = blobfmt.PAGE
+    while size > 64 and capacity // size < 1024:
+        size //= 2
+    return size
+
+
+def _offsets(pieces: list[torch.Tensor]) -> list[tuple[int, torch.Tensor]]:
+    out, at = [], 0
+    for p in pieces:
+        out.append((at, p))
+        at += p.numel()
+    return out
+
+
+def _copy(alloc: Allocation, offset: int, src: torch.Tensor | np.ndarray) -> None:
+    """Copy ``src`` (any layout) into bytes ``offset..`` of ``alloc``: one copy, no temporary."""
+    n = nbytes_of(src)
+    if not n:
+        return
+    spans = alloc.array(offset, offset + n)
+    if len(spans) == 1 and isinstance(src, torch.Tensor) and n >= _TORCH_COPY_FROM:
+        dst = torch.from_numpy(spans[0]).view(src.dtype).view(src.shape)
+        dst.copy_(src.detach())
+        return
+    copy_rows(spans, byte_rows(src))

@@ -1,0 +1,224 @@
+"""Reading one version of a blob in parts: its header first, then the parts a caller needs, into its tensors.
+
+A load into the caller's tensor (``Memory.load(key, out=t)``) and the layer-wise KV
+loader both read a blob part by part: they parse the header, then want one tensor
+leaf's bytes, or one layer's, in a tensor of their own (a slice of the model's cache).
+A :class:`BlobReader` is that access, opened once per blob so that every part comes
+from the same version of it (a file stays open; a memory tier's pages stay held):
+
+- :meth:`BlobReader.part_into` puts a part's bytes straight into a tensor of any
+  layout: one copy from a memory tier's pages, one ``preadv`` from a file, with the
+  part's CRC segment checked in the same pass where the tier checks CRCs;
+- :meth:`BlobReader.read` returns whole CRC segments, checked, for parts a codec
+  must decode first (int8/int4, lz4).
+
+This base class reads a blob already in memory and verified (what ``read_verified``
+gives: every tier that has no faster way); :class:`FileReader` reads a file.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from typing import Any
+
+import crc32c
+import numpy as np
+import torch
+
+from kvmem import blob as blobfmt
+from kvmem.errors import IntegrityError
+from kvmem.rows import steps, writable_rows
+
+__all__ = ["BlobReader", "FileReader", "check_size"]
+
+Header = dict[str, Any]
+_STEP = 1 << 20  # NOTE: read 1 MiB, then CRC it while it is still in cache
+
+
+class BlobReader:
+    """One version of one blob, for partial reads.
+
+    Args:
+        buf: the whole blob, its CRCs checked already where its tier checks them.
+        head: ``(header, payload_start)``; parsed from ``buf`` when ``None``.
+        tier: name of the tier it came from.
+
+    Attributes:
+        header, start: the parsed header and the payload's offset.
+        tier: the serving tier's name.
+        checks_crc: whether the parts read are CRC-checked here (not when ``buf`` was already).
+    """
+
+    checks_crc = False
+
+    def __init__(self, buf: torch.Tensor | None, head: tuple[Header, int] | None, tier: str) -> None:
+        self._buf = buf
+        if head is None:
+            assert buf is not None
+            head = blobfmt.parse(buf)
+        self.header, self.start = head
+        self.tier = tier
+        ends = [int(end) for end, _crc in self.header["segments"]]
+        self._ends = ends
+
+    def __enter__(self) -> BlobReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def segment_of(self, part: dict[str, Any]) -> tuple[int, int, int]:
+        """``(first byte, CRC, index)`` of the CRC segment that ends where ``part`` (``{"off", "n"}``) ends.
+
+        Raises:
+            IntegrityError: no segment ends there (the header does not describe its payload).
+        """
+        end = int(part["off"]) + int(part["n"])
+        i = bisect.bisect_left(self._ends, end)
+        if i == len(self._ends) or self._ends[i] != end or int(part["off"]) < (self._ends[i - 1] if i else 0):
+            raise IntegrityError(f"blob header: a part ending at payload byte {end} is not a whole segment")
+        return (self._ends[i - 1] if i else 0), int(self.header["segments"][i][1]), i
+
+    def head_bytes(self) -> np.ndarray:
+        """The blob's first ``start`` bytes (prefix, header, padding) as read."""
+        assert self._buf is not None
+        return self._buf[:self.start].numpy()
+
+    def part_into(self, part: dict[str, Any], dst: torch.Tensor) -> None:
+        """Put the bytes of ``part`` (a leaf's ``{"off", "n"}``, not lz4-compressed) into ``dst``.
+
+        Raises:
+            IntegrityError: ``dst`` does not hold exactly ``part["n"]`` bytes, or the part's segment
+                fails its CRC.
+        """
+        check_size(part, dst)
+        self.segment_of(part)
+        lo = self.start + int(part["off"])
+        src = self.read_bytes(lo, lo + int(part["n"]))
+        dst.copy_(src.view(dst.dtype).view(dst.shape) if dst.numel() else dst)
+
+    def read_bytes(self, lo: int, hi: int) -> torch.Tensor:
+        """Blob bytes ``[lo, hi)`` as held (a view), unchecked: :meth:`read` checks."""
+        assert self._buf is not None
+        return self._buf[lo:hi]
+
+    def read(self, lo: int, hi: int) -> torch.Tensor:
+        """Payload bytes ``[lo, hi)``, whole CRC segments (see :func:`kvmem.blob.covering_range`), checked.
+
+        Raises:
+            IntegrityError: a short read, or a segment that does not match its CRC.
+        """
+        data = self.read_bytes(self.start + lo, self.start + hi)
+        blobfmt.verify_range(self.header, data, lo, check=self.checks_crc)
+        return data
+
+    def advise(self, lo: int, hi: int) -> None:
+        """A hint: payload bytes ``[lo, hi)`` will be read soon. Nothing to do in memory."""
+        return None
+
+    def close(self) -> None:
+        self._buf = None
+
+
+class FileReader(BlobReader):
+    """A blob file opened once: the header read and CRC-checked, then parts read straight into tensors.
+
+    Args:
+        fd: an open descriptor of the file (closed by :meth:`close`).
+        tier: name of the tier.
+
+    Raises:
+        IntegrityError: the file's head is not an intact blob header.
+        OSError: the read failed.
+    """
+
+    checks_crc = True
+
+    def __init__(self, fd: int, tier: str) -> None:
+        self._fd = fd
+        head = _pread(fd, 0, blobfmt.HEAD_PROBE)
+        extent = blobfmt.header_extent(head)
+        if extent > head.numel():
+            head = _pread(fd, 0, extent)
+        super().__init__(None, blobfmt.parse_head(head), tier)
+        self._head = head[:self.start].numpy()
+
+    def head_bytes(self) -> np.ndarray:
+        return self._head
+
+    def part_into(self, part: dict[str, Any], dst: torch.Tensor) -> None:
+        """:meth:`BlobReader.part_into` with one ``preadv`` per step into ``dst``'s rows, each step CRC'd
+        before the next is read (a layout ``preadv`` cannot fill is read into a temporary first)."""
+        check_size(part, dst)
+        rows = writable_rows(dst)
+        if rows is None:
+            tmp = blobfmt.empty_buffer(int(part["n"]))
+            self.part_into(part, tmp)
+            dst.copy_(tmp.view(dst.dtype).view(dst.shape).to(dst.device))
+            return
+        seg_lo, crc, i = self.segment_of(part)
+        pad = blobfmt.empty_buffer(int(part["off"]) - seg_lo).numpy()
+        at, got = self.start + seg_lo, 0
+        for group in steps([pad, *rows], _STEP):
+            n = _preadv_all(self._fd, group, at)
+            at += n
+            for row in group:
+                got = crc32c.crc32c(row, got)
+        if got != crc:
+            raise IntegrityError(f"segment {i} CRC32C mismatch: stored {crc:#010x}, computed {got:#010x}")
+
+    def read_bytes(self, lo: int, hi: int) -> torch.Tensor:
+        return _pread(self._fd, lo, hi)
+
+    def advise(self, lo: int, hi: int) -> None:
+        """Start reading payload bytes ``[lo, hi)`` into the page cache (``POSIX_FADV_WILLNEED``).
+
+        NOTE: the kernel submits the whole range at once; a cold ``pread`` instead ramps
+        its readahead up from a few pages.
+        """
+        if hasattr(os, "posix_fadvise"):
+            try:
+                os.posix_fadvise(self._fd, self.start + lo, max(0, hi - lo), os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass  # a hint only: the read that follows does the work, or reports the failure
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def check_size(part: dict[str, Any], dst: torch.Tensor) -> None:
+    if "raw" in part or int(part["n"]) != dst.numel() * dst.element_size():
+        raise IntegrityError(f"a part of {part['n']} bytes{' (lz4)' if 'raw' in part else ''} cannot be read "
+                             f"into a tensor of {dst.numel() * dst.element_size()} bytes")
+
+
+def _pread(fd: int, lo: int, hi: int) -> torch.Tensor:
+    """Bytes ``[lo, hi)`` of ``fd`` (fewer at its end) in a new buffer."""
+    buf = blobfmt.empty_buffer(max(0, hi - lo))
+    got = _preadv_all(fd, [buf.numpy()], lo) if buf.numel() else 0
+    return buf[:got]
+
+
+def _preadv_all(fd: int, rows: list[np.ndarray], offset: int) -> int:
+    """Fill ``rows`` from ``fd`` at ``offset`` with ``preadv``, resuming after short reads; bytes read
+    (fewer only at the end of the file)."""
+    views = [memoryview(r) for r in rows if r.size]
+    total = 0
+    while views:
+        n = os.preadv(fd, views, offset)
+        if n == 0:
+            break
+        total += n
+        offset += n
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
+    return total
