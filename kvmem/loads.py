@@ -17,7 +17,7 @@ from kvmem.codecs.pipeline import check_owner, decode_tensor_range
 from kvmem.errors import OutputMismatch
 from kvmem.stores.readers import BlobReader
 
-__all__ = ["check_out", "copy_into", "fill", "read_back"]
+__all__ = ["check_out", "copy_into", "fill", "read_back", "stored_as_is"]
 
 
 def check_out(out: object) -> torch.Tensor:
@@ -53,7 +53,7 @@ def fill(reader: BlobReader, skey: str, out: torch.Tensor) -> dict[str, Any]:
     header = reader.header
     check_owner(header, skey)
     leaf = _tensor_leaf(header, out)
-    part = _stored_as_is(leaf)
+    part = stored_as_is(leaf)
     if part is not None:
         reader.part_into(part, out)
         return header
@@ -66,7 +66,7 @@ def read_back(reader: BlobReader, out: torch.Tensor) -> EncodedBlob | None:
     """The blob :func:`fill` just read, rebuilt from its head and ``out`` (to promote it without reading it
     again); ``None`` unless ``out`` holds its whole payload (one tensor stored as it is)."""
     header = reader.header
-    part = _stored_as_is(header["leaves"][0])
+    part = stored_as_is(header["leaves"][0])
     if part is None or len(header["segments"]) != 1:
         return None
     pad = int(part["off"])  # NOTE: the one segment starts at payload byte 0: its leading padding is the offset
@@ -88,7 +88,7 @@ def _tensor_leaf(header: dict[str, Any], out: torch.Tensor) -> dict[str, Any]:
     return leaf
 
 
-def _stored_as_is(leaf: dict[str, Any]) -> dict[str, Any] | None:
+def stored_as_is(leaf: dict[str, Any]) -> dict[str, Any] | None:
     """The part holding ``leaf``'s bytes as they are (no codec applied, no lz4), or ``None``."""
     parts = leaf.get("parts", {})
     data = parts.get("data") if len(parts) == 1 else None

@@ -1,22 +1,25 @@
 """Layer-wise prefix loading: layer ``i`` of the forward pass waits only for layer ``i``'s KV.
 
 A chunk blob stores its layers in order (``k0, v0, k1, v1, ...``), each in its own
-CRC segment (:mod:`kvmem.blob`). A background thread reads the chunks layer by
-layer with ranged reads (``pread`` on disk, slices in memory; the next layer's
-ranges requested ahead), and checks every segment before its bytes are used.
-:class:`StreamingCache` makes the model's ``update`` for layer ``i`` block until
-layer ``i`` is in, so reading later layers overlaps the compute of earlier ones.
+CRC segment (:mod:`kvmem.blob`). A background thread opens every chunk once
+(:meth:`~kvmem.stores.base.StorageTier.open_blob`: a file stays open, a memory tier's
+pages stay held, so every layer comes from the same version), then reads them layer by
+layer (the next layer's ranges requested ahead) and checks every segment before its
+bytes are used. :class:`StreamingCache` makes the model's ``update`` for layer ``i``
+block until layer ``i`` is in, so reading later layers overlaps the compute of earlier ones.
 
-How a layer's prefix gets into the cache depends on its chunks' codec:
+Each layer's prefix is written into one ``[B, H, S + room, D]`` buffer for K and one for
+V on the model's device, with room after the prefix for the first update's new tokens,
+so the prefix is copied once, where it is needed, and never concatenated again:
 
-- int8/int4 chunks are decoded on the target device by the fused dequantize + scatter
-  op (:func:`kvmem.cuda.dequantize_into`): each chunk-layer's codes and scales move to
-  the device in one copy and are written straight into a ``[B, H, S, D]`` buffer the
-  loader allocates, with room after the prefix for the first update's new tokens, so
-  no float chunk is made on the host and the prefix is never copied again;
-- other chunks (lossless, fp16, bf16) decode to checked per-chunk pieces, mostly views
-  of the tier's buffers, concatenated with the new tokens' K/V: the prefix is copied
-  once, as the forward pass over a cache already in memory copies it.
+- chunks stored as they are (lossless, or ``fp16``/``bf16`` of a 16-bit model) are read
+  straight into their slice of the buffer: one copy out of the CPU tier's pages, one
+  ``preadv`` from a file (CRC-checked in the same pass);
+- int8/int4 chunks are decoded on the target device by the fused dequantize + scatter op
+  (:func:`kvmem.cuda.dequantize_into`): codes and scales move in one copy, the values are
+  written in place (no float chunk on the host);
+- anything else (lz4, a cast to the model's dtype, the part of a chunk a sliding window
+  keeps) is decoded, then copied into its slice.
 
 A chunk that cannot be read or fails a check stops the load: the waiting layer
 raises :class:`ChunkLoadError` naming the chunk, and the caller retries with the
@@ -40,6 +43,7 @@ from kvmem.codecs.quant import QuantCodec
 from kvmem.cuda.kvquant import dequantize_kv_into
 from kvmem.errors import CodecError, IntegrityError, KVMemError
 from kvmem.kv.layout import install_prefix
+from kvmem.loads import stored_as_is
 from kvmem.stores.base import StorageTier
 
 __all__ = ["ChunkSource", "ChunkLoadError", "LayerwiseLoader", "StreamingCache"]
@@ -65,28 +69,12 @@ class ChunkSource:
 
 
 @dataclass
-class _Pieces:
-    """A layer's prefix as checked per-chunk pieces (often views of a tier's buffer: never written to)."""
-
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-
-    def whole(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The prefix's K and V, joined in one copy."""
-        return torch.cat(self.keys, dim=-2), torch.cat(self.values, dim=-2)
-
-    def extended(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The prefix followed by new tokens' K and V, in one copy (what ``DynamicLayer.update`` makes)."""
-        return torch.cat([*self.keys, key_states], dim=-2), torch.cat([*self.values, value_states], dim=-2)
-
-
-@dataclass
-class _Filled:
-    """A layer's prefix written in place by the fused path: ``[B, H, S + room, D]`` buffers the loader owns."""
+class _LayerPrefix:
+    """A layer's prefix in ``[B, H, S + room, D]`` buffers the loader made for it (``room`` tokens free after it)."""
 
     keys: torch.Tensor
     values: torch.Tensor
-    room: int  # tokens left free after the prefix
+    room: int
 
     def whole(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The prefix's K and V: views of the buffers."""
@@ -99,13 +87,10 @@ class _Filled:
             keys, values = self.whole()
             return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
         # NOTE: the buffers are this layer's alone (the loader made them for it): filling the room
-        # in place leaves the prefix where the fused op wrote it, uncopied.
+        # in place leaves the prefix where it was written, uncopied.
         self.keys[:, :, -self.room:] = key_states
         self.values[:, :, -self.room:] = value_states
         return self.keys, self.values
-
-
-_LayerPrefix = _Pieces | _Filled
 
 
 def _quantized(leaf: dict[str, Any]) -> bool:
@@ -149,42 +134,39 @@ def _packed_to(device: torch.device, parts: list[dict[str, torch.Tensor]]) -> li
 
 
 class _ChunkReader:
-    """Ranged, checked reads of one chunk blob from one tier."""
+    """Checked reads of one chunk blob, opened once in one tier."""
 
     def __init__(self, source: ChunkSource, index: int) -> None:
         self.source = source
         self.index = index
-        head = self._read(0, blobfmt.HEAD_PROBE)
         try:
-            extent = blobfmt.header_extent(head)
-            if extent > head.numel():
-                head = self._read(0, extent)
-            self.header, self.start = blobfmt.parse_head(head)
+            reader = source.tier.open_blob(source.key)
+        except IntegrityError as exc:
+            raise self._error(str(exc), corrupt=True) from None
+        if reader is None:
+            raise self._error(f"gone from tier {source.tier.name}", corrupt=False)
+        self.blob = reader
+        self.header = reader.header
+        try:
             check_owner(self.header, source.key)
         except IntegrityError as exc:
+            reader.close()
             raise self._error(str(exc), corrupt=True) from None
 
     def _error(self, reason: str, corrupt: bool) -> ChunkLoadError:
         return ChunkLoadError(self.index, reason, corrupt=corrupt, key=self.source.key, tier=self.source.tier.name)
-
-    def _read(self, start: int, stop: int) -> torch.Tensor:
-        buf = self.source.tier.read_range(self.source.key, start, stop)
-        if buf is None:
-            raise self._error(f"gone from tier {self.source.tier.name}", corrupt=False)
-        return buf
 
     def shapes(self) -> list[tuple[list[int], str]]:
         """``(shape, dtype)`` of each layer's K, in layer order."""
         return [(leaf["shape"], leaf["dtype"]) for leaf in self.header["leaves"][0::2]]
 
     def layer_range(self, layer_idx: int) -> tuple[int, int]:
-        """Blob bytes ``[start, stop)`` of the CRC segments holding layer ``layer_idx``'s K and V."""
-        lo, hi = blobfmt.covering_range(self.header, self.header["leaves"][2 * layer_idx: 2 * layer_idx + 2])
-        return self.start + lo, self.start + hi
+        """Payload bytes ``[lo, hi)`` of the CRC segments holding layer ``layer_idx``'s K and V."""
+        return blobfmt.covering_range(self.header, self.leaves(layer_idx))
 
     def advise(self, layer_idx: int) -> None:
         """Tell the tier that layer ``layer_idx`` will be read next."""
-        self.source.tier.advise_range(self.source.key, *self.layer_range(layer_idx))
+        self.blob.advise(*self.layer_range(layer_idx))
 
     def leaves(self, layer_idx: int) -> list[dict[str, Any]]:
         """The header entries of layer ``layer_idx``'s K and V."""
@@ -192,10 +174,8 @@ class _ChunkReader:
 
     def _checked(self, layer_idx: int) -> tuple[torch.Tensor, int]:
         """Layer ``layer_idx``'s bytes, every CRC segment checked, and their payload offset."""
-        lo, hi = blobfmt.covering_range(self.header, self.leaves(layer_idx))
-        data = self._read(self.start + lo, self.start + hi)
-        blobfmt.verify_range(self.header, data, lo, check=self.source.tier.checks_crc)
-        return data, lo
+        lo, hi = self.layer_range(layer_idx)
+        return self.blob.read(lo, hi), lo
 
     def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer_idx``'s K and V, ``[B, H, T, D]``, checked and decoded."""
@@ -203,6 +183,22 @@ class _ChunkReader:
             data, lo = self._checked(layer_idx)
             keys, values = self.leaves(layer_idx)
             return decode_tensor_range(data, lo, keys), decode_tensor_range(data, lo, values)
+        except IntegrityError as exc:
+            raise self._error(f"layer {layer_idx}: {exc}", corrupt=True) from None
+
+    def direct(self, layer_idx: int, dtype: torch.dtype) -> list[dict[str, Any]] | None:
+        """The parts of layer ``layer_idx``'s K and V if they are stored as they are in ``dtype``, else ``None``."""
+        parts = [stored_as_is(leaf) for leaf in self.leaves(layer_idx)]
+        if any(p is None or p["dtype"] != str(dtype).removeprefix("torch.") for p in parts):
+            return None
+        return parts  # type: ignore[return-value]
+
+    def layer_direct(self, parts: list[dict[str, Any]], keys: torch.Tensor, values: torch.Tensor,
+                     layer_idx: int) -> None:
+        """Read ``parts`` (see :meth:`direct`) straight into ``keys``/``values`` (slices of the cache buffers)."""
+        try:
+            self.blob.part_into(parts[0], keys)
+            self.blob.part_into(parts[1], values)
         except IntegrityError as exc:
             raise self._error(f"layer {layer_idx}: {exc}", corrupt=True) from None
 
@@ -222,16 +218,17 @@ class _ChunkReader:
         except (IntegrityError, CodecError) as exc:  # NOTE: a CodecError here is a header that misdescribes its parts
             raise self._error(f"layer {layer_idx}: {exc}", corrupt=True) from None
 
+    def close(self) -> None:
+        self.blob.close()
+
 
 class LayerwiseLoader:
     """Reads a prefix's chunk blobs on a background thread, layer by layer, every segment checked.
 
     The cache's layers get placeholders of the prefix's shape at once (so the cache
     already reports the prefix length); chunk 0's header is read here for the shapes.
-    A layer whose chunks are all int8/int4 is dequantized on ``device`` straight into
-    one buffer (see the module docstring); any other arrives as checked per-chunk views
-    (of the tier's buffer or of the ranged read), and :class:`StreamingCache`
-    concatenates them with the new tokens' K/V in the one copy the forward pass makes anyway.
+    Each layer's prefix is written into one buffer for K and one for V on ``device``
+    (see the module docstring), which :class:`StreamingCache` hands to the layer.
 
     Args:
         sources: the prefix's chunks, in order.
@@ -240,8 +237,8 @@ class LayerwiseLoader:
         tokens: prefix length to install (``<= len(sources) * block_size``).
         device: where the prefix's K/V live.
         room: tokens the cache's first update will add (the computed part of the prompt):
-            the fused path's buffers of full-attention layers leave room for them, so
-            that the update writes them in place instead of copying the prefix.
+            the buffers of full-attention layers leave room for them, so that the update
+            writes them in place instead of copying the prefix.
 
     Raises:
         ChunkLoadError: chunk 0's header cannot be read or is corrupt.
@@ -276,14 +273,16 @@ class LayerwiseLoader:
         self._thread.start()
 
     def _run(self, first_reader: _ChunkReader) -> None:
+        readers = [first_reader]
         try:
             # NOTE: every chunk has chunk 0's layout, so its header and layer 0 end where chunk 0's do:
             # ask for all of them at once (the forward pass waits for layer 0 of every chunk),
             # then for layer i + 1 of every chunk while layer i is read.
-            head_end = first_reader.layer_range(0)[1]
+            head_end = first_reader.blob.start + first_reader.layer_range(0)[1]
             for source in self._sources:
                 source.tier.advise_range(source.key, 0, head_end)
-            readers = [first_reader] + [_ChunkReader(s, i) for i, s in enumerate(self._sources) if i]
+            for i, source in enumerate(self._sources[1:], 1):
+                readers.append(_ChunkReader(source, i))
             for layer_idx, first in enumerate(self._firsts):
                 if layer_idx + 1 < len(self._firsts):
                     for reader in readers:
@@ -291,10 +290,7 @@ class LayerwiseLoader:
                             reader.advise(layer_idx + 1)
                 # NOTE: a sliding layer keeps only the prefix's last window: chunks before it are not read
                 needed = [reader for reader in readers if self._holds(reader, first)]
-                if all(_quantized(leaf) for reader in needed for leaf in reader.leaves(layer_idx)):
-                    self._parts[layer_idx] = self._fused_layer(layer_idx, needed, first)
-                else:
-                    self._parts[layer_idx] = self._decoded_layer(layer_idx, needed, first)
+                self._parts[layer_idx] = self._layer(layer_idx, needed, first)
                 self._filled[layer_idx] = True
                 self._done[layer_idx].set()
         except ChunkLoadError as exc:
@@ -302,6 +298,8 @@ class LayerwiseLoader:
         except (OSError, KVMemError) as exc:  # a failing tier: not the data's fault
             self.error = ChunkLoadError(0, f"{type(exc).__name__}: {exc}", corrupt=False)
         finally:
+            for reader in readers:
+                reader.close()
             for event in self._done:
                 event.set()
 
@@ -314,26 +312,31 @@ class LayerwiseLoader:
         skip = max(first - lo, 0)
         return lo + skip - first, skip, min(lo + self.block_size, self.tokens) - lo - skip
 
-    def _decoded_layer(self, layer_idx: int, readers: list[_ChunkReader], first: int) -> _Pieces:
-        """Layer ``layer_idx``'s prefix as checked, decoded per-chunk pieces on the device."""
-        keys, values = [], []
-        for reader in readers:
-            _start, skip, count = self._span(reader, first)
-            ck, cv = reader.layer(layer_idx)
-            keys.append(ck[:, :, skip:skip + count].to(self._device))
-            values.append(cv[:, :, skip:skip + count].to(self._device))
-        return _Pieces(keys, values)
+    def _layer(self, layer_idx: int, readers: list[_ChunkReader], first: int) -> _LayerPrefix:
+        """Layer ``layer_idx``'s prefix, written chunk by chunk into one buffer for K and one for V.
 
-    def _fused_layer(self, layer_idx: int, readers: list[_ChunkReader], first: int) -> _Filled:
-        """Layer ``layer_idx``'s int8/int4 prefix, dequantized chunk by chunk into one buffer for K, one for V."""
+        A chunk stored as it is is read straight into its slice; an int8/int4 chunk is
+        dequantized into it by the fused op; anything else is decoded, then copied.
+        """
         room = self._room if type(self._cache.layers[layer_idx]) is DynamicLayer else 0
         keys, values = (torch.empty((*leaf["shape"][:2], self.tokens - first + room, leaf["shape"][3]),
                                     dtype=getattr(torch, leaf["dtype"]), device=self._device)
                         for leaf in readers[0].leaves(layer_idx))
         # NOTE: the spans of the readers tile [first, tokens): every prefix position is written before use.
         for reader in readers:
-            reader.layer_into(layer_idx, keys, values, *self._span(reader, first))
-        return _Filled(keys, values, room)
+            start, skip, count = self._span(reader, first)
+            if all(_quantized(leaf) for leaf in reader.leaves(layer_idx)):
+                reader.layer_into(layer_idx, keys, values, start, skip, count)
+                continue
+            slot = (keys[:, :, start:start + count], values[:, :, start:start + count])
+            whole = skip == 0 and count == reader.leaves(layer_idx)[0]["shape"][2]
+            parts = reader.direct(layer_idx, keys.dtype) if whole else None
+            if parts is not None:
+                reader.layer_direct(parts, *slot, layer_idx)
+            else:
+                for dst, src in zip(slot, reader.layer(layer_idx)):
+                    dst.copy_(src[:, :, skip:skip + count])
+        return _LayerPrefix(keys, values, room)
 
     def _holds(self, reader: _ChunkReader, first: int) -> bool:
         """Whether a layer whose prefix starts at token ``first`` needs any of ``reader``'s chunk."""
@@ -351,7 +354,7 @@ class LayerwiseLoader:
             raise self.error
 
     def take(self, layer_idx: int) -> _LayerPrefix | None:
-        """Layer ``layer_idx``'s prefix K and V (pieces, or filled buffers), once loaded; ``None`` once taken.
+        """Layer ``layer_idx``'s prefix K and V buffers, once loaded; ``None`` once taken.
 
         Raises:
             ChunkLoadError: the load failed; no unchecked byte reached the layer.
@@ -364,8 +367,8 @@ class LayerwiseLoader:
         """Block until every layer is loaded (the load-everything-first mode).
 
         Args:
-            install: also put every layer's prefix into the cache now (one copy each, none for
-                filled buffers); otherwise :class:`StreamingCache` does as the forward pass reaches it.
+            install: also put every layer's prefix into the cache now (views of its buffers);
+                otherwise :class:`StreamingCache` does as the forward pass reaches it.
         """
         self._thread.join()
         if self.error is not None:
@@ -393,8 +396,8 @@ class StreamingCache(DynamicCache):
             if parts is not None:
                 layer = self.layers[layer_idx]
                 if type(layer) is DynamicLayer:
-                    # NOTE: what DynamicLayer.update does, with the prefix still in pieces (one copy in all)
-                    # or filled in place with room for these tokens (no copy of the prefix)
+                    # NOTE: what DynamicLayer.update does, with the prefix in buffers that have room for
+                    # these tokens (no copy of the prefix), or one copy if the room does not fit them
                     layer.keys, layer.values = parts.extended(key_states, value_states)
                     return layer.keys, layer.values
                 layer.keys, layer.values = parts.whole()

@@ -371,13 +371,8 @@ class DiskTier(TierBase):
         if found is None:
             return None
         fd, path = found
-        try:
-            size = os.fstat(fd).st_size
-            reader = FileReader(fd, self.name)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._touch(key, path, size)
+        reader = FileReader(fd, self.name)  # NOTE: owns fd from here on (closes it if the header is bad)
+        self._touch(key, path, os.fstat(fd).st_size)
         return reader
 
     def _move_to_write_area(self, key: str, path: Path) -> Path:

@@ -136,12 +136,16 @@ class FileReader(BlobReader):
     checks_crc = True
 
     def __init__(self, fd: int, tier: str) -> None:
-        self._fd = fd
-        head = _pread(fd, 0, blobfmt.HEAD_PROBE)
-        extent = blobfmt.header_extent(head)
-        if extent > head.numel():
-            head = _pread(fd, 0, extent)
-        super().__init__(None, blobfmt.parse_head(head), tier)
+        self._fd = fd  # NOTE: owned from here on: closed by close(), also when this constructor fails
+        try:
+            head = _pread(fd, 0, blobfmt.HEAD_PROBE)
+            extent = blobfmt.header_extent(head)
+            if extent > head.numel():
+                head = _pread(fd, 0, extent)
+            super().__init__(None, blobfmt.parse_head(head), tier)
+        except BaseException:
+            self.close()
+            raise
         self._head = head[:self.start].numpy()
 
     def head_bytes(self) -> np.ndarray:
