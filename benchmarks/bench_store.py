@@ -1,23 +1,30 @@
-"""kvmem store/load throughput, side by side with the plain way of doing the same I/O.
+"""kvmem store/load throughput of tensor trees, side by side with the machine doing the same I/O.
 
 Not a test: a measurement. Every kvmem operation is timed in the same run, on
-the same bytes and the same disk, as the baseline a caller would otherwise
-write by hand, and the table reports the ratio ``kvmem / baseline``:
+the same bytes and the same disk, as the plain way a caller would otherwise
+write by hand into buffers it already has (warm: their pages faulted in once), and
+the table reports the ratio ``kvmem / baseline``:
 
-=================  ========================================================  ==========
-operation          baseline                                                  target
-=================  ========================================================  ==========
-CPU tier load      ``np.copyto`` of the blob bytes into a fresh ``np.empty``  >= 0.6
-disk load (warm)   ``os.readv`` of the same file into a fresh numpy buffer    >= 0.8
-disk load (cold)   the same, after ``posix_fadvise(DONTNEED)`` on every file   >= 0.8
-disk store         write + ``fsync`` of the same bytes to a new file + rename  >= 0.8
-=================  ========================================================  ==========
+=================  ==========================================================  ==========
+operation          baseline                                                    target
+=================  ==========================================================  ==========
+CPU tier load      ``np.copyto`` of the blob bytes into a warm buffer           reported
+disk load (warm)   ``os.readv`` of the same file into a warm buffer             reported
+disk load (cold)   the same, after ``posix_fadvise(DONTNEED)`` on every file     reported
+disk store         write + ``fsync`` of the same bytes to a new file + rename    >= 0.8
+=================  ==========================================================  ==========
+
+The loads here are ``Memory.load(key)``: each returns new tensors, and a new
+tensor costs its first-touch page faults (on a VM, ~0.5 GB/s), which the warm
+baseline does not pay; that gap is the price of the API, shown on purpose. Loads
+into the caller's tensors (``load(out=)``, ``load_many``), stores of KV cache
+slices and the peer (LMCache) are measured by ``bench_peer_lmcache.py``.
 
 ``torch.save``/``torch.load(weights_only=True)`` and safetensors
 ``save_file``/``load_file`` of the same tensors are reported for reference.
-kvmem always does more than its baseline: it CRC32C-checks every load, frames
-the blob, fsyncs the directory after the rename and records the entry in its
-SQLite catalog.
+kvmem does more than its baseline: it frames the blob, CRC32C-checks every
+load from disk, fsyncs the directory after the rename and records the entry in
+its catalog.
 
 Workload: KV chunks of a Llama-3-8B layout (256 tokens x 32 layers x 8 KV heads
 x 128 head_dim, K and V in bf16: 32 MiB of tensors per chunk, stored as
@@ -63,7 +70,7 @@ from kvmem.stores import CpuTier, DiskTier
 # Llama-3-8B KV layout of one 256-token chunk.
 LAYERS, KV_HEADS, TOKENS, HEAD_DIM = 32, 8, 256, 128
 SMALL_ITEM_BYTES = 64 * 1024
-TARGETS = {"cpu_load": 0.6, "disk_load": 0.8, "disk_store": 0.8}
+TARGETS = {"disk_store": 0.8}
 
 Chunk = dict[str, torch.Tensor]
 
@@ -180,19 +187,19 @@ def same(a: Chunk | torch.Tensor, b: object) -> bool:
 
 
 # -- baselines (the plain way) ------------------------------------------------------
-def copy_owned(src: np.ndarray) -> np.ndarray:
-    """What a caller does to get an owned copy: a fresh buffer and one memcpy."""
-    dst = np.empty(src.size, dtype=np.uint8)
-    np.copyto(dst, src)
-    return dst
+def warm_buffers(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Buffers the size of ``arrays``, their pages faulted in (what a caller reusing buffers has)."""
+    out = [np.empty(a.size, dtype=np.uint8) for a in arrays]
+    for buf in out:
+        buf.fill(0)
+    return out
 
 
-def raw_read(path: Path, step: int | None = None) -> np.ndarray:
-    """Read a whole file into a fresh numpy buffer with ``readv`` (``readinto``), at once or in ``step`` bytes."""
+def raw_read(path: Path, buf: np.ndarray, step: int | None = None) -> None:
+    """Read a whole file into ``buf`` (warm, large enough) with ``readv``, at once or in ``step`` bytes."""
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
-        buf = np.empty(size, dtype=np.uint8)
         view, got = memoryview(buf), 0
         while got < size:
             n = os.readv(fd, [view[got:got + (step or size)]])
@@ -201,7 +208,6 @@ def raw_read(path: Path, step: int | None = None) -> np.ndarray:
             got += n
     finally:
         os.close(fd)
-    return buf
 
 
 def raw_write(path: Path, parts: Sequence[np.ndarray], fsync: bool, fsync_dir: bool = False) -> None:
@@ -268,8 +274,10 @@ def bench_cpu_load(root: Path, values: Sequence[Chunk | torch.Tensor], repeat: i
         keys = fill(mem, values, "cpu")
         cpu = tier(mem, CpuTier)
         blobs = [cpu.get(mem.storage_key(k)).numpy() for k in keys]  # type: ignore[union-attr]
-        kv_t, base_t = side_by_side(load_all(mem, keys), lambda: [copy_owned(b) for b in blobs], repeat)
-    return Row("CPU tier load", "np.copyto into np.empty", size, len(values), kv_t, base_t, TARGETS["cpu_load"])
+        dsts = warm_buffers(blobs)
+        kv_t, base_t = side_by_side(load_all(mem, keys), lambda: [np.copyto(d, b) for d, b in zip(dsts, blobs)],
+                                    repeat)
+    return Row("CPU tier load", "np.copyto, warm buffer", size, len(values), kv_t, base_t)
 
 
 def bench_disk_load(root: Path, values: Sequence[Chunk | torch.Tensor], repeat: int, label: str,
@@ -283,11 +291,13 @@ def bench_disk_load(root: Path, values: Sequence[Chunk | torch.Tensor], repeat: 
         paths = [disk.path(mem.storage_key(k)) for k in keys]  # type: ignore[union-attr]
         before = (lambda: drop_page_cache(paths)) if cold else None
         state = "cold" if cold else "warm"
-        kv_t, base_t = side_by_side(load_all(mem, keys), lambda: [raw_read(p) for p in paths], repeat, before)
-        rows = [Row(f"disk load ({state})", "os.readv into np.empty", size, len(values), kv_t, base_t,
-                    TARGETS["disk_load"])]
+        bufs = warm_buffers([np.empty(p.stat().st_size, np.uint8) for p in paths])
+        kv_t, base_t = side_by_side(load_all(mem, keys), lambda: [raw_read(p, b) for p, b in zip(paths, bufs)],
+                                    repeat, before)
+        rows = [Row(f"disk load ({state})", "os.readv, warm buffer", size, len(values), kv_t, base_t)]
         if cold:  # NOTE: reading in steps as kvmem does keeps readahead busier than one large read here
-            kv_t, base_t = side_by_side(load_all(mem, keys), lambda: [raw_read(p, 1 << 20) for p in paths],
+            kv_t, base_t = side_by_side(load_all(mem, keys),
+                                        lambda: [raw_read(p, b, 1 << 20) for p, b in zip(paths, bufs)],
                                         repeat, before)
             rows.append(Row("disk load (cold)", "os.readv in 1 MiB steps", size, len(values), kv_t, base_t))
         if not cold and isinstance(values[0], dict):
@@ -388,21 +398,6 @@ def run_suite(root: Path, values: Sequence[Chunk | torch.Tensor], repeat: int, l
     return rows
 
 
-def catalog_upsert_seconds(root: Path, n: int, repeat: int) -> float:
-    """Median seconds of one catalog upsert (the SQLite transaction every store makes), over fresh keys."""
-    with open_memory(root, "catalog-only", cpu_bytes=1 << 20, disk_bytes=0) as mem:
-        times = []
-        for rep in range(repeat + 1):
-            keys = [mem.storage_key(f"upsert-{rep}-{i}") for i in range(n)]
-            start = time.perf_counter()
-            for key in keys:
-                mem.catalog.upsert(key, namespace="", user_key=key, kind="tensor", size=SMALL_ITEM_BYTES,
-                                   stored_size=SMALL_ITEM_BYTES + 512, codec="none", crc=0, tiers=["disk"],
-                                   metadata={})
-            times.append((time.perf_counter() - start) / n)
-    return statistics.median(times[1:])  # the first round warms up the statement cache
-
-
 # -- physical limits ---------------------------------------------------------------------
 def limits(root: Path, repeat: int) -> dict[str, float]:
     """Memory bandwidth and CRC32C speed of this machine (GB/s), for reading the table."""
@@ -420,8 +415,11 @@ def limits(root: Path, repeat: int) -> dict[str, float]:
             times.append(time.perf_counter() - start)
         return n / statistics.median(times) / 1e9
 
+    def fresh() -> None:
+        np.copyto(np.empty(n, dtype=np.uint8), src)
+
     return {"memcpy_reused_dst_GBps": best(lambda: np.copyto(dst, src)),
-            "memcpy_fresh_dst_GBps": best(lambda: copy_owned(src)),
+            "memcpy_fresh_dst_GBps": best(fresh),
             "crc32c_GBps": best(lambda: crc32c.crc32c(src))}
 
 
@@ -501,10 +499,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"\n64 KiB items: {args.small} per repetition, median of {args.repeat}\n")
         small = run_suite(root, items, args.repeat, "small")
         print_latency(small)
-        upsert_s = catalog_upsert_seconds(root, args.small, args.repeat)
-        no_fsync = next(r for r in small if r.operation == "disk store (no fsync)" and r.baseline == "write+rename")
-        print(f"\ncatalog upsert (one SQLite transaction per store): {upsert_s * 1e6:.1f} us/op, "
-              f"{upsert_s / (no_fsync.kvmem_s / no_fsync.ops):.0%} of a 64 KiB store without fsync")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if args.json:
@@ -514,7 +508,6 @@ def main(argv: Sequence[str] | None = None) -> None:
             "repeat": args.repeat, "chunks": args.chunks, "small_items": args.small,
             "kv_chunks": [report_row(r) for r in big],
             "small": [report_row(r) for r in small],
-            "catalog_upsert_us": upsert_s * 1e6,
         }, indent=2))
         print(f"\nresults written to {args.json}")
 

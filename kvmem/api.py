@@ -34,7 +34,7 @@ from kvmem.loads import check_out, copy_into, fill, read_back
 from kvmem.maintenance import GcReport, VerifyReport, collect_garbage, verify_entries
 from kvmem.metrics import Metrics
 from kvmem.records import EntryInfo, Loaded, Stats, TierStats, entry_info
-from kvmem.stores import DiskTier, Stored, TieredStore, build_tiers
+from kvmem.stores import CpuTier, DiskTier, Stored, TieredStore, build_tiers
 from kvmem.stores.files import io_pool
 from kvmem.versions import Pin, Versions
 
@@ -385,6 +385,18 @@ class Memory:
             if blob is not None:
                 self.tiers.promote(skey, blob, reader.tier)
         return True, corrupt
+
+    def lease_host(self, nbytes: int) -> torch.Tensor | None:
+        """``nbytes`` of the CPU tier's pool as one uint8 tensor (pinned when CUDA is present), for host
+        memory that should share the tier's budget (``OffloadingCache(memory=...)``'s pages).
+
+        The pages count in the CPU tier's usage until the tensor and its views are gone.
+
+        Returns:
+            The tensor, or ``None``: no CPU tier, or no free run of pages that long.
+        """
+        cpu = next((t for t in self.tiers.tiers if isinstance(t, CpuTier)), None)
+        return None if cpu is None else cpu.lease(nbytes)
 
     def pin(self, key: str | bytes, *, namespace: str | None = None, lease: float | None = None) -> Pin | None:
         """Pin the current version of ``key``: ``pin.load()`` returns it until ``pin.release()``.

@@ -28,6 +28,7 @@ __all__ = ["Journal"]
 log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
+_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)  # NOTE: made once: a store appends a line
 
 
 class Journal:
@@ -44,7 +45,7 @@ class Journal:
 
     def append(self, rows: list[Row]) -> None:
         """Add ``rows`` (each one store) to the file; a file that cannot be written is logged, never raised."""
-        data = "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows).encode()
+        data = "".join(_ENCODER.encode(row) + "\n" for row in rows).encode()
         try:
             if self._fd < 0:
                 self.directory.mkdir(parents=True, exist_ok=True)
@@ -67,7 +68,7 @@ class Journal:
             self.directory.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")
             with open(tmp, "w", encoding="utf-8") as f:
-                f.writelines(json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
+                f.writelines(_ENCODER.encode(row) + "\n" for row in rows)
             os.replace(tmp, self.path)
         except OSError as exc:
             log.warning("kvmem: catalog journal %s cannot be rewritten (%s)", self.path, exc)

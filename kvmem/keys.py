@@ -9,6 +9,7 @@ byte order or the Python version.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Iterable
@@ -76,7 +77,15 @@ def content_hash(data: object, *namespace: str | bytes) -> str:
 
 def namespace_id(namespace: str | None, tenant_salt: str = "") -> str:
     """The digest that scopes storage keys: namespace and tenant salt together."""
-    return _digest(_NAMESPACE_DOMAIN, [_as_bytes(namespace or "", "namespace"), _as_bytes(tenant_salt, "tenant_salt")])
+    if isinstance(namespace, (str, bytes, type(None))) and isinstance(tenant_salt, str):
+        return _namespace_id(namespace or "", tenant_salt)
+    return _namespace_id.__wrapped__(namespace or "", tenant_salt)  # NOTE: unhashable: raises InvalidKeyError
+
+
+@functools.lru_cache(maxsize=1024)
+def _namespace_id(namespace: str | bytes, tenant_salt: str) -> str:
+    # NOTE: cached: every store and load derives a storage key, from a handful of namespaces
+    return _digest(_NAMESPACE_DOMAIN, [_as_bytes(namespace, "namespace"), _as_bytes(tenant_salt, "tenant_salt")])
 
 
 def storage_key(key: str | bytes, namespace: str | None = None, tenant_salt: str = "") -> str:

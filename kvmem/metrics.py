@@ -25,6 +25,7 @@ class Metrics:
         self.hits = Counter("kvmem_hits_total", "Loads served, by tier and value kind", ["tier", "kind"], registry=r)
         self.misses = Counter("kvmem_misses_total", "Loads that found nothing usable", ["kind"], registry=r)
         self.hit_rate = Gauge("kvmem_hit_rate", "hits / (hits + misses) since start", registry=r)
+        self.hit_rate.set_function(self._rate)  # NOTE: computed when scraped, not on every load
         self.load_seconds = Histogram("kvmem_load_seconds", "Latency of load()", buckets=_LATENCY_BUCKETS,
                                       registry=r)
         self.store_seconds = Histogram("kvmem_store_seconds", "Latency of store()", buckets=_LATENCY_BUCKETS,
@@ -50,18 +51,20 @@ class Metrics:
                                           buckets=_LATENCY_BUCKETS, registry=r)
         self._hits = 0
         self._misses = 0
+        self._hit_children: dict[tuple[str, str], Counter] = {}
         self._raw = 0
         self._stored = 0
 
     def hit(self, tier: str, kind: str) -> None:
-        self.hits.labels(tier=tier, kind=kind).inc()
+        child = self._hit_children.get((tier, kind))
+        if child is None:  # NOTE: labelled children looked up once: a load counts its hit in one call
+            child = self._hit_children[(tier, kind)] = self.hits.labels(tier=tier, kind=kind)
+        child.inc()
         self._hits += 1
-        self._update_rate()
 
     def miss(self, kind: str) -> None:
         self.misses.labels(kind=kind).inc()
         self._misses += 1
-        self._update_rate()
 
     def stored(self, raw_bytes: int, stored_bytes: int) -> None:
         self._raw += raw_bytes
@@ -69,8 +72,9 @@ class Metrics:
         if self._stored:
             self.compression_ratio.set(self._raw / self._stored)
 
-    def _update_rate(self) -> None:
-        self.hit_rate.set(self._hits / (self._hits + self._misses))
+    def _rate(self) -> float:
+        seen = self._hits + self._misses
+        return self._hits / seen if seen else 0.0
 
     def value(self, name: str, **labels: str) -> float:
         """Current value of a sample (0 when never set).

@@ -284,20 +284,32 @@ class PagedBuffer:
             (e.g. rows = K/V x heads and cols = tokens x head_dim: the model's layout).
         dtype, device: of the pages.
         pin_memory: pin a CPU buffer (for asynchronous copies to and from a GPU).
+        storage: memory to lay the pages over instead of allocating it (a uint8 tensor of at
+            least ``num_blocks * rows * cols`` elements' bytes on ``device``, e.g. pages the
+            CPU tier lends: :meth:`kvmem.Memory.lease_host`).
 
     Raises:
-        ConfigError: a page dimension < 1.
+        ConfigError: a page dimension < 1, or a ``storage`` too small.
     """
 
     def __init__(self, num_blocks: int, rows: int, cols: int, dtype: torch.dtype = torch.uint8,
-                 device: torch.device | str = "cpu", pin_memory: bool = False) -> None:
+                 device: torch.device | str = "cpu", pin_memory: bool = False,
+                 storage: torch.Tensor | None = None) -> None:
         if rows < 1 or cols < 1:
             raise ConfigError(f"page shape ({rows}, {cols}): accepted rows >= 1 and cols >= 1")
         self.pool = BlockPool(num_blocks)
         self.device = torch.device(device)
+        shape = (num_blocks, rows, cols)
+        if storage is not None:
+            nbytes = num_blocks * rows * cols * dtype.itemsize
+            if storage.numel() < nbytes or storage.dtype != torch.uint8 or storage.device != self.device:
+                raise ConfigError(f"storage of {storage.numel()} {storage.dtype} on {storage.device}: accepted "
+                                  f"at least {nbytes} uint8 on {self.device}")
+            self.pages = storage[:nbytes].view(dtype).view(shape)
+            return
         pin = pin_memory and self.device.type == "cpu" and torch.cuda.is_available()
         # NOTE: the only allocation of page memory; every later read and write reuses it.
-        self.pages = torch.empty((num_blocks, rows, cols), dtype=dtype, device=self.device, pin_memory=pin)
+        self.pages = torch.empty(shape, dtype=dtype, device=self.device, pin_memory=pin)
 
     @property
     def page_nbytes(self) -> int:

@@ -31,6 +31,7 @@ import torch
 from transformers import DynamicCache, PretrainedConfig
 from transformers.cache_utils import DynamicLayer
 
+from kvmem.api import Memory
 from kvmem.cuda.transfer import SideStream
 from kvmem.errors import ConfigError, UnsupportedModelError
 from kvmem.paged import BlockTable, PagedBuffer
@@ -68,6 +69,9 @@ class OffloadingCache(DynamicCache):
         resident_blocks: chunks of recent tokens kept on the device (>= 1).
         max_lag_blocks: chunks the offload may fall behind its plan before the producer waits.
         min_transfer_bytes: bytes per copy; chunks are offloaded in runs at least this large.
+        memory: take the host pages from this memory's CPU tier pool (counted in its usage
+            while the cache lives) instead of allocating them apart; apart when it has no
+            CPU tier or no free run of pages that long.
 
     Raises:
         ConfigError: a setting out of range.
@@ -75,7 +79,7 @@ class OffloadingCache(DynamicCache):
     """
 
     def __init__(self, config: PretrainedConfig, *, max_tokens: int, block_size: int = 256, resident_blocks: int = 4,
-                 max_lag_blocks: int = 2, min_transfer_bytes: int = 1 << 20) -> None:
+                 max_lag_blocks: int = 2, min_transfer_bytes: int = 1 << 20, memory: Memory | None = None) -> None:
         super().__init__(config=config)
         if any(type(layer) is not DynamicLayer for layer in self.layers):
             kinds = sorted({type(layer).__name__ for layer in self.layers})
@@ -91,6 +95,7 @@ class OffloadingCache(DynamicCache):
         self.max_lag_blocks = max_lag_blocks
         self.min_transfer_bytes = min_transfer_bytes
         self.max_tokens = max_tokens
+        self.memory = memory
         self.pointers = OffloadPointers()
         self.peak_resident_bytes = 0
         self._host: PagedBuffer | None = None  # made at the first update, when shapes are known
@@ -134,8 +139,10 @@ class OffloadingCache(DynamicCache):
         if batch != 1:
             raise UnsupportedModelError(f"a batch of {batch} sequences: offloading handles one sequence (batch 1)")
         blocks = len(self.layers) * -(-self.max_tokens // self.block_size)
+        nbytes = blocks * 2 * heads * self.block_size * dim * key_states.element_size()
+        lent = self.memory.lease_host(nbytes) if self.memory is not None else None
         self._host = PagedBuffer(blocks, 2 * heads, self.block_size * dim, key_states.dtype, "cpu",
-                                 pin_memory=key_states.is_cuda)
+                                 pin_memory=key_states.is_cuda, storage=lent)
         chunk_layer_bytes = self._host.page_nbytes
         self._transfer_blocks = -(-self.min_transfer_bytes // chunk_layer_bytes)
         self._side = SideStream(key_states.device)

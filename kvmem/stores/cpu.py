@@ -15,6 +15,7 @@ the bytes; see the README's integrity note for its cost).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,15 +32,18 @@ from kvmem.stores.readers import BlobReader, check_size
 
 __all__ = ["CpuTier"]
 
+_ZEROS = np.zeros(blobfmt.PAGE, dtype=np.uint8)
 _TORCH_COPY_FROM = 1 << 20  # NOTE: torch's copy_ runs on its threads and handles any strides: worth it from 1 MiB
 
 
 @dataclass(frozen=True)
 class _Entry:
-    """One stored blob: its pages, and the blob they hold (head and payload are views of the pages)."""
+    """One stored blob: its pages, the blob they hold (head and payload are views of the pages), and where
+    its CRC segments end (payload offsets)."""
 
     alloc: Allocation
     blob: EncodedBlob
+    ends: list[int]
 
     @property
     def nbytes(self) -> int:
@@ -93,26 +97,30 @@ class CpuTier(LruTier[_Entry]):
             CapacityError: the pool has too few free pages (or none long enough for the head).
         """
         alloc = self.pool.allocate(blob.nbytes)
-        if alloc is None or next(alloc.spans(), (0, 0, 0))[2] < min(blob.start, blob.nbytes):
+        spans = alloc.array() if alloc is not None else []
+        if alloc is None or spans[0].size < min(blob.start, blob.nbytes):
             free = self.pool.free_bytes
             raise CapacityError(f"CPU tier: {blob.nbytes} bytes do not fit in the pool ({free} bytes of pages free)")
-        _copy(alloc, 0, blob.head)
+        _copy(spans, 0, blob.head)
         for piece in blob.pieces:
             if piece.pad:
-                for arr in alloc.array(piece.offset - piece.pad, piece.offset):
-                    arr.fill(0)
-            _copy(alloc, piece.offset, piece.source)
+                _copy(spans, piece.offset - piece.pad, _ZEROS[:piece.pad])
+            _copy(spans, piece.offset, piece.source)
         header, start = blob.header, blob.start
         if header is None:  # NOTE: a whole blob wrapped from bytes (a promotion): its head is parsed once, here
-            header, start = blobfmt.parse_head(alloc.view(0, min(blob.nbytes, blob.start)))
+            header, start = blobfmt.parse_head(torch.from_numpy(spans[0][:min(blob.nbytes, blob.start)]))
         else:
             header = {**header, "segments": [list(seg) for seg in header["segments"]]}
-        head = alloc.view(0, start).numpy()
-        pieces = tuple(Piece(start + off, t) for off, t in _offsets(alloc.pieces(start)))
-        pooled = EncodedBlob(head, pieces, blob.nbytes, header, blob.crc_slots(), sealed=blob.sealed)
+        # NOTE: plain views of the pages: the blob's owner (the allocation) keeps them while anyone holds the blob
+        pieces, at = [], start
+        for arr in alloc.array(start):
+            pieces.append(Piece(at, arr))
+            at += arr.size
+        pooled = EncodedBlob(spans[0][:start], tuple(pieces), blob.nbytes, header, blob.crc_slots(),
+                             sealed=blob.sealed, owner=alloc)
         if self.checks_crc:
             pooled.seal()  # NOTE: verified loads need CRCs taken as the bytes came in, not when first needed
-        return _Entry(alloc, pooled)
+        return _Entry(alloc, pooled, [int(end) for end, _crc in header["segments"]])
 
     # -- reads -----------------------------------------------------------------
     def lookup(self, key: str) -> _Entry | None:
@@ -172,6 +180,26 @@ class CpuTier(LruTier[_Entry]):
         entry = self.lookup(key)
         return None if entry is None else _PoolReader(entry, self.name, self.checks_crc)
 
+    def lease(self, nbytes: int) -> torch.Tensor | None:
+        """``nbytes`` of the pool's pages for another user (a cache offloading KV), one contiguous tensor.
+
+        The pages count in :meth:`usage` (so the tiered store makes room for them as for
+        entries) until the tensor and every view of it are gone. ``None`` when no run of
+        free pages is that long.
+        """
+        alloc = self.pool.allocate(nbytes)
+        if alloc is None or not alloc.contiguous:
+            return None
+        footprint = alloc.pages * self.pool.page_bytes
+        with self._lock:
+            self._bytes += footprint
+        weakref.finalize(alloc, self._unlease, footprint)
+        return alloc.view(0, nbytes)
+
+    def _unlease(self, footprint: int) -> None:
+        with self._lock:
+            self._bytes -= footprint
+
     def _forget(self, entry: _Entry) -> None:
         self._bytes -= entry.footprint  # NOTE: its pages go back when the last view of them goes (refcount)
 
@@ -184,7 +212,7 @@ class _PoolReader(BlobReader):
         self.checks_crc = verify
         if verify:
             entry.blob.seal()
-        super().__init__(None, (entry.blob.header, entry.blob.start), tier)  # type: ignore[arg-type]
+        super().__init__(None, (entry.blob.header, entry.blob.start), tier, entry.ends)  # type: ignore[arg-type]
 
     def head_bytes(self) -> np.ndarray:
         return self._entry.blob.head
@@ -226,22 +254,31 @@ def _page_bytes(capacity: int) -> int:
     return size
 
 
-def _offsets(pieces: list[torch.Tensor]) -> list[tuple[int, torch.Tensor]]:
-    out, at = [], 0
-    for p in pieces:
-        out.append((at, p))
-        at += p.numel()
-    return out
-
-
-def _copy(alloc: Allocation, offset: int, src: torch.Tensor | np.ndarray) -> None:
-    """Copy ``src`` (any layout) into bytes ``offset..`` of ``alloc``: one copy, no temporary."""
+def _copy(spans: list[np.ndarray], offset: int, src: torch.Tensor | np.ndarray) -> None:
+    """Copy ``src`` (any layout) to byte ``offset`` of the pages ``spans`` (in order): one copy, no temporary."""
     n = nbytes_of(src)
     if not n:
         return
-    spans = alloc.array(offset, offset + n)
-    if len(spans) == 1 and isinstance(src, torch.Tensor) and n >= _TORCH_COPY_FROM:
-        dst = torch.from_numpy(spans[0]).view(src.dtype).view(src.shape)
-        dst.copy_(src.detach())
-        return
-    copy_rows(spans, byte_rows(src))
+    for span in spans:  # NOTE: one span in the common case (an entry in one run of pages)
+        if offset >= span.size:
+            offset -= span.size
+            continue
+        if offset + n <= span.size:
+            dst = span[offset:offset + n]
+            if isinstance(src, torch.Tensor) and n >= _TORCH_COPY_FROM:
+                torch.from_numpy(dst).view(src.dtype).view(src.shape).copy_(src.detach())
+            else:
+                copy_rows([dst], byte_rows(src))
+            return
+        break
+    copy_rows(_from(spans, offset), byte_rows(src))
+
+
+def _from(spans: list[np.ndarray], offset: int) -> list[np.ndarray]:
+    """``spans`` from byte ``offset`` on."""
+    out = []
+    for span in spans:
+        if offset < span.size:
+            out.append(span[offset:])
+        offset = max(0, offset - span.size)
+    return out

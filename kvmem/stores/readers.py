@@ -43,6 +43,7 @@ class BlobReader:
         buf: the whole blob, its CRCs checked already where its tier checks them.
         head: ``(header, payload_start)``; parsed from ``buf`` when ``None``.
         tier: name of the tier it came from.
+        ends: where the CRC segments end (payload offsets), when the caller has them already.
 
     Attributes:
         header, start: the parsed header and the payload's offset.
@@ -52,15 +53,15 @@ class BlobReader:
 
     checks_crc = False
 
-    def __init__(self, buf: torch.Tensor | None, head: tuple[Header, int] | None, tier: str) -> None:
+    def __init__(self, buf: torch.Tensor | None, head: tuple[Header, int] | None, tier: str,
+                 ends: list[int] | None = None) -> None:
         self._buf = buf
         if head is None:
             assert buf is not None
             head = blobfmt.parse(buf)
         self.header, self.start = head
         self.tier = tier
-        ends = [int(end) for end, _crc in self.header["segments"]]
-        self._ends = ends
+        self._ends = ends if ends is not None else [int(end) for end, _crc in self.header["segments"]]
 
     def __enter__(self) -> BlobReader:
         return self

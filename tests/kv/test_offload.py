@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+import kvmem
 from kvmem.errors import ConfigError, UnsupportedModelError
 from kvmem.kv.layout import cache_argument
 from kvmem.kv.offload import OffloadingCache
+from kvmem.stores import CpuTier
 from tests.kv.workers import BLOCK, PROMPT_B, build_model
 
 NEW = 48
@@ -59,6 +63,27 @@ def test_generation_is_identical_and_resident_bytes_stay_bounded(llama: PreTrain
             assert torch.equal(kv[0], layer.keys[0, :, :p.start]) and torch.equal(kv[1], layer.values[0, :, :p.start])
     finally:
         cache.close()
+
+
+def test_host_pages_come_from_the_cpu_tiers_pool_and_count_in_its_usage(llama: PreTrainedModel,
+                                                                         tmp_path: Path) -> None:
+    plain = DynamicCache(config=llama.config)
+    expected = generate(llama, plain)
+    with kvmem.Memory(tmp_path / "kvmem", cpu_bytes="8MiB", disk_bytes=0) as mem:
+        cpu = mem.tiers.tiers[0]
+        assert isinstance(cpu, CpuTier) and cpu.usage() == 0
+        cache = OffloadingCache(llama.config, max_tokens=256, block_size=BLOCK, resident_blocks=1, memory=mem)
+        try:
+            assert torch.equal(generate(llama, cache), expected)
+            pages = cache._host.pages  # type: ignore[union-attr]
+            base = cpu.pool.buffer.data_ptr()
+            assert base <= pages.data_ptr() < base + cpu.pool.nbytes, "the host pages are pool pages"
+            assert cpu.usage() >= pages.numel() * pages.element_size() > 0
+        finally:
+            cache.close()
+        del cache, pages
+        gc.collect()
+        assert cpu.usage() == 0, "the lent pages went back when the cache went"
 
 
 def test_producer_waits_only_when_offload_falls_behind(llama: PreTrainedModel) -> None:
