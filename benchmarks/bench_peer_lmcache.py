@@ -20,6 +20,7 @@ store -> return          ``store_many`` into a CPU-only memory      LMCache ``st
                                                                     ``np.copyto`` of 537 MB into a
                                                                     preallocated buffer (memcpy)
 load, CPU tier           ``load_many(out=slices)``                  LMCache ``retrieve``; memcpy
+(cpu_verify)             the same, every segment's CRC re-checked   memcpy
 load, disk, warm         disk-only memory, ``load_many(out=)``      LMCache disk engine ``retrieve``;
                                                                     raw ``readinto`` of kvmem's 16
                                                                     files into preallocated buffers
@@ -186,14 +187,18 @@ def run(args: argparse.Namespace, scratch: Path) -> list[Row]:
     np.copyto(memcpy_dst, memcpy_src)  # NOTE: warm: its pages are faulted in once, before any timing
     io = ThreadPoolExecutor(4)
     rows = {name: Row(name, w.nbytes) for name in
-            ("store -> return", "load, CPU tier", "load, disk, warm", "load, disk, cold", "durable store")}
+            ("store -> return", "load, CPU tier", "load, CPU tier, cpu_verify", "load, disk, warm",
+             "load, disk, cold", "durable store")}
 
     cpu = Memory(str(scratch / "cpu"), cpu_bytes=2 * w.nbytes + (256 << 20), disk_bytes=0)
+    verified = Memory(str(scratch / "verified"), cpu_bytes=2 * w.nbytes + (256 << 20), disk_bytes=0,
+                      cpu_verify=True)
     disk = Memory(str(scratch / "disk"), cpu_bytes=0, disk_bytes=3 * w.nbytes, fsync="always")
     items = list(zip(w.keys, w.chunks))
-    cpu.store_many(items)  # warm-up: pool pages faulted in, code paths loaded
-    cpu.load_many(w.keys, out=w.outs)
-    w.check("CPU load")
+    for mem in (cpu, verified):
+        mem.store_many(items)  # warm-up: pool pages faulted in, code paths loaded
+        mem.load_many(w.keys, out=w.outs)
+        w.check("CPU load")
     disk.store_many(items)
     disk_tier = next(t for t in disk.tiers.tiers if isinstance(t, DiskTier))
     paths = [disk_tier.path(disk.storage_key(k)) for k in w.keys]
@@ -221,6 +226,8 @@ def run(args: argparse.Namespace, scratch: Path) -> list[Row]:
         w.check("CPU load")
         if peer:
             rows["load, CPU tier"].add("LMCache", peer.seconds("load_cpu"))
+        rows["load, CPU tier, cpu_verify"].add("kvmem", timed(lambda: verified.load_many(w.keys, out=w.outs)))
+        w.check("verified CPU load")
         # disk, warm then cold
         for cold, name in ((False, "load, disk, warm"), (True, "load, disk, cold")):
             before = (lambda: drop_page_cache(paths)) if cold else (lambda: None)
@@ -241,8 +248,8 @@ def run(args: argparse.Namespace, scratch: Path) -> list[Row]:
         args.peer_info = peer.info
         peer.close()
     small = small_items(cpu, args.small, args.repeat)
-    cpu.close()
-    disk.close()
+    for mem in (cpu, verified, disk):
+        mem.close()
     return list(rows.values()) + small
 
 

@@ -311,11 +311,12 @@ class Memory:
         skey = self.storage_key(key, namespace)
         if out is not None:
             hit, corrupt = self._fetch_into(skey, check_out(out))
-            loaded = Loaded(out, "", {}) if hit else None
+            found: tuple[Any] | None = (out,) if hit else None
         else:
             loaded, corrupt = self._fetch(skey, device)
-        if loaded is not None:
-            value = loaded.value
+            found = (loaded.value,) if loaded is not None else None
+        if found is not None:
+            value = found[0]
         elif corrupt and (strict if strict is not None else self.config.strict):
             raise IntegrityError(f"key {str(key)[:80]!r}: every stored copy failed its integrity check "
                                  f"({corrupt} quarantined)")

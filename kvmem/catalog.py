@@ -469,7 +469,8 @@ class Catalog:
         """
         with self._lock:
             self._hits.pop(key, None)
-            self._pending.pop(key, None)
+            if self._pending.pop(key, None) is not None and self._journal is not None:
+                self._journal.rewrite(_journaled(self._pending.values()))  # NOTE: never replayed after the delete
         try:
             with self.engine.begin() as conn:
                 return conn.execute(delete(entries).where(entries.c.key == key)).rowcount > 0

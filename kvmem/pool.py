@@ -285,6 +285,15 @@ class Allocation:
             out.append(torch.from_numpy(leased))
         return out
 
+    def span(self, start: int, stop: int) -> np.ndarray | None:
+        """Bytes ``[start, stop)`` as one numpy array of the pool when they lie in one run (no lease: for the
+        allocation's owner, while it holds it), else ``None``."""
+        first, n = self.runs[0]
+        if stop <= n * self.pool.page_bytes:
+            base = first * self.pool.page_bytes
+            return self.pool._array[base + start:base + stop]
+        return None
+
     def array(self, start: int = 0, stop: int | None = None) -> list[np.ndarray]:
         """:meth:`pieces` as numpy arrays of the pool (no lease: for the allocation's owner, while it holds it)."""
         arr = self.pool._array

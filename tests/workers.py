@@ -6,7 +6,9 @@ value builders and checkers from here so both sides agree on every byte.
 Commands:
     persist-store PATH EXIT     store ``persistence_values()`` and exit (``close`` or ``abort``: os._exit)
     persist-load PATH           load them back, compare bit for bit, print ``OK <n>``
+    store-delete-abort PATH     store keys ``kept`` and ``deleted``, delete ``deleted``, then os._exit (no flush)
     crash-zygote PATH           import kvmem once, then fork a storing child per ``run SEED ROUND`` line
+    store-many-zygote PATH      the same, each child storing batches with ``store_many`` (``ACK <batch>`` each)
     churn PATH SEED OPS THREADS PEERS   store/load/delete a small key set alongside PEERS-1 other
                                         processes, checking every loaded value
 """
@@ -19,6 +21,7 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -124,6 +127,15 @@ def _persist_store(path: str, how: str) -> None:
     mem.close()
 
 
+def _store_delete_abort(path: str) -> None:
+    mem = kvmem.Memory(path, cpu_bytes="8MiB", disk_bytes="64MiB", fsync="always")
+    mem.store("kept", "kept value", metadata={"kept": True})
+    mem.store("deleted", "deleted value", metadata={"kept": False})
+    assert mem.delete("deleted")
+    print("stored", flush=True)
+    os._exit(0)  # no close(), no atexit: the catalog rows were never flushed
+
+
 def _persist_load(path: str) -> None:
     with kvmem.Memory(path, cpu_bytes="8MiB", disk_bytes="64MiB") as mem:
         expected = persistence_values()
@@ -171,7 +183,26 @@ def _crash_child(path: str, seed: int, round_no: int) -> None:
         sys.stdout.flush()
 
 
-def _crash_zygote(path: str) -> None:
+MANY_KEYS = [f"many-{i}" for i in range(12)]
+MANY_BATCH = 8
+
+
+def many_batch(seed: int, round_no: int, batch: int) -> dict[str, int]:
+    """Batch ``batch`` (from 0) of a store-many round: ``key -> version`` for 8 of ``MANY_KEYS``."""
+    keys = random.Random(f"{seed}/{batch}").sample(MANY_KEYS, MANY_BATCH)
+    return {key: round_no * 1_000_000 + batch for key in keys}
+
+
+def _store_many_child(path: str, seed: int, round_no: int) -> None:
+    """``store_many`` one batch after another; ``ACK <batch>`` once each has returned."""
+    mem = kvmem.Memory(path, cpu_bytes="64KiB", disk_bytes="64MiB", fsync="always")
+    for batch in range(2_000):
+        mem.store_many({key: make_value(key, ver) for key, ver in many_batch(seed, round_no, batch).items()})
+        sys.stdout.write(f"ACK {batch}\n")
+        sys.stdout.flush()
+
+
+def _crash_zygote(path: str, child: Callable[[str, int, int], None] = _crash_child) -> None:
     """Fork one storing child per ``run SEED ROUND`` line; report ``ready PID`` and ``reaped PID STATUS``.
 
     NOTE: forking a process that has already imported torch saves the ~3 s import per
@@ -189,7 +220,7 @@ def _crash_zygote(path: str) -> None:
             try:
                 sys.stdout.write(f"ready {os.getpid()}\n")
                 sys.stdout.flush()
-                _crash_child(path, int(seed), int(round_no))
+                child(path, int(seed), int(round_no))
             finally:
                 os._exit(3)  # never reached unless the child failed: the test kills it
         _, status = os.waitpid(pid, 0)
@@ -268,8 +299,12 @@ def main(argv: list[str]) -> None:
         _persist_store(path, rest[0])
     elif cmd == "persist-load":
         _persist_load(path)
+    elif cmd == "store-delete-abort":
+        _store_delete_abort(path)
     elif cmd == "crash-zygote":
         _crash_zygote(path)
+    elif cmd == "store-many-zygote":
+        _crash_zygote(path, _store_many_child)
     elif cmd == "churn":
         _churn_process(path, *(int(arg) for arg in rest))
     else:

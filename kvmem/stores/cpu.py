@@ -15,7 +15,6 @@ the bytes; see the README's integrity note for its cost).
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,17 +48,12 @@ class _Entry:
     def nbytes(self) -> int:
         return self.alloc.nbytes
 
-    @property
-    def footprint(self) -> int:
-        """Bytes of the pages it occupies."""
-        return self.alloc.pages * self.alloc.pool.page_bytes
-
 
 class CpuTier(LruTier[_Entry]):
     """Host-memory tier on a :class:`~kvmem.pool.HostPool` (pinned when CUDA is present).
 
     Args:
-        capacity: bytes of pages this tier's entries may hold (``usage`` counts whole pages).
+        capacity: bytes of pages this tier may use (``usage`` counts the pool's pages in use).
         verify: CRC-check every load (default: trust the pages; see the module docstring).
 
     NOTE: pages are 4 KiB, smaller for a small tier (at least 1024 pages, 64 B at least),
@@ -88,7 +82,6 @@ class CpuTier(LruTier[_Entry]):
             if old is not None:
                 self._forget(old)
             self._entries[key] = entry
-            self._bytes += entry.footprint
 
     def _copy_in(self, blob: EncodedBlob) -> _Entry:
         """``blob``'s bytes copied once into newly allocated pages, as an entry.
@@ -190,18 +183,18 @@ class CpuTier(LruTier[_Entry]):
         alloc = self.pool.allocate(nbytes)
         if alloc is None or not alloc.contiguous:
             return None
-        footprint = alloc.pages * self.pool.page_bytes
-        with self._lock:
-            self._bytes += footprint
-        weakref.finalize(alloc, self._unlease, footprint)
         return alloc.view(0, nbytes)
 
-    def _unlease(self, footprint: int) -> None:
-        with self._lock:
-            self._bytes -= footprint
+    def usage(self) -> int:
+        """Bytes of the pool's pages in use: by entries, by lent pages, and by views still held.
+
+        NOTE: the pool's usage is the tier's usage, so the tiered store makes room for a put
+        against the pages really free, whoever holds the others.
+        """
+        return self.pool.used_bytes
 
     def _forget(self, entry: _Entry) -> None:
-        self._bytes -= entry.footprint  # NOTE: its pages go back when the last view of them goes (refcount)
+        return None  # NOTE: its pages go back to the pool when the last view of them goes (refcount)
 
 
 class _PoolReader(BlobReader):
@@ -221,14 +214,16 @@ class _PoolReader(BlobReader):
         check_size(part, dst)
         seg_lo, crc, i = self.segment_of(part)
         lo = self.start + int(part["off"])
-        spans = self._entry.alloc.array(lo, lo + int(part["n"]))
+        hi = lo + int(part["n"])
         if self.checks_crc:
-            got = blobfmt.chain_crc(self._entry.alloc.array(self.start + seg_lo, lo + int(part["n"])))
+            got = blobfmt.chain_crc(self._entry.alloc.array(self.start + seg_lo, hi))
             if got != crc:
                 raise IntegrityError(f"segment {i} CRC32C mismatch: stored {crc:#010x}, computed {got:#010x}")
-        if len(spans) == 1:
-            dst.copy_(torch.from_numpy(spans[0]).view(dst.dtype).view(dst.shape) if dst.numel() else dst)
+        span = self._entry.alloc.span(lo, hi)
+        if span is not None:  # NOTE: the common case: the part lies in one run of pages, one copy_
+            dst.copy_(torch.from_numpy(span).view(dst.dtype).view(dst.shape) if dst.numel() else dst)
             return
+        spans = self._entry.alloc.array(lo, hi)
         rows = writable_rows(dst, min_row=0)
         if rows is None:
             tmp = blobfmt.empty_buffer(int(part["n"]))

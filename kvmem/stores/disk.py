@@ -340,7 +340,11 @@ class DiskTier(TierBase):
         if len(jobs) == 1:
             tmps = [self._write_tmp(jobs[0][1], jobs[0][0], jobs[0][2])]
         else:
-            tmps = list(files.io_pool().map(lambda job: self._write_tmp(job[1], job[0], job[2]), jobs))
+            futures = [files.io_pool().submit(self._write_tmp, path, key, blob) for key, path, blob in jobs]
+            if any(f.exception() is not None for f in futures):  # NOTE: waits for all: a failed batch leaves no tmp
+                for tmp in (f.result() for f in futures if f.exception() is None):
+                    tmp.unlink(missing_ok=True)
+            tmps = [f.result() for f in futures]  # raises the first failure
         paths = []
         for (_key, path, _blob), tmp in zip(jobs, tmps):
             os.replace(tmp, path)

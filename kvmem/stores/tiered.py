@@ -16,6 +16,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -354,17 +355,20 @@ class TieredStore:
         return [self._put_one(tier, key, blob) for key, blob in batch]
 
     def _put_one(self, tier: StorageTier, key: str, blob: EncodedBlob) -> bool | CapacityError:
-        for attempt in range(2):
-            self._make_room(tier, blob.nbytes)
-            try:
-                done = self._call(tier, lambda: tier.put(key, blob))
-                break
-            except CapacityError as exc:
-                # NOTE: a per-value limit (Redis's 512 MiB), or a memory tier whose pages other threads' puts
-                # or views took meanwhile: room is made once more; then this value only is refused here
-                if attempt:
-                    log.warning("kvmem: tier %s refused key %s: %s", tier.name, key, exc)
-                    return exc
+        # NOTE: a memory tier is filled under the room lock: room made for a put is not taken by another
+        # thread's put before it lands (the copy is memory-bound: serialized copies lose nothing)
+        with self._room_lock if tier.shares_buffers else contextlib.nullcontext():
+            for attempt in range(2):
+                self._make_room(tier, blob.nbytes)
+                try:
+                    done = self._call(tier, lambda: tier.put(key, blob))
+                    break
+                except CapacityError as exc:
+                    # NOTE: a per-value limit (Redis's 512 MiB), or a memory tier whose pages views took
+                    # meanwhile: room is made once more; then this value only is refused here
+                    if attempt:
+                        log.warning("kvmem: tier %s refused key %s: %s", tier.name, key, exc)
+                        return exc
         if done is _FAILED:
             return False
         self._offload(tier)

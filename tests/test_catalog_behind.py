@@ -1,0 +1,164 @@
+"""Write-behind catalog rows: a store queues its row (and journals it); flushes write it; a killed process's
+rows are replayed by the next catalog opened on the directory.
+
+Real SQLite files and real processes (``tests/workers.py persist-store PATH abort`` stores every kind of
+value, one key twice, and dies with ``os._exit`` before any flush).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import kvmem
+from kvmem import blob as blobfmt
+from tests.workers import persistence_values
+
+WORKERS = str(Path(__file__).with_name("workers.py"))
+TIMER = 1.0  # kvmem.api._CATALOG_FLUSH_SECONDS: a row is written at most this long after its store
+
+
+@pytest.fixture
+def mem(tmp_path: Path) -> Iterator[kvmem.Memory]:
+    m = kvmem.Memory(str(tmp_path / "kvmem"), cpu_bytes="8MiB", disk_bytes="64MiB", fsync="never")
+    yield m
+    m.close()
+
+
+def journal_rows(path: Path) -> list[dict[str, object]]:
+    rows = []
+    for f in sorted((path / "catalog-pending").glob("pending.*")):
+        rows += [json.loads(line) for line in f.read_text().splitlines()]
+    return rows
+
+
+def db_rows(path: Path) -> dict[str, tuple[int, dict[str, object]]]:
+    """``key -> (version, metadata)`` read from the SQLite file itself (no kvmem, no replay)."""
+    conn = sqlite3.connect(path / "catalog.sqlite3")
+    try:
+        return {k: (v, json.loads(m)) for k, v, m in conn.execute("SELECT key, version, metadata FROM kvmem_entries")}
+    finally:
+        conn.close()
+
+
+def test_a_row_is_written_behind_and_info_flushes_it_first(mem: kvmem.Memory, tmp_path: Path) -> None:
+    started = time.monotonic()
+    skey = mem.store("a", torch.arange(10), metadata={"n": 1})
+    if time.monotonic() - started < TIMER / 2:  # NOTE: the timer cannot have written it yet
+        assert mem.catalog.get(skey) is None, "the row was written before the store returned"
+        assert [r["key"] for r in journal_rows(tmp_path / "kvmem")] == [skey]
+    info = mem.info("a")
+    assert info is not None and info.version == 1 and info.metadata == {"n": 1} and info.kind == "tensor"
+    row = mem.catalog.get(skey)
+    assert row is not None and row.version == 1
+    assert journal_rows(tmp_path / "kvmem") == [], "rows the database has stay journaled"
+
+
+def test_two_stores_before_a_flush_make_one_row_of_version_two(mem: kvmem.Memory) -> None:
+    mem.store("k", torch.zeros(3), metadata={"which": "first"})
+    mem.store("k", torch.ones(3), metadata={"which": "second"})
+    mem.flush()
+    row = mem.catalog.get(mem.storage_key("k"))
+    assert row is not None and row.version == 2 and row.metadata == {"which": "second"}
+    assert row.created <= row.last_access
+    mem.store("k", torch.ones(3) * 2, metadata={"which": "third"})
+    info = mem.info("k")
+    assert info is not None and info.version == 3 and info.metadata == {"which": "third"}
+
+
+def test_stats_entries_and_store_many_see_queued_rows(mem: kvmem.Memory) -> None:
+    skeys = mem.store_many({f"m{i}": torch.full((4,), float(i)) for i in range(5)})
+    mem.store("single", b"bytes", metadata={"x": [1, 2]})
+    assert mem.stats().entries == 6
+    assert {e.key for e in mem.entries()} == set(skeys) | {mem.storage_key("single")}
+    for k in skeys:
+        row = mem.catalog.get(k)
+        assert row is not None and row.version == 1 and row.kind == "tensor" and row.metadata == {}
+
+
+@pytest.mark.parametrize("stack", [{"cpu_bytes": "8MiB", "disk_bytes": 0}, {"cpu_bytes": "8MiB", "disk_bytes": "8MiB"}])
+def test_the_row_records_the_blob_crc_computed_at_the_flush(tmp_path: Path, stack: dict[str, object]) -> None:
+    with kvmem.Memory(str(tmp_path / "kvmem"), fsync="never", **stack) as m:  # type: ignore[arg-type]
+        skey = m.store("c", torch.randn(2, 4, 32, 64)[:, :, 8:24])
+        m.flush()
+        row = m.catalog.get(skey)
+        buf = m.tiers.tiers[0].get(skey)
+        assert row is not None and buf is not None
+        blobfmt.verify(buf.clone())
+        assert row.crc == blobfmt.stored_crc(buf) != 0
+
+
+def test_the_timer_writes_the_row_without_a_flush_call(mem: kvmem.Memory) -> None:
+    skey = mem.store("timed", "value")
+    deadline = time.monotonic() + 10 * TIMER
+    while mem.catalog.get(skey) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    row = mem.catalog.get(skey)
+    assert row is not None and row.version == 1 and row.kind == "str"
+
+
+def test_rows_of_a_process_killed_before_its_flush_are_replayed(tmp_path: Path) -> None:
+    path = tmp_path / "kvmem"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVMEM_")}
+    done = subprocess.run([sys.executable, WORKERS, "persist-store", str(path), "abort"], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "stored", done.stderr
+    expected = persistence_values()
+    with kvmem.Memory(str(tmp_path / "keys-only"), cpu_bytes="1MiB", disk_bytes=0) as namer:
+        skeys = {namer.storage_key(k): k for k in expected}
+    journaled = journal_rows(path)
+    assert len(journaled) == len(expected) + 1  # "versioned" was stored twice
+    # the store that returned last never reached the database: only the journal has it
+    last = journaled[-1]["key"]
+    assert last in skeys and last not in db_rows(path)
+
+    for reopen in range(2):  # a second reopen replays nothing again
+        with kvmem.Memory(str(path), cpu_bytes="8MiB", disk_bytes="64MiB") as mem:
+            for key, (_value, meta) in expected.items():
+                info = mem.info(key)
+                assert info is not None, f"reopen {reopen}: {key} has no row"
+                assert info.version == (2 if key == "versioned" else 1), (reopen, key, info.version)
+                assert info.metadata == (meta or {}), (reopen, key)  # the newest store's metadata
+            assert mem.stats().entries == len(expected)
+        assert list((path / "catalog-pending").glob("pending.*")) == [], "a replayed journal was left behind"
+    assert {skeys[k]: v for k, (v, _m) in db_rows(path).items()} == \
+        {k: 2 if k == "versioned" else 1 for k in expected}
+
+
+def test_a_key_deleted_before_its_row_was_written_stays_deleted(tmp_path: Path) -> None:
+    path = tmp_path / "kvmem"
+    with kvmem.Memory(str(path), cpu_bytes="8MiB", disk_bytes="64MiB", fsync="never") as m:
+        m.store("kept", "kept value")
+        m.flush()
+        m.store("deleted", "deleted value")  # queued, journaled ...
+        assert m.delete("deleted")  # ... and deleted before any flush wrote it
+        assert m.info("deleted") is None
+    assert journal_rows(path) == [], "the journal still holds the store of a deleted key"
+    with kvmem.Memory(str(path), cpu_bytes="8MiB", disk_bytes="64MiB") as m:
+        assert m.info("deleted") is None, "the deleted key's row came back from the journal"
+        assert m.load("deleted") is None
+        assert m.stats().entries == 1
+        assert m.verify(progress=False).ok
+
+
+def test_a_key_deleted_by_a_killed_process_is_not_replayed(tmp_path: Path) -> None:
+    path = tmp_path / "kvmem"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVMEM_")}
+    done = subprocess.run([sys.executable, WORKERS, "store-delete-abort", str(path)], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "stored", done.stderr
+    with kvmem.Memory(str(path), cpu_bytes="8MiB", disk_bytes="64MiB") as m:
+        kept = m.info("kept")
+        assert kept is not None and kept.metadata == {"kept": True} and kept.version == 1
+        assert m.info("deleted") is None, "the deleted key's row came back from the killed process's journal"
+        assert m.stats().entries == 1
+        assert m.verify(progress=False).ok

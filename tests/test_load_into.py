@@ -1,0 +1,343 @@
+"""``Memory.load(key, out=)``, ``load_many`` and ``store_many``: values written into the caller's tensors.
+
+Every stack (cpu alone, disk alone, cpu + disk) and the two load paths: a value stored as
+it is (codec ``none``, ``bf16`` of a bf16 tensor) is copied straight into ``out``; a value a
+codec changed (``fp16`` of fp32, ``int8``) is decoded first. ``out`` is always a slice of a
+bigger tensor filled with a sentinel, so a write outside it shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import kvmem
+from kvmem.errors import IntegrityError, KVMemError, OutputMismatch
+from kvmem.stores import DiskTier
+from tests.bounds import assert_bit_exact, error_bound
+
+STACKS = ["cpu", "disk", "cpu+disk"]
+SENTINEL = -7.0  # exact in bf16, fp16 and fp32
+MISSING = object()
+
+# codec -> dtype of the stored tensor (and of ``out``); whether the load copies the stored bytes as they are
+CODECS = {"none": (torch.bfloat16, True), "bf16": (torch.bfloat16, True), "fp16": (torch.float32, False),
+          "int8": (torch.bfloat16, False)}
+# (first, last) token of the slice: rows of 32 * 64 * 2 = 4096 bytes are read straight into ``out``;
+# rows of 8 * 64 * 2 = 1024 bytes are too short for that (read whole, then copied)
+SLICES = {"long-rows": (32, 64), "short-rows": (40, 48)}
+
+
+def open_memory(stack: str, path: Path, **settings: object) -> kvmem.Memory:
+    cpu, disk = {"cpu": (64 << 20, 0), "disk": (0, 64 << 20), "cpu+disk": (64 << 20, 64 << 20)}[stack]
+    settings.setdefault("fsync", "never")
+    return kvmem.Memory(str(path), cpu_bytes=cpu, disk_bytes=disk, **settings)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def opened(tmp_path: Path) -> Iterator[Callable[..., kvmem.Memory]]:
+    made: list[kvmem.Memory] = []
+
+    def make(stack: str, **settings: object) -> kvmem.Memory:
+        mem = open_memory(stack, tmp_path / "kvmem", **settings)
+        made.append(mem)
+        return mem
+
+    yield make
+    for mem in made:
+        mem.close()
+
+
+def value_of(dtype: torch.dtype, tokens: int, seed: int = 0) -> torch.Tensor:
+    """A chunk-shaped [2, 4, tokens, 64] tensor."""
+    return torch.randn(2, 4, tokens, 64, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def cache_of(dtype: torch.dtype) -> torch.Tensor:
+    """The bigger tensor ``out`` is a slice of: [2, 4, 96, 64] full of the sentinel."""
+    return torch.full((2, 4, 96, 64), SENTINEL, dtype=dtype)
+
+
+def as_bytes(t: torch.Tensor) -> bytes:
+    return t.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def assert_outside_untouched(cache: torch.Tensor, a: int, b: int) -> None:
+    outside = torch.cat([cache[:, :, :a], cache[:, :, b:]], dim=2)
+    assert as_bytes(outside) == as_bytes(torch.full_like(outside, SENTINEL)), "bytes outside out= were written"
+
+
+def disk_of(mem: kvmem.Memory) -> DiskTier:
+    tier = next(t for t in mem.tiers.tiers if t.name == "disk")
+    assert isinstance(tier, DiskTier)
+    return tier
+
+
+def flip_payload_byte(mem: kvmem.Memory, skey: str) -> None:
+    """Flip one byte of the value's bytes in its file (a bit rot on disk, made for real)."""
+    path = disk_of(mem).path(skey)
+    data = bytearray(path.read_bytes())
+    data[len(data) - 100] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+# -- load(out=) into a slice -----------------------------------------------------------------------------
+@pytest.mark.parametrize("rows", list(SLICES))
+@pytest.mark.parametrize("codec", list(CODECS))
+@pytest.mark.parametrize("stack", STACKS)
+def test_load_into_a_slice_writes_the_slice_only(opened: Callable[..., kvmem.Memory], stack: str, codec: str,
+                                                 rows: str) -> None:
+    dtype, as_is = CODECS[codec]
+    a, b = SLICES[rows]
+    mem = opened(stack)
+    value = value_of(dtype, b - a)
+    mem.store("chunk", value, compression=codec)
+    expected = mem.load("chunk")  # the value as the plain load decodes it
+    if as_is:
+        assert_bit_exact(value, expected)
+    else:
+        err = (expected.double() - value.double()).abs()
+        assert bool((err <= error_bound(value, codec)).all())
+        assert not torch.equal(expected, value), "a lossy codec left every value unchanged: not the decoded path"
+    cache = cache_of(dtype)
+    out = cache[:, :, a:b]
+    assert not out.is_contiguous()
+    got = mem.load("chunk", out=out)
+    assert got is out
+    assert_bit_exact(expected, out.contiguous())
+    assert_outside_untouched(cache, a, b)
+    # a second load (from the top tier now, where one was promoted) writes the same bytes
+    out.fill_(0)
+    assert mem.load("chunk", out=out) is out
+    assert_bit_exact(expected, out.contiguous())
+    assert_outside_untouched(cache, a, b)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_load_into_a_contiguous_tensor_and_a_scalar(opened: Callable[..., kvmem.Memory], stack: str) -> None:
+    mem = opened(stack)
+    value = torch.arange(1000, dtype=torch.float64) / 7
+    mem.store("flat", value)
+    out = torch.empty(1000, dtype=torch.float64)
+    assert mem.load("flat", out=out) is out
+    assert_bit_exact(value, out)
+    mem.store("scalar", torch.tensor(2.5))
+    zero_d = torch.tensor(0.0)
+    assert mem.load("scalar", out=zero_d) is zero_d and zero_d.item() == 2.5
+
+
+def test_load_into_from_disk_promotes_to_the_cpu_tier(tmp_path: Path) -> None:
+    value = value_of(torch.bfloat16, 32, seed=1)
+    with open_memory("cpu+disk", tmp_path / "kvmem") as mem:
+        skey = mem.store("chunk", value)
+    with open_memory("cpu+disk", tmp_path / "kvmem") as mem:  # reopened: the value is on disk alone
+        assert [t.name for t in mem.tiers.tiers if t.contains(skey)] == ["disk"]
+        cache = cache_of(torch.bfloat16)
+        out = cache[:, :, 32:64]
+        mem.load("chunk", out=out)
+        assert_bit_exact(value, out.contiguous())
+        assert mem.metrics.value("kvmem_hits_total", tier="disk", kind="tensor") == 1
+        assert [t.name for t in mem.tiers.tiers if t.contains(skey)] == ["cpu", "disk"]
+        out.fill_(0)  # the promoted copy is the tier's own, not a view of out
+        mem.load("chunk", out=out)
+        assert_bit_exact(value, out.contiguous())
+        assert mem.metrics.value("kvmem_hits_total", tier="cpu", kind="tensor") == 1
+        assert mem.metrics.value("kvmem_hits_total", tier="disk", kind="tensor") == 1
+        assert_bit_exact(value, mem.load("chunk"))
+        assert mem.metrics.value("kvmem_hits_total", tier="cpu", kind="tensor") == 2
+        assert_outside_untouched(cache, 32, 64)
+
+
+# -- what out= refuses ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("stack", STACKS)
+def test_a_mismatched_out_is_refused_and_left_as_it_is(opened: Callable[..., kvmem.Memory], stack: str) -> None:
+    mem = opened(stack)
+    mem.store("chunk", value_of(torch.bfloat16, 32))
+    mem.store("tree", {"k": value_of(torch.bfloat16, 32), "v": value_of(torch.bfloat16, 32, seed=1)})
+    mem.store("text", "not a tensor")
+    cases: list[tuple[str, object]] = [
+        ("chunk", torch.full((2, 4, 31, 64), SENTINEL, dtype=torch.bfloat16)),  # wrong shape
+        ("chunk", torch.full((2, 4, 32, 64), SENTINEL, dtype=torch.float16)),  # wrong dtype
+        ("chunk", torch.full((2, 4, 32, 64), SENTINEL, dtype=torch.float32)),  # wrong dtype, same numbers
+        ("tree", torch.full((2, 4, 32, 64), SENTINEL, dtype=torch.bfloat16)),  # a dict value
+        ("text", torch.full((12,), SENTINEL, dtype=torch.bfloat16)),  # a str value
+        ("chunk", np.full((2, 4, 32, 64), SENTINEL, dtype=np.float32)),  # not a tensor
+        ("chunk", [0.0] * 4),  # not a tensor
+    ]
+    for key, out in cases:
+        before = out.clone() if isinstance(out, torch.Tensor) else np.copy(out)
+        with pytest.raises(OutputMismatch) as info:
+            mem.load(key, out=out)  # type: ignore[arg-type]
+        assert isinstance(info.value, KVMemError)
+        if isinstance(out, torch.Tensor):
+            assert as_bytes(out) == as_bytes(before), f"{key}: out was written before the refusal"
+        else:
+            assert np.array_equal(np.asarray(out), np.asarray(before))
+    assert mem.stats().crc_failures == 0
+    assert_bit_exact(value_of(torch.bfloat16, 32), mem.load("chunk"))  # refusals quarantine nothing
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_a_miss_returns_the_default_and_leaves_out(opened: Callable[..., kvmem.Memory], stack: str) -> None:
+    mem = opened(stack)
+    cache = cache_of(torch.bfloat16)
+    out = cache[:, :, 32:64]
+    assert mem.load("never stored", out=out) is None
+    assert mem.load("never stored", MISSING, out=out) is MISSING
+    assert_outside_untouched(cache, 0, 0)  # nothing written anywhere
+    assert mem.stats().misses == 2
+
+
+@pytest.mark.parametrize("stack", ["disk", "cpu+disk"])
+def test_a_corrupt_file_is_a_miss_counted_and_quarantined(tmp_path: Path, stack: str) -> None:
+    value = value_of(torch.bfloat16, 32, seed=2)
+    with open_memory(stack, tmp_path / "kvmem") as mem:
+        skey = mem.store("chunk", value)
+    with open_memory(stack, tmp_path / "kvmem") as mem:  # the file is the only copy
+        flip_payload_byte(mem, skey)
+        out = cache_of(torch.bfloat16)[:, :, 32:64]
+        assert mem.load("chunk", MISSING, out=out) is MISSING
+        assert mem.metrics.value("kvmem_crc_failures_total", tier="disk") == 1
+        assert len(disk_of(mem).quarantined()) == 1 and not mem.contains("chunk")
+        assert mem.load("chunk", MISSING, out=out) is MISSING  # now a plain miss
+        assert mem.metrics.value("kvmem_crc_failures_total", tier="disk") == 1
+
+
+@pytest.mark.parametrize("codec", ["none", "int8"])
+def test_a_corrupt_file_raises_with_strict(tmp_path: Path, codec: str) -> None:
+    with open_memory("disk", tmp_path / "kvmem") as mem:
+        skey = mem.store("chunk", value_of(torch.bfloat16, 32, seed=3), compression=codec)
+        flip_payload_byte(mem, skey)
+        out = cache_of(torch.bfloat16)[:, :, 32:64]
+        with pytest.raises(IntegrityError, match="integrity check"):
+            mem.load("chunk", out=out, strict=True)
+        assert mem.metrics.value("kvmem_crc_failures_total", tier="disk") == 1
+        assert len(disk_of(mem).quarantined()) == 1
+
+
+# -- load_many ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("stack", STACKS)
+def test_load_many_fills_hits_and_gives_none_for_misses(opened: Callable[..., kvmem.Memory], stack: str) -> None:
+    mem = opened(stack)
+    values = {f"c{i}": value_of(torch.bfloat16, 32, seed=10 + i) for i in range(5)}
+    for k, v in values.items():
+        mem.store(k, v)
+    keys = ["c0", "gone-1", "c3", "c1", "gone-2", "c4"]
+    got = mem.load_many(keys)
+    assert [g is None for g in got] == [False, True, False, False, True, False]
+    for k, g in zip(keys, got):
+        if g is not None:
+            assert_bit_exact(values[k], g)
+    cache = torch.full((2, 4, 32 * len(keys), 64), SENTINEL, dtype=torch.bfloat16)
+    outs = [cache[:, :, 32 * i:32 * (i + 1)] for i in range(len(keys))]
+    got = mem.load_many(keys, out=outs)
+    for i, (k, g) in enumerate(zip(keys, got)):
+        if k in values:
+            assert g is outs[i]
+            assert_bit_exact(values[k], outs[i].contiguous())
+        else:
+            assert g is None
+            assert as_bytes(outs[i]) == as_bytes(torch.full_like(outs[i], SENTINEL)), f"{k}: a miss wrote out"
+    assert mem.metrics.total("kvmem_misses_total") == 4
+
+
+def test_load_many_refuses_an_out_of_the_wrong_length(opened: Callable[..., kvmem.Memory]) -> None:
+    mem = opened("cpu+disk")
+    mem.store("a", torch.ones(4))
+    mem.store("b", torch.ones(4))
+    outs = [torch.zeros(4)]
+    with pytest.raises(OutputMismatch, match="1 tensors for 2 keys"):
+        mem.load_many(["a", "b"], out=outs)
+    assert torch.equal(outs[0], torch.zeros(4))
+    with pytest.raises(OutputMismatch):
+        mem.load_many(["a"], out=[np.zeros(4)])  # type: ignore[list-item]
+    with pytest.raises(OutputMismatch):
+        mem.load_many(["a", "b"], out=[torch.zeros(4), torch.zeros(5)])
+    assert mem.stats().crc_failures == 0
+
+
+# -- store_many -------------------------------------------------------------------------------------------
+CHUNK = 32
+CHUNKS = 16
+
+
+def chunked_cache() -> torch.Tensor:
+    """A [2, 4, 16 * 32, 64] bf16 KV cache: 16 chunks of 32 tokens."""
+    return torch.randn(2, 4, CHUNKS * CHUNK, 64, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+
+
+def chunk(t: torch.Tensor, i: int) -> torch.Tensor:
+    return t[:, :, i * CHUNK:(i + 1) * CHUNK]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_store_many_then_load_many_round_trips_chunk_slices(opened: Callable[..., kvmem.Memory], stack: str) -> None:
+    mem = opened(stack)
+    kv = chunked_cache()
+    original = kv.clone()
+    keys = [f"chunk-{i}" for i in range(CHUNKS)]
+    skeys = mem.store_many({k: chunk(kv, i) for i, k in enumerate(keys)})
+    assert skeys == [mem.storage_key(k) for k in keys]
+    kv.fill_(0)  # the caller may reuse its tensors as soon as store_many returns
+    dst = torch.full_like(kv, SENTINEL)
+    outs = [chunk(dst, i) for i in range(CHUNKS)]
+    got = mem.load_many(keys, out=outs)
+    assert all(g is o for g, o in zip(got, outs))
+    assert_bit_exact(original, dst)
+    plain = mem.load_many(keys)
+    for i, v in enumerate(plain):
+        assert_bit_exact(chunk(original, i).contiguous(), v)
+    assert [mem.info(k).version for k in keys] == [1] * CHUNKS  # type: ignore[union-attr]
+
+    mem.store_many([(k, chunk(original, CHUNKS - 1 - i)) for i, k in enumerate(keys)])  # list form, reversed
+    assert [mem.info(k).version for k in keys] == [2] * CHUNKS  # type: ignore[union-attr]
+    info = mem.info(keys[0])
+    assert info is not None and info.kind == "tensor" and info.size == 2 * 4 * CHUNK * 64 * 2
+    got = mem.load_many(keys, out=outs)
+    for i in range(CHUNKS):
+        assert_bit_exact(chunk(original, CHUNKS - 1 - i).contiguous(), outs[i].contiguous())
+    assert mem.stats().entries == CHUNKS
+
+
+@pytest.mark.parametrize("stack", ["disk", "cpu+disk"])
+def test_store_many_with_fsync_always_leaves_no_temporary_files(tmp_path: Path, stack: str) -> None:
+    kv = chunked_cache()
+    keys = [f"chunk-{i}" for i in range(CHUNKS)]
+    with open_memory(stack, tmp_path / "kvmem", fsync="always") as mem:
+        mem.store_many({k: chunk(kv, i) for i, k in enumerate(keys)})
+        mem.store_many({k: chunk(kv, i) for i, k in enumerate(keys[:4])})
+        assert list((tmp_path / "kvmem").rglob("*.tmp")) == []
+        assert len(list((tmp_path / "kvmem" / "disk").rglob("*.kvb"))) == CHUNKS
+    with open_memory(stack, tmp_path / "kvmem") as mem:  # every chunk is on disk, whole
+        assert_bit_exact(kv, torch.cat(mem.load_many(keys), dim=2))
+        assert [mem.info(k).version for k in keys] == [2] * 4 + [1] * (CHUNKS - 4)  # type: ignore[union-attr]
+
+
+def test_store_many_refuses_a_bad_item_and_stores_nothing(opened: Callable[..., kvmem.Memory]) -> None:
+    mem = opened("cpu+disk")
+    with pytest.raises(kvmem.KVMemError):
+        mem.store_many([("good", torch.ones(4)), ("bad", object())])
+    assert not mem.contains("good") and mem.info("good") is None
+
+
+def test_a_store_many_whose_write_fails_leaves_no_temporary_file(tmp_path: Path) -> None:
+    """One file of a batch cannot be created (a file stands where its shard directory goes, a fault made
+    for real): the batch fails on that tier, and the files the other writes made are removed with it."""
+    kv = chunked_cache()
+    keys = [f"chunk-{i}" for i in range(CHUNKS)]
+    with open_memory("disk", tmp_path / "kvmem", fsync="always", tier_retry_seconds=0) as mem:
+        blobs = tmp_path / "kvmem" / "disk" / "blobs"
+        blocked = blobs / mem.storage_key(keys[-1])[:2]
+        blocked.write_bytes(b"a file where a shard directory goes")
+        with pytest.raises(kvmem.TierUnavailable):
+            mem.store_many({k: chunk(kv, i) for i, k in enumerate(keys)})
+        assert list(blobs.rglob("*.tmp")) == [], "the writes that succeeded left their temporary files"
+        assert mem.metrics.value("kvmem_tier_errors_total", tier="disk") == 1
+        blocked.unlink()  # the fault goes: the same batch stores whole
+        mem.store_many({k: chunk(kv, i) for i, k in enumerate(keys)})
+        assert list(blobs.rglob("*.tmp")) == []
+        assert_bit_exact(kv, torch.cat(mem.load_many(keys), dim=2))
