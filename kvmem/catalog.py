@@ -157,21 +157,23 @@ def _resolved(crc: int | Callable[[], int | None]) -> int:
     return (crc() or 0) if callable(crc) else crc
 
 
-def _upsert_statement(insert: Any) -> Any:
+def _upsert_statement(insert: Any, returning: bool = True) -> Any:
     """``INSERT .. ON CONFLICT (key) DO UPDATE`` of a whole row, its values bound at execution.
 
     NOTE: built once per catalog. Building it per call with ``.values(...)`` cost
     ~0.6 ms of SQLAlchemy statement construction per store (measured: 0.7-1.0 ms
-    vs 0.13 ms per upsert), more than the SQLite transaction itself.
+    vs 0.13 ms per upsert), more than the SQLite transaction itself. Without
+    ``returning`` it runs as one executemany for a whole flush.
     """
     stmt = insert(entries)
-    return stmt.on_conflict_do_update(
+    stmt = stmt.on_conflict_do_update(
         index_elements=[entries.c.key],
         # NOTE: the row's ``version`` is the number of stores it records (1, or more replayed
         # after an outage): added in the same statement, so concurrent upserts never lose one
         set_={**{name: stmt.excluded[name] for name in _UPSERT_SET},
               "version": entries.c.version + stmt.excluded.version},
-    ).returning(entries.c.version)
+    )
+    return stmt.returning(entries.c.version) if returning else stmt
 
 
 # NOTE: one prebuilt statement run as executemany: building an UPDATE per key cost
@@ -234,6 +236,7 @@ class Catalog:
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self._upsert = _upsert_statement(_INSERTS[self.engine.dialect.name])
+        self._upsert_rows = _upsert_statement(_INSERTS[self.engine.dialect.name], returning=False)
         self._text: Callable[[str], str] = _pg_text if self.engine.dialect.name == "postgresql" else str
         self._lock = threading.Lock()
         self._hits: dict[str, tuple[int, float]] = {}
@@ -424,8 +427,8 @@ class Catalog:
             with self.engine.begin() as conn:
                 # NOTE: rows in key order: two processes flushing overlapping keys lock them in
                 # the same order, never into a deadlock (PostgreSQL locks each updated row)
-                for key in sorted(pending):
-                    conn.execute(self._upsert, pending[key])
+                if pending:  # NOTE: one executemany: a flush of thousands of stores holds the GIL for little
+                    conn.execute(self._upsert_rows, [pending[key] for key in sorted(pending)])
                 if hits:
                     conn.execute(_ADD_HITS, [{"k": key, "n": hits[key][0], "t": hits[key][1]} for key in sorted(hits)])
                 if removed:

@@ -105,10 +105,13 @@ class CpuTier(LruTier[_Entry]):
         else:
             header = {**header, "segments": [list(seg) for seg in header["segments"]]}
         # NOTE: plain views of the pages: the blob's owner (the allocation) keeps them while anyone holds the blob
-        pieces, at = [], start
-        for arr in alloc.array(start):
-            pieces.append(Piece(at, arr))
-            at += arr.size
+        if len(spans) == 1:
+            pieces = [Piece(start, spans[0][start:blob.nbytes])] if blob.nbytes > start else []
+        else:
+            pieces, at = [], start
+            for arr in alloc.array(start):
+                pieces.append(Piece(at, arr))
+                at += arr.size
         pooled = EncodedBlob(spans[0][:start], tuple(pieces), blob.nbytes, header, blob.crc_slots(),
                              sealed=blob.sealed, owner=alloc)
         if self.checks_crc:
@@ -260,7 +263,9 @@ def _copy(spans: list[np.ndarray], offset: int, src: torch.Tensor | np.ndarray) 
             continue
         if offset + n <= span.size:
             dst = span[offset:offset + n]
-            if isinstance(src, torch.Tensor) and n >= _TORCH_COPY_FROM:
+            if isinstance(src, np.ndarray) and src.dtype == np.uint8 and src.ndim == 1:
+                dst[:] = src  # NOTE: the head, padding: one slice assignment
+            elif isinstance(src, torch.Tensor) and n >= _TORCH_COPY_FROM:
                 torch.from_numpy(dst).view(src.dtype).view(src.shape).copy_(src.detach())
             else:
                 copy_rows([dst], byte_rows(src))
