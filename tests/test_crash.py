@@ -8,80 +8,22 @@ its seed, so the one op that may have been in flight at the kill is known too.
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 import kvmem
-from kvmem import blob as blobfmt
-from kvmem.codecs.pipeline import check_owner
 from tests.workers import CRASH_KEYS, check_value, crash_ops
+from tests.zygote import Zygote, check_files
 
-WORKERS = str(Path(__file__).with_name("workers.py"))
 ROUNDS = 24
-
-
-class Zygote:
-    """``workers.py crash-zygote``: forks a fresh storing child for each round."""
-
-    def __init__(self, path: Path, stderr: Path) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KVMEM_")}
-        self._err = stderr.open("w")
-        self.proc = subprocess.Popen([sys.executable, WORKERS, "crash-zygote", str(path)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self._err, text=True, bufsize=1, env=env)
-
-    def _line(self) -> str:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line, f"the zygote died (exit {self.proc.poll()})"
-        return line.split("\n")[0]
-
-    def run_and_kill(self, seed: int, round_no: int, after_ops: int, delay: float) -> int:
-        """Start a child; once it reports ``after_ops`` ops done, wait ``delay`` s and SIGKILL it.
-
-        Returns:
-            How many ops the child reported done before it died.
-        """
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(f"run {seed} {round_no}\n")
-        self.proc.stdin.flush()
-        tag, pid = self._line().split()
-        assert tag == "ready"
-        done = 0
-        while done < after_ops:
-            assert self._line() == f"done {done}"
-            done += 1
-        time.sleep(delay)
-        os.kill(int(pid), signal.SIGKILL)
-        while True:
-            line = self._line()
-            if line.startswith("reaped"):
-                _, reaped, status = line.split()
-                assert int(reaped) == int(pid)
-                assert os.WIFSIGNALED(int(status)) and os.WTERMSIG(int(status)) == signal.SIGKILL, \
-                    f"the child ended on its own (status {status}) before the kill: see its stderr"
-                return done
-            assert line == f"done {done}", line
-            done += 1
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
-        self._err.close()
 
 
 @pytest.fixture
 def zygote(tmp_path: Path) -> Iterator[Zygote]:
-    z = Zygote(tmp_path / "kvmem", tmp_path / "zygote.stderr")
+    z = Zygote(tmp_path / "kvmem", tmp_path / "zygote.stderr", "crash-zygote", "done")
     yield z
     z.close()
 
@@ -89,21 +31,6 @@ def zygote(tmp_path: Path) -> Iterator[Zygote]:
 def _apply(state: dict[str, int | None], op: tuple[str, str, int]) -> None:
     kind, key, ver = op
     state[key] = ver if kind == "store" else None
-
-
-def _check_files(path: Path) -> int:
-    """Every blob file under ``path`` is whole and named after the key it holds; how many there are."""
-    blobs = path / "disk" / "blobs"
-    files = list(blobs.rglob("*"))
-    strays = [f for f in files if f.name.endswith(".tmp")]
-    assert strays == [], f"temporary files left after open: {strays}"
-    entries = [f for f in files if f.is_file()]
-    for f in entries:
-        buf = torch.frombuffer(bytearray(f.read_bytes()), dtype=torch.uint8)
-        blobfmt.verify(buf)  # raises on a torn file
-        header, _ = blobfmt.parse(buf)
-        check_owner(header, f.name.removesuffix(".kvb"))
-    return len(entries)
 
 
 def test_sigkill_at_random_moments_never_tears_or_loses_a_returned_store(tmp_path: Path, zygote: Zygote) -> None:
@@ -126,7 +53,7 @@ def test_sigkill_at_random_moments_never_tears_or_loses_a_returned_store(tmp_pat
 
         strays_seen += len(list((path / "disk" / "blobs").rglob("*.tmp")))
         with kvmem.Memory(path, cpu_bytes="64KiB", disk_bytes="64MiB", fsync="always") as mem:
-            _check_files(path)
+            check_files(path)
             for key in CRASH_KEYS:
                 value = mem.load(key)
                 got = None if value is None else check_value(key, value)

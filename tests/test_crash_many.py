@@ -10,97 +10,24 @@ bit for bit; every blob file is whole; no temporary file survives the open.
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 import kvmem
-from kvmem import blob as blobfmt
-from kvmem.codecs.pipeline import check_owner
 from tests.workers import MANY_KEYS, check_value, many_batch
+from tests.zygote import Zygote, check_files
 
-WORKERS = str(Path(__file__).with_name("workers.py"))
 ROUNDS = 20
-
-
-class Zygote:
-    """``workers.py store-many-zygote``: forks a fresh storing child for each round."""
-
-    def __init__(self, path: Path, stderr: Path) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KVMEM_")}
-        self._err = stderr.open("w")
-        self.proc = subprocess.Popen([sys.executable, WORKERS, "store-many-zygote", str(path)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True,
-                                     bufsize=1, env=env)
-
-    def _line(self) -> str:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line, f"the zygote died (exit {self.proc.poll()})"
-        return line.split("\n")[0]
-
-    def run_and_kill(self, seed: int, round_no: int, after_acks: int, delay: float) -> int:
-        """Start a child; once it acknowledged ``after_acks`` batches, wait ``delay`` s and SIGKILL it.
-
-        Returns:
-            How many batches the child acknowledged before it died (ACK lines written before the kill count).
-        """
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(f"run {seed} {round_no}\n")
-        self.proc.stdin.flush()
-        tag, pid = self._line().split()
-        assert tag == "ready"
-        acked = 0
-        while acked < after_acks:
-            assert self._line() == f"ACK {acked}"
-            acked += 1
-        time.sleep(delay)
-        os.kill(int(pid), signal.SIGKILL)
-        while True:
-            line = self._line()
-            if line.startswith("reaped"):
-                _, reaped, status = line.split()
-                assert int(reaped) == int(pid)
-                assert os.WIFSIGNALED(int(status)) and os.WTERMSIG(int(status)) == signal.SIGKILL, \
-                    f"the child ended on its own (status {status}) before the kill: see its stderr"
-                return acked
-            assert line == f"ACK {acked}", line
-            acked += 1
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
-        self._err.close()
 
 
 @pytest.fixture
 def zygote(tmp_path: Path) -> Iterator[Zygote]:
-    z = Zygote(tmp_path / "kvmem", tmp_path / "zygote.stderr")
+    z = Zygote(tmp_path / "kvmem", tmp_path / "zygote.stderr", "store-many-zygote", "ACK")
     yield z
     z.close()
-
-
-def check_files(path: Path) -> int:
-    """Every blob file under ``path``'s disk tier is whole and holds the key it is named after; how many."""
-    files = list((path / "disk" / "blobs").rglob("*"))
-    strays = [f for f in files if f.name.endswith(".tmp")]
-    assert strays == [], f"temporary files left after open: {strays}"
-    entries = [f for f in files if f.is_file()]
-    for f in entries:
-        buf = torch.frombuffer(bytearray(f.read_bytes()), dtype=torch.uint8)
-        blobfmt.verify(buf)  # raises on a torn file
-        header, _ = blobfmt.parse(buf)
-        check_owner(header, f.name.removesuffix(".kvb"))
-    return len(entries)
 
 
 def test_sigkill_during_store_many_never_tears_or_loses_an_acknowledged_batch(tmp_path: Path,

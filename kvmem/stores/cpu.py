@@ -27,7 +27,7 @@ from kvmem.errors import CapacityError, IntegrityError
 from kvmem.pool import Allocation, HostPool
 from kvmem.rows import byte_rows, copy_rows, nbytes_of, writable_rows
 from kvmem.stores.memory import LruTier
-from kvmem.stores.readers import BlobReader, check_size
+from kvmem.stores.readers import BlobReader, check_size, copy_part
 
 __all__ = ["CpuTier"]
 
@@ -223,8 +223,8 @@ class _PoolReader(BlobReader):
             if got != crc:
                 raise IntegrityError(f"segment {i} CRC32C mismatch: stored {crc:#010x}, computed {got:#010x}")
         span = self._entry.alloc.span(lo, hi)
-        if span is not None:  # NOTE: the common case: the part lies in one run of pages, one copy_
-            dst.copy_(torch.from_numpy(span).view(dst.dtype).view(dst.shape) if dst.numel() else dst)
+        if span is not None:  # NOTE: the common case: the part lies in one run of pages, one copy
+            copy_part(torch.from_numpy(span), dst)
             return
         spans = self._entry.alloc.array(lo, hi)
         rows = writable_rows(dst, min_row=0)

@@ -374,10 +374,9 @@ class DiskTier(TierBase):
         found = self._open(key)
         if found is None:
             return None
-        fd, path = found
-        reader = FileReader(fd, self.name)  # NOTE: owns fd from here on (closes it if the header is bad)
-        self._touch(key, path, os.fstat(fd).st_size)
-        return reader
+        # NOTE: not stamped as used (a metadata write per open, measured in layer-wise loads): a chunk read
+        # in parts is warmed into the tiers above by the prefix cache, and those reads stamp it
+        return FileReader(found[0], self.name)  # NOTE: owns the descriptor from here on (closes it on a bad header)
 
     def _move_to_write_area(self, key: str, path: Path) -> Path:
         """Move ``key``'s file at ``path`` into the current write area (in its format); the new path."""

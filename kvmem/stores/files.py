@@ -14,8 +14,8 @@ import numpy as np
 from kvmem import blob as blobfmt
 from kvmem.rows import steps
 
-__all__ = ["CREATE", "IOV_MAX", "fsync_dir", "io_pool", "open_or_none", "pid_alive", "pwrite_all", "read_into",
-           "stamp", "write_blob"]
+__all__ = ["CREATE", "IOV_MAX", "advance", "fsync_dir", "io_pool", "open_or_none", "pid_alive", "preadv_all",
+           "pwrite_all", "read_into", "stamp", "write_blob"]
 
 CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL
 IOV_MAX = 512
@@ -104,6 +104,7 @@ def write_blob(fd: int, blob: blobfmt.EncodedBlob) -> None:
         pwrite_all(fd, list(blob.parts), 0)
         return
     assert blob.header is not None
+    pwrite_all(fd, [blob.head], 0)  # NOTE: in file order (the CRCs are rewritten below): its blocks lie in order
     offset = blob.start
     crcs = []
     for i in range(len(blob.header["segments"])):
@@ -124,12 +125,32 @@ def pwrite_all(fd: int, parts: list[np.ndarray], offset: int) -> int:
     while views:  # NOTE: at most IOV_MAX buffers per call
         n = os.pwritev(fd, views[:IOV_MAX], offset)
         offset += n
-        while views and n >= len(views[0]):
-            n -= len(views[0])
-            views.pop(0)
-        if views and n:
-            views[0] = views[0][n:]
+        advance(views, n)
     return total
+
+
+def preadv_all(fd: int, rows: list[np.ndarray], offset: int) -> int:
+    """Fill ``rows`` from ``fd`` at ``offset`` with ``preadv``, resuming after short reads; bytes read
+    (fewer only at the end of the file)."""
+    views = [memoryview(r) for r in rows if r.size]
+    total = 0
+    while views:
+        n = os.preadv(fd, views[:IOV_MAX], offset)
+        if n == 0:
+            break
+        total += n
+        offset += n
+        advance(views, n)
+    return total
+
+
+def advance(views: list[memoryview], n: int) -> None:
+    """Drop the first ``n`` bytes from the buffers ``views`` (after a short read or write moved them)."""
+    while views and n >= len(views[0]):
+        n -= len(views[0])
+        views.pop(0)
+    if views and n:
+        views[0] = views[0][n:]
 
 
 def fsync_dir(directory: Path) -> None:

@@ -29,8 +29,9 @@ import torch
 from kvmem import blob as blobfmt
 from kvmem.errors import IntegrityError
 from kvmem.rows import steps, writable_rows
+from kvmem.stores.files import preadv_all
 
-__all__ = ["BlobReader", "FileReader", "check_size"]
+__all__ = ["BlobReader", "FileReader", "check_size", "copy_part"]
 
 Header = dict[str, Any]
 _STEP = 1 << 20  # NOTE: read 1 MiB, then CRC it while it is still in cache
@@ -96,8 +97,7 @@ class BlobReader:
         check_size(part, dst)
         self.segment_of(part)
         lo = self.start + int(part["off"])
-        src = self.read_bytes(lo, lo + int(part["n"]))
-        dst.copy_(src.view(dst.dtype).view(dst.shape) if dst.numel() else dst)
+        copy_part(self.read_bytes(lo, lo + int(part["n"])), dst)
 
     def read_bytes(self, lo: int, hi: int) -> torch.Tensor:
         """Blob bytes ``[lo, hi)`` as held (a view), unchecked: :meth:`read` checks."""
@@ -160,13 +160,13 @@ class FileReader(BlobReader):
         if rows is None:
             tmp = blobfmt.empty_buffer(int(part["n"]))
             self.part_into(part, tmp)
-            dst.copy_(tmp.view(dst.dtype).view(dst.shape).to(dst.device))
+            copy_part(tmp, dst)
             return
         seg_lo, crc, i = self.segment_of(part)
         pad = blobfmt.empty_buffer(int(part["off"]) - seg_lo).numpy()
         at, got = self.start + seg_lo, 0
         for group in steps([pad, *rows], _STEP):
-            n = _preadv_all(self._fd, group, at)
+            n = preadv_all(self._fd, group, at)
             at += n
             for row in group:
                 got = crc32c.crc32c(row, got)
@@ -197,6 +197,12 @@ class FileReader(BlobReader):
         self.close()
 
 
+def copy_part(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copy the bytes ``src`` (uint8, contiguous) into ``dst`` (any layout and device): one ``copy_``."""
+    if dst.numel():
+        dst.copy_(src.view(dst.dtype).view(dst.shape))
+
+
 def check_size(part: dict[str, Any], dst: torch.Tensor) -> None:
     if "raw" in part or int(part["n"]) != dst.numel() * dst.element_size():
         raise IntegrityError(f"a part of {part['n']} bytes{' (lz4)' if 'raw' in part else ''} cannot be read "
@@ -206,24 +212,5 @@ def check_size(part: dict[str, Any], dst: torch.Tensor) -> None:
 def _pread(fd: int, lo: int, hi: int) -> torch.Tensor:
     """Bytes ``[lo, hi)`` of ``fd`` (fewer at its end) in a new buffer."""
     buf = blobfmt.empty_buffer(max(0, hi - lo))
-    got = _preadv_all(fd, [buf.numpy()], lo) if buf.numel() else 0
+    got = preadv_all(fd, [buf.numpy()], lo) if buf.numel() else 0
     return buf[:got]
-
-
-def _preadv_all(fd: int, rows: list[np.ndarray], offset: int) -> int:
-    """Fill ``rows`` from ``fd`` at ``offset`` with ``preadv``, resuming after short reads; bytes read
-    (fewer only at the end of the file)."""
-    views = [memoryview(r) for r in rows if r.size]
-    total = 0
-    while views:
-        n = os.preadv(fd, views, offset)
-        if n == 0:
-            break
-        total += n
-        offset += n
-        while views and n >= len(views[0]):
-            n -= len(views[0])
-            views.pop(0)
-        if views and n:
-            views[0] = views[0][n:]
-    return total

@@ -159,9 +159,7 @@ class TieredStore:
                 got = self._call(tier, lambda t=tier: self._read_owned(t, key))
             except IntegrityError as exc:
                 corrupt += 1
-                self.metrics.crc_failures.labels(tier=tier.name).inc()
-                log.warning("kvmem: entry %s in tier %s is corrupt (%s); quarantined", key, tier.name, exc)
-                self._call(tier, lambda t=tier: t.quarantine(key))
+                self._corrupt(tier, key, exc)
                 continue
             if got is _FAILED or got is None:
                 continue
@@ -189,13 +187,17 @@ class TieredStore:
                 got = self._call(tier, lambda t=tier: self._fill_from(t, key, fill))
             except IntegrityError as exc:
                 corrupt += 1
-                self.metrics.crc_failures.labels(tier=tier.name).inc()
-                log.warning("kvmem: entry %s in tier %s is corrupt (%s); quarantined", key, tier.name, exc)
-                self._call(tier, lambda t=tier: t.quarantine(key))
+                self._corrupt(tier, key, exc)
                 continue
             if got is not _FAILED and got is not None:
                 return got[0], got[1], corrupt  # type: ignore[index]
         return None, None, corrupt
+
+    def _corrupt(self, tier: StorageTier, key: str, reason: IntegrityError) -> None:
+        """Count, log and quarantine ``tier``'s copy of ``key``, which failed its check."""
+        self.metrics.crc_failures.labels(tier=tier.name).inc()
+        log.warning("kvmem: entry %s in tier %s is corrupt (%s); quarantined", key, tier.name, reason)
+        self._call(tier, lambda: tier.quarantine(key))
 
     @staticmethod
     def _fill_from(tier: StorageTier, key: str, fill: Callable[[BlobReader], T]) -> tuple[T, BlobReader] | None:

@@ -196,14 +196,14 @@ def test_the_prompts_new_tokens_go_into_the_room_the_prefix_is_not_copied(
     memory = open_memory()
     stored_sources(memory, prefix_cache(model, memory, compression="int8"))
     buffers: list[torch.Tensor] = []
-    fused_layer = LayerwiseLoader._layer
+    fused_layer = LayerwiseLoader._fused_layer
 
     def record(self: LayerwiseLoader, *args: object) -> object:
         filled = fused_layer(self, *args)  # type: ignore[arg-type]
         buffers.extend((filled.keys, filled.values))
         return filled
 
-    monkeypatch.setattr(LayerwiseLoader, "_layer", record)
+    monkeypatch.setattr(LayerwiseLoader, "_fused_layer", record)
     result = prefix_cache(model, memory, compression="int8", layerwise=layerwise).prefill(PROMPT_B)
     held = [t for layer in result.cache.layers for t in (layer.keys, layer.values)]
     assert len(buffers) == len(held)
