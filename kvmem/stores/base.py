@@ -9,7 +9,7 @@ import torch
 
 from kvmem import blob as blobfmt
 from kvmem.blob import EncodedBlob
-from kvmem.stores.readers import BlobReader
+from kvmem.stores.readers import BlobReader, RangeReader
 
 __all__ = ["StorageTier", "TierBase"]
 
@@ -177,8 +177,10 @@ class TierBase:
         return [self.get(k) for k in keys]
 
     def open_blob(self, key: str) -> BlobReader | None:
-        got = self.read_verified(key)
-        return None if got is None else BlobReader(got.buf, got.head, self.name)
+        head = self.read_range(key, 0, blobfmt.HEAD_PROBE)
+        if head is None:
+            return None
+        return RangeReader(lambda lo, hi: self.read_range(key, lo, hi), self.name, self.checks_crc, head)
 
     def put_many(self, items: Sequence[tuple[str, EncodedBlob]]) -> None:
         for key, blob in items:

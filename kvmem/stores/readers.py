@@ -12,14 +12,16 @@ from the same version of it (a file stays open; a memory tier's pages stay held)
 - :meth:`BlobReader.read` returns whole CRC segments, checked, for parts a codec
   must decode first (int8/int4, lz4).
 
-This base class reads a blob already in memory and verified (what ``read_verified``
-gives: every tier that has no faster way); :class:`FileReader` reads a file.
+This base class reads a blob already in memory; :class:`RangeReader` reads one by
+ranges through a tier's ``read_range`` (Redis, the GPU tier); :class:`FileReader`
+reads a file.
 """
 
 from __future__ import annotations
 
 import bisect
 import os
+from collections.abc import Callable
 from typing import Any
 
 import crc32c
@@ -31,7 +33,7 @@ from kvmem.errors import IntegrityError
 from kvmem.rows import steps, writable_rows
 from kvmem.stores.files import preadv_all
 
-__all__ = ["BlobReader", "FileReader", "check_size", "copy_part"]
+__all__ = ["BlobReader", "FileReader", "RangeReader", "check_size", "copy_part"]
 
 Header = dict[str, Any]
 _STEP = 1 << 20  # NOTE: read 1 MiB, then CRC it while it is still in cache
@@ -120,6 +122,42 @@ class BlobReader:
 
     def close(self) -> None:
         self._buf = None
+
+
+class RangeReader(BlobReader):
+    """A blob read by ranges through its tier's ``read_range`` (a remote or device tier): the header first,
+    then only the parts asked for, so a layer-wise load streams from it too.
+
+    NOTE: the parts come from separate reads; a blob rewritten between them fails the CRC of
+    the part that changed (content-hash keys, KV chunks among them, never change).
+
+    Args:
+        read_range: ``(start, stop) -> bytes or None`` of the blob.
+        tier: name of the tier.
+        checks_crc: whether the tier's bytes must be CRC-checked.
+
+    Raises:
+        IntegrityError: the head is not an intact blob header (or the blob went between reads).
+    """
+
+    def __init__(self, read_range: Callable[[int, int], torch.Tensor | None], tier: str, checks_crc: bool,
+                 head: torch.Tensor) -> None:
+        self._read_range = read_range
+        self.checks_crc = checks_crc
+        extent = blobfmt.header_extent(head)
+        if extent > head.numel():
+            head = self.read_bytes(0, extent)
+        super().__init__(None, blobfmt.parse_head(head), tier)
+        self._head = head[:self.start].cpu().numpy()
+
+    def head_bytes(self) -> np.ndarray:
+        return self._head
+
+    def read_bytes(self, lo: int, hi: int) -> torch.Tensor:
+        got = self._read_range(lo, hi)
+        if got is None:
+            raise IntegrityError(f"blob went from tier {self.tier} while it was being read")
+        return got
 
 
 class FileReader(BlobReader):
