@@ -15,10 +15,11 @@ How a layer's prefix gets into the cache depends on its chunks' codec:
   the device in one copy and are written straight into a ``[B, H, S, D]`` buffer the
   loader allocates, with room after the prefix for the first update's new tokens, so
   no float chunk is made on the host and the prefix is never copied again;
-- other chunks (lossless, fp16, bf16) decode to checked per-chunk pieces, views of the
-  CPU tier's pages or of the bytes read from disk, concatenated with the new tokens'
-  K/V: the prefix is copied once, as the forward pass over a cache already in memory
-  copies it (see :meth:`LayerwiseLoader._layer` for why not earlier).
+- chunks read from disk or Redis are read straight into their slice of such a buffer
+  (lossless: one ``preadv`` per step, CRC-checked in the same pass) or decoded there;
+- chunks the CPU tier holds arrive as checked views of its pages, concatenated with
+  the new tokens' K/V: the prefix is copied once, as the forward pass over a cache
+  already in memory copies it (see :meth:`LayerwiseLoader._layer` for why not earlier).
 
 A chunk that cannot be read or fails a check stops the load: the waiting layer
 raises :class:`ChunkLoadError` naming the chunk, and the caller retries with the
@@ -42,6 +43,7 @@ from kvmem.codecs.quant import QuantCodec
 from kvmem.cuda.kvquant import dequantize_kv_into
 from kvmem.errors import CodecError, IntegrityError, KVMemError
 from kvmem.kv.layout import install_prefix
+from kvmem.loads import stored_as_is
 from kvmem.stores.base import StorageTier
 
 __all__ = ["ChunkSource", "ChunkLoadError", "LayerwiseLoader", "StreamingCache"]
@@ -203,6 +205,22 @@ class _ChunkReader:
         except IntegrityError as exc:
             raise self._error(f"layer {layer_idx}: {exc}", corrupt=True) from None
 
+    def direct(self, layer_idx: int, dtype: torch.dtype) -> list[dict[str, Any]] | None:
+        """The parts of layer ``layer_idx``'s K and V if they are stored as they are in ``dtype``, else ``None``."""
+        parts = [stored_as_is(leaf) for leaf in self.leaves(layer_idx)]
+        if any(p is None or p["dtype"] != str(dtype).removeprefix("torch.") for p in parts):
+            return None
+        return parts  # type: ignore[return-value]
+
+    def layer_direct(self, parts: list[dict[str, Any]], keys: torch.Tensor, values: torch.Tensor,
+                     layer_idx: int) -> None:
+        """Read ``parts`` (see :meth:`direct`) straight into ``keys``/``values`` (slices of the cache buffers)."""
+        try:
+            self.blob.part_into(parts[0], keys)
+            self.blob.part_into(parts[1], values)
+        except IntegrityError as exc:
+            raise self._error(f"layer {layer_idx}: {exc}", corrupt=True) from None
+
     def layer_into(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, start: int, skip: int,
                    count: int) -> None:
         """Decode tokens ``[skip, skip + count)`` of int8/int4 layer ``layer_idx`` into ``keys``/``values``.
@@ -316,35 +334,57 @@ class LayerwiseLoader:
         return lo + skip - first, skip, min(lo + self.block_size, self.tokens) - lo - skip
 
     def _layer(self, layer_idx: int, readers: list[_ChunkReader], first: int) -> _LayerPrefix:
-        """Layer ``layer_idx``'s prefix: int8/int4 dequantized into one buffer, anything else as checked pieces.
+        """Layer ``layer_idx``'s prefix: in one buffer when its bytes must be copied anyway, else as views.
 
-        NOTE: pieces, not a buffer, for lossless chunks: from the CPU tier they are views of
-        its pages (no copy here), and the first update joins them with the new tokens in the
-        one copy a cache in memory makes anyway, right before attention reads it. Writing
-        them into a buffer here instead moved that copy beside the forward pass: measured on
-        2 vCPUs, TTFT / oracle went from 1.07 to 1.14-1.31 (CPU tier) and from 1.26-1.32 to
-        1.47-1.51 (cold disk, layer-wise) at 2048 + 256 tokens.
+        int8/int4 chunks are dequantized into the buffer; chunks a tier reads (disk, Redis)
+        are read straight into their slice of it (lossless) or decoded and copied there.
+        Chunks the CPU tier holds arrive as views of its pages, joined with the new tokens in
+        the first update's one copy.
+
+        NOTE: measured on 2 vCPUs, 2048 + 256 tokens: writing the CPU tier's chunks into the
+        buffer on this thread put that copy beside the forward pass (TTFT / oracle 1.07 ->
+        1.14-1.31), while reading a disk chunk straight into it saves the join's copy (cold
+        disk, layer-wise, 1024 + 256: 241 ms against 275 ms with views).
         """
         if all(_quantized(leaf) for reader in readers for leaf in reader.leaves(layer_idx)):
             return self._fused_layer(layer_idx, readers, first)
-        keys, values = [], []
+        if any(reader.blob.lends_views for reader in readers):
+            keys, values = [], []
+            for reader in readers:
+                _start, skip, count = self._span(reader, first)
+                ck, cv = reader.layer(layer_idx)
+                keys.append(ck[:, :, skip:skip + count].to(self._device))
+                values.append(cv[:, :, skip:skip + count].to(self._device))
+            return _Pieces(keys, values)
+        prefix = self._buffers(layer_idx, readers, first)
         for reader in readers:
-            _start, skip, count = self._span(reader, first)
-            ck, cv = reader.layer(layer_idx)
-            keys.append(ck[:, :, skip:skip + count].to(self._device))
-            values.append(cv[:, :, skip:skip + count].to(self._device))
-        return _Pieces(keys, values)
+            start, skip, count = self._span(reader, first)
+            slot = (prefix.keys[:, :, start:start + count], prefix.values[:, :, start:start + count])
+            whole = skip == 0 and count == reader.leaves(layer_idx)[0]["shape"][2]
+            parts = reader.direct(layer_idx, prefix.keys.dtype) if whole else None
+            if parts is not None:
+                reader.layer_direct(parts, *slot, layer_idx)
+            else:
+                for dst, src in zip(slot, reader.layer(layer_idx)):
+                    dst.copy_(src[:, :, skip:skip + count])
+        return prefix
 
-    def _fused_layer(self, layer_idx: int, readers: list[_ChunkReader], first: int) -> _Filled:
-        """Layer ``layer_idx``'s int8/int4 prefix, dequantized chunk by chunk into one buffer for K, one for V."""
+    def _buffers(self, layer_idx: int, readers: list[_ChunkReader], first: int) -> _Filled:
+        """Empty ``[B, H, S + room, D]`` K and V buffers for layer ``layer_idx``'s prefix (room: full-attention
+        layers only)."""
         room = self._room if type(self._cache.layers[layer_idx]) is DynamicLayer else 0
         keys, values = (torch.empty((*leaf["shape"][:2], self.tokens - first + room, leaf["shape"][3]),
                                     dtype=getattr(torch, leaf["dtype"]), device=self._device)
                         for leaf in readers[0].leaves(layer_idx))
+        return _Filled(keys, values, room)
+
+    def _fused_layer(self, layer_idx: int, readers: list[_ChunkReader], first: int) -> _Filled:
+        """Layer ``layer_idx``'s int8/int4 prefix, dequantized chunk by chunk into one buffer for K, one for V."""
+        prefix = self._buffers(layer_idx, readers, first)
         # NOTE: the spans of the readers tile [first, tokens): every prefix position is written before use.
         for reader in readers:
-            reader.layer_into(layer_idx, keys, values, *self._span(reader, first))
-        return _Filled(keys, values, room)
+            reader.layer_into(layer_idx, prefix.keys, prefix.values, *self._span(reader, first))
+        return prefix
 
     def _holds(self, reader: _ChunkReader, first: int) -> bool:
         """Whether a layer whose prefix starts at token ``first`` needs any of ``reader``'s chunk."""

@@ -203,6 +203,8 @@ class CpuTier(LruTier[_Entry]):
 class _PoolReader(BlobReader):
     """An entry's blob read in parts: one copy per part, out of the pages (held while the reader lives)."""
 
+    lends_views = True
+
     def __init__(self, entry: _Entry, tier: str, verify: bool) -> None:
         self._entry = entry
         self.checks_crc = verify

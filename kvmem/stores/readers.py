@@ -52,9 +52,11 @@ class BlobReader:
         header, start: the parsed header and the payload's offset.
         tier: the serving tier's name.
         checks_crc: whether the parts read are CRC-checked here (not when ``buf`` was already).
+        lends_views: whether :meth:`read` lends views of a tier's memory rather than new bytes.
     """
 
     checks_crc = False
+    lends_views = False  # NOTE: True where read() lends views of a tier's memory (no copy), not new bytes
 
     def __init__(self, buf: torch.Tensor | None, head: tuple[Header, int] | None, tier: str,
                  ends: list[int] | None = None) -> None:
