@@ -311,22 +311,23 @@ class Memory:
         skey = self.storage_key(key, namespace)
         if out is not None:
             hit, corrupt = self._fetch_into(skey, check_out(out))
-            found: tuple[Any] | None = (out,) if hit else None
+            value = out
         else:
             loaded, corrupt = self._fetch(skey, device)
-            found = (loaded.value,) if loaded is not None else None
-        if found is not None:
-            value = found[0]
-        elif corrupt and (strict if strict is not None else self.config.strict):
+            hit, value = loaded is not None, loaded.value if loaded is not None else None
+        if hit:
+            return self._loaded(value, start)
+        if corrupt and (strict if strict is not None else self.config.strict):
             raise IntegrityError(f"key {str(key)[:80]!r}: every stored copy failed its integrity check "
                                  f"({corrupt} quarantined)")
-        elif regenerate is not None:
+        if regenerate is not None:
             value = regenerate()
             self.store(key, value, namespace=namespace)
-            if out is not None:
-                value = copy_into(out, value)
-        else:
-            value = default
+            return self._loaded(copy_into(out, value) if out is not None else value, start)
+        return self._loaded(default, start)
+
+    def _loaded(self, value: V, start: float) -> V:
+        """``value``, its load's latency observed."""
         self.metrics.load_seconds.observe(time.perf_counter() - start)
         return value
 

@@ -210,7 +210,7 @@ class _PoolReader(BlobReader):
         self.checks_crc = verify
         if verify:
             entry.blob.seal()
-        super().__init__(None, (entry.blob.header, entry.blob.start), tier, entry.ends)  # type: ignore[arg-type]
+        super().__init__((entry.blob.header, entry.blob.start), tier, entry.ends)  # type: ignore[arg-type]
 
     def head_bytes(self) -> np.ndarray:
         return self._entry.blob.head

@@ -12,9 +12,9 @@ from the same version of it (a file stays open; a memory tier's pages stay held)
 - :meth:`BlobReader.read` returns whole CRC segments, checked, for parts a codec
   must decode first (int8/int4, lz4).
 
-This base class reads a blob already in memory; :class:`RangeReader` reads one by
-ranges through a tier's ``read_range`` (Redis, the GPU tier); :class:`FileReader`
-reads a file.
+:class:`RangeReader` reads a blob by ranges through a tier's ``read_range`` (Redis,
+the GPU tier); :class:`FileReader` reads a file; the CPU tier has a reader of its own
+over its pages.
 """
 
 from __future__ import annotations
@@ -40,30 +40,25 @@ _STEP = 1 << 20  # NOTE: read 1 MiB, then CRC it while it is still in cache
 
 
 class BlobReader:
-    """One version of one blob, for partial reads.
+    """One version of one blob, for partial reads (a tier's reader implements :meth:`read_bytes` and
+    :meth:`head_bytes`; checking, part placement and segment lookup are shared).
 
     Args:
-        buf: the whole blob, its CRCs checked already where its tier checks them.
-        head: ``(header, payload_start)``; parsed from ``buf`` when ``None``.
+        head: ``(header, payload_start)``, the header parsed (and checked where the tier checks CRCs).
         tier: name of the tier it came from.
         ends: where the CRC segments end (payload offsets), when the caller has them already.
 
     Attributes:
         header, start: the parsed header and the payload's offset.
         tier: the serving tier's name.
-        checks_crc: whether the parts read are CRC-checked here (not when ``buf`` was already).
+        checks_crc: whether the parts read are CRC-checked here.
         lends_views: whether :meth:`read` lends views of a tier's memory rather than new bytes.
     """
 
     checks_crc = False
     lends_views = False  # NOTE: True where read() lends views of a tier's memory (no copy), not new bytes
 
-    def __init__(self, buf: torch.Tensor | None, head: tuple[Header, int] | None, tier: str,
-                 ends: list[int] | None = None) -> None:
-        self._buf = buf
-        if head is None:
-            assert buf is not None
-            head = blobfmt.parse(buf)
+    def __init__(self, head: tuple[Header, int], tier: str, ends: list[int] | None = None) -> None:
         self.header, self.start = head
         self.tier = tier
         self._ends = ends if ends is not None else [int(end) for end, _crc in self.header["segments"]]
@@ -88,8 +83,7 @@ class BlobReader:
 
     def head_bytes(self) -> np.ndarray:
         """The blob's first ``start`` bytes (prefix, header, padding) as read."""
-        assert self._buf is not None
-        return self._buf[:self.start].numpy()
+        raise NotImplementedError
 
     def part_into(self, part: dict[str, Any], dst: torch.Tensor) -> None:
         """Put the bytes of ``part`` (a leaf's ``{"off", "n"}``, not lz4-compressed) into ``dst``.
@@ -104,9 +98,8 @@ class BlobReader:
         copy_part(self.read_bytes(lo, lo + int(part["n"])), dst)
 
     def read_bytes(self, lo: int, hi: int) -> torch.Tensor:
-        """Blob bytes ``[lo, hi)`` as held (a view), unchecked: :meth:`read` checks."""
-        assert self._buf is not None
-        return self._buf[lo:hi]
+        """Blob bytes ``[lo, hi)``, unchecked: :meth:`read` checks."""
+        raise NotImplementedError
 
     def read(self, lo: int, hi: int) -> torch.Tensor:
         """Payload bytes ``[lo, hi)``, whole CRC segments (see :func:`kvmem.blob.covering_range`), checked.
@@ -123,7 +116,8 @@ class BlobReader:
         return None
 
     def close(self) -> None:
-        self._buf = None
+        """Release what the reader holds (a file descriptor, pages)."""
+        return None
 
 
 class RangeReader(BlobReader):
@@ -149,7 +143,7 @@ class RangeReader(BlobReader):
         extent = blobfmt.header_extent(head)
         if extent > head.numel():
             head = self.read_bytes(0, extent)
-        super().__init__(None, blobfmt.parse_head(head), tier)
+        super().__init__(blobfmt.parse_head(head), tier)
         self._head = head[:self.start].cpu().numpy()
 
     def head_bytes(self) -> np.ndarray:
@@ -183,7 +177,7 @@ class FileReader(BlobReader):
             extent = blobfmt.header_extent(head)
             if extent > head.numel():
                 head = _pread(fd, 0, extent)
-            super().__init__(None, blobfmt.parse_head(head), tier)
+            super().__init__(blobfmt.parse_head(head), tier)
         except BaseException:
             self.close()
             raise
