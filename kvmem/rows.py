@@ -15,11 +15,15 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import as_strided
 
-__all__ = ["MIN_ROW", "Source", "byte_rows", "writable_rows", "nbytes_of", "copy_rows", "steps"]
+__all__ = ["MIN_ROW", "TORCH_COPY_FROM", "Source", "byte_rows", "writable_rows", "nbytes_of", "copy_rows", "steps"]
 
 MIN_ROW = 4096
 """Rows shorter than this are gathered into one contiguous copy first (a syscall or a copy per
 row would cost more than the copy)."""
+
+TORCH_COPY_FROM = 1 << 20
+"""Copies of fewer bytes than this between host buffers go through numpy: torch's ``copy_`` costs
+tens of microseconds before its first byte (it may start its threads); from 1 MiB that pays off."""
 
 Source = torch.Tensor | np.ndarray
 """Bytes to write or copy: a CPU tensor of any dtype and layout, or a numpy array."""
@@ -36,6 +40,8 @@ def _as_bytes_array(src: Source) -> np.ndarray:
     """``src`` as a (possibly strided) uint8 numpy array whose last axis runs over contiguous bytes."""
     if isinstance(src, np.ndarray):
         arr = src
+    elif src.ndim and not src.requires_grad and src.is_contiguous():  # NOTE: the common case, in few calls
+        return (src if src.dtype is torch.uint8 else src.view(torch.uint8)).numpy().reshape(-1)
     else:
         t = src.detach() if src.ndim else src.detach().reshape(1)
         if t.dtype is not torch.uint8:
@@ -64,7 +70,7 @@ def byte_rows(src: Source, min_row: int = MIN_ROW) -> list[np.ndarray]:
 
 def writable_rows(dst: torch.Tensor, min_row: int = MIN_ROW) -> list[np.ndarray] | None:
     """:func:`byte_rows` of a CPU tensor as views only (to read into), or ``None`` where that would need a copy."""
-    if dst.device.type != "cpu" or (dst.ndim and dst.stride(-1) != 1):
+    if not dst.is_cpu or (dst.ndim and dst.stride(-1) != 1):
         return None
     if dst.numel() == 0:
         return []

@@ -25,14 +25,13 @@ from kvmem import blob as blobfmt
 from kvmem.blob import EncodedBlob, Piece
 from kvmem.errors import CapacityError, IntegrityError
 from kvmem.pool import Allocation, HostPool
-from kvmem.rows import byte_rows, copy_rows, nbytes_of, writable_rows
+from kvmem.rows import TORCH_COPY_FROM, byte_rows, copy_rows, nbytes_of, writable_rows
 from kvmem.stores.memory import LruTier
 from kvmem.stores.readers import BlobReader, check_size, copy_part
 
 __all__ = ["CpuTier"]
 
 _ZEROS = np.zeros(blobfmt.PAGE, dtype=np.uint8)
-_TORCH_COPY_FROM = 1 << 20  # NOTE: torch's copy_ runs on its threads and handles any strides: worth it from 1 MiB
 
 
 @dataclass(frozen=True)
@@ -267,7 +266,7 @@ def _copy(spans: list[np.ndarray], offset: int, src: torch.Tensor | np.ndarray) 
             dst = span[offset:offset + n]
             if isinstance(src, np.ndarray) and src.dtype == np.uint8 and src.ndim == 1:
                 dst[:] = src  # NOTE: the head, padding: one slice assignment
-            elif isinstance(src, torch.Tensor) and n >= _TORCH_COPY_FROM:
+            elif isinstance(src, torch.Tensor) and n >= TORCH_COPY_FROM:
                 torch.from_numpy(dst).view(src.dtype).view(src.shape).copy_(src.detach())
             else:
                 copy_rows([dst], byte_rows(src))

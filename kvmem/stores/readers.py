@@ -30,7 +30,7 @@ import torch
 
 from kvmem import blob as blobfmt
 from kvmem.errors import IntegrityError
-from kvmem.rows import steps, writable_rows
+from kvmem.rows import TORCH_COPY_FROM, copy_rows, steps, writable_rows
 from kvmem.stores.files import preadv_all
 
 __all__ = ["BlobReader", "FileReader", "RangeReader", "check_size", "copy_part"]
@@ -232,8 +232,13 @@ class FileReader(BlobReader):
 
 
 def copy_part(src: torch.Tensor, dst: torch.Tensor) -> None:
-    """Copy the bytes ``src`` (uint8, contiguous) into ``dst`` (any layout and device): one ``copy_``."""
-    if dst.numel():
+    """Copy the bytes ``src`` (uint8, contiguous) into ``dst`` (any layout and device): one copy."""
+    if not dst.numel():
+        return
+    rows = writable_rows(dst, min_row=0) if src.numel() < TORCH_COPY_FROM and src.is_cpu else None
+    if rows is not None:
+        copy_rows(rows, [src.numpy()])
+    else:
         dst.copy_(src.view(dst.dtype).view(dst.shape))
 
 
