@@ -31,7 +31,7 @@ from kvmem.config import Config, load_config
 from kvmem.errors import CapacityError, ConfigError, IntegrityError, OutputMismatch, TierUnavailable
 from kvmem.keys import storage_key
 from kvmem.loads import check_out, copy_into, fill, read_back
-from kvmem.maintenance import GcReport, VerifyReport, collect_garbage, verify_entries
+from kvmem.maintenance import GcReport, VerifyReport, collect_garbage, register_orphans, verify_entries
 from kvmem.metrics import Metrics
 from kvmem.records import EntryInfo, Loaded, Stats, TierStats, entry_info
 from kvmem.stores import CpuTier, DiskTier, Stored, TieredStore, build_tiers
@@ -76,15 +76,19 @@ class Memory:
         self._embedder = embedder
         self._semantics: dict[str, SemanticIndex] = {}  # "" -> the text layer; else an embedder's name
         self._semantic_lock = threading.Lock()
+        self._recovered: set[str] = set()  # NOTE: labels of damaged metadata files set aside while opening
         self.catalog = Catalog(self.config.resolved_catalog_url, flush_seconds=_CATALOG_FLUSH_SECONDS,
-                               on_error=self._catalog_failed, journal=Path(self.config.path) / "catalog-pending")
-        self.tiers = TieredStore(build_tiers(self.config), self.metrics,
+                               on_error=self._catalog_failed, journal=Path(self.config.path) / "catalog-pending",
+                               on_recovered=self._file_recovered)
+        self.tiers = TieredStore(build_tiers(self.config, self._file_recovered), self.metrics,
                                  offload_threshold=self.config.offload_threshold,
                                  write_policy=self.config.write_policy, queue_size=self.config.write_back_queue,
                                  retry_seconds=self.config.tier_retry_seconds,
                                  on_removed=self._removed)
         self._versions = Versions(self.catalog, self.tiers, self.config.pin_lease_seconds)
         self._closed = False
+        if self._recovered & {"catalog", "journal"}:  # NOTE: rows the damaged file held, read off the blobs
+            self._catalog_write(lambda: register_orphans(self.tiers, self.catalog))
 
     # -- keys -----------------------------------------------------------------
     def storage_key(self, key: str | bytes, namespace: str | None = None) -> str:
@@ -202,7 +206,7 @@ class Memory:
                     self.catalog.engine, self._embedder if embedder is None else embedder,
                     live=self.tiers.contains_many if self._sees_every_entry else None,
                     directory=Path(self.config.path) / "semantic",
-                    hnsw_from=self.config.semantic_hnsw_from)
+                    hnsw_from=self.config.semantic_hnsw_from, on_recovered=self._file_recovered)
             return index
 
     def lookup_similar(self, query: str, k: int = 3, *, namespace: str | None = None,
@@ -559,6 +563,11 @@ class Memory:
         shared catalog with a shared remote tier. Otherwise a row whose entry no tier here holds may be
         another node's, and is never reaped from here (gc, verify --fix, evictions, semantic reopen)."""
         return self.config.catalog_url is None or self.config.remote_url is not None
+
+    def _file_recovered(self, file: str) -> None:
+        """A damaged metadata file was set aside (see :mod:`kvmem.recovery`): count it, rebuild what it held."""
+        self._recovered.add(file)
+        self.metrics.recovered(file)
 
     def _removed(self, skey: str) -> None:
         """An entry left its last tier (evicted): forget its catalog row (when ours alone) and its vector."""

@@ -49,6 +49,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, Operationa
 
 from kvmem.errors import ConfigError, TierUnavailable
 from kvmem.journal import Journal
+from kvmem.recovery import OnRecovered, recover_sqlite
 
 __all__ = ["Catalog", "EntryRow", "create_tables", "dialect_insert", "unreachable"]
 
@@ -206,6 +207,8 @@ class Catalog:
         journal: a directory where upserts the database missed are also kept on disk
             (:mod:`kvmem.journal`): a process killed during an outage loses none, the next
             catalog opened there replays them. ``None``: kept in memory only.
+        on_recovered: told ``"catalog"`` when a damaged SQLite database was set aside before opening
+            (a fresh one is created; see :mod:`kvmem.recovery`), ``"journal"`` for a damaged journal.
 
     Raises:
         ConfigError: ``url`` is not a database URL SQLAlchemy knows.
@@ -213,7 +216,8 @@ class Catalog:
     """
 
     def __init__(self, url: str, *, flush_seconds: float | None = None,
-                 on_error: Callable[[SQLAlchemyError], None] | None = None, journal: Path | None = None) -> None:
+                 on_error: Callable[[SQLAlchemyError], None] | None = None, journal: Path | None = None,
+                 on_recovered: OnRecovered | None = None) -> None:
         try:
             parsed = make_url(url)
         except ArgumentError:
@@ -224,6 +228,7 @@ class Catalog:
                               f"{parsed.get_backend_name()!r} is not supported; accepted {', '.join(_INSERTS)}")
         if parsed.get_backend_name() == "sqlite" and parsed.database:
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            recover_sqlite(Path(parsed.database), on_recovered)
         self.url = url
         connect_args: dict[str, Any] = {}
         if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
@@ -254,7 +259,7 @@ class Catalog:
             raise TierUnavailable(f"catalog {parsed.render_as_string(hide_password=True)} cannot be "
                                   f"reached: {exc.__class__.__name__}: {exc.orig if hasattr(exc, 'orig') else exc}"
                                   ) from None
-        self._journal = Journal(journal) if journal is not None else None
+        self._journal = Journal(journal, on_recovered) if journal is not None else None
         _LIVE.add(self)
         if self._journal is not None:
             with self._lock:

@@ -7,6 +7,7 @@
 | stores slowed by I/O (fsync per write, full write-back queue) | ``write_policy``, ``fsync``, ``write_back_queue`` |
 | frequent demotions/evictions, reused set larger than a tier | ``cpu_bytes``, ``disk_bytes``, ``offload_threshold`` |
 | CRC failures, quarantined entries, failing tiers | ``kvmem verify --fix``, the disk itself |
+| damaged metadata files set aside and rebuilt (``*.corrupt-*``) | the disk itself |
 
 In a serving process, ``diagnose(memory)`` also judges this process's live
 counters (latency, chunk hits per tier, evictions). ``kvmem doctor`` runs in a
@@ -268,7 +269,8 @@ def _churn(s: Snapshot, live: LiveMetrics, t: Thresholds) -> list[Finding]:
 
 # -- (e) integrity ---------------------------------------------------------------------------------------
 def check_integrity(s: Snapshot, t: Thresholds) -> list[Finding]:
-    """CRC failures and quarantined entries; tiers that fail; a blob-format migration left unfinished."""
+    """CRC failures and quarantined entries; tiers that fail; damaged metadata files set aside; a blob-format
+    migration left unfinished."""
     crc = sum(s.live.crc_failures.values()) if s.live is not None else 0
     numbers: dict[str, Number] = {"quarantined_rows": s.quarantined_rows, "quarantine_files": s.quarantine_files,
                                   "quarantine_bytes": s.quarantine_bytes}
@@ -287,6 +289,7 @@ def check_integrity(s: Snapshot, t: Thresholds) -> list[Finding]:
                            {**{f"tier_errors_{k}": v for k, v in sorted(errors.items())},
                             "unhealthy": ",".join(down) or "-"},
                            "check the failing tier: disk space and permissions, Redis / PostgreSQL reachability"))
+    out += _set_aside(s)
     areas = s.disk_areas
     if areas is not None and areas.target is not None:
         out.append(Finding("integrity", "warn", f"a blob-format migration to format {areas.target_format} is under "
@@ -297,6 +300,16 @@ def check_integrity(s: Snapshot, t: Thresholds) -> list[Finding]:
         out.append(Finding("integrity", "ok", "nothing quarantined, no failing tiers (`kvmem verify` reads every "
                            "copy for a full CRC scan)", numbers))
     return out
+
+
+def _set_aside(s: Snapshot) -> list[Finding]:
+    """Damaged metadata files kvmem moved aside and rebuilt (kept for inspection, never deleted)."""
+    if not s.set_aside:
+        return []
+    shown = ", ".join(s.set_aside[:3]) + (f" and {len(s.set_aside) - 3} more" if len(s.set_aside) > 3 else "")
+    return [Finding("integrity", "warn", f"{len(s.set_aside)} damaged metadata file(s) were set aside and rebuilt "
+                    f"from the blobs: {shown}", {"set_aside_files": len(s.set_aside)},
+                    "inspect them, then delete them; if it recurs, check the disk (dmesg, SMART, free space)")]
 
 
 RULES: tuple[Callable[[Snapshot, Thresholds], list[Finding]], ...] = (

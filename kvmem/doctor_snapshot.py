@@ -5,7 +5,8 @@ functions, tested on hand-built snapshots. :func:`take_snapshot` fills one from
 a live :class:`~kvmem.Memory`:
 
 - what persists (catalog rows aggregated per namespace, tier usage and
-  capacity, files in quarantine, the config): all a command line can see;
+  capacity, files in quarantine, damaged metadata files set aside, the
+  config): all a command line can see;
 - the Prometheus counters of this process (``live``), only when asked, since a
   freshly opened ``Memory`` has counted nothing yet.
 """
@@ -24,6 +25,7 @@ from kvmem.catalog import entries
 from kvmem.config import Config
 from kvmem.errors import TierUnavailable
 from kvmem.metrics import Metrics
+from kvmem.recovery import set_aside_files
 from kvmem.stores import DiskTier
 from kvmem.stores.areas import AreaState
 
@@ -102,6 +104,7 @@ class Snapshot:
     kv: tuple[KVChunkGroup, ...] = ()
     live: LiveMetrics | None = None
     disk_areas: AreaState | None = None  # the disk tier's areas (a blob-format migration under way?)
+    set_aside: tuple[str, ...] = ()  # damaged metadata files moved aside and rebuilt (see kvmem.recovery)
 
     def tier(self, name: str) -> TierState | None:
         return next((t for t in self.tiers if t.name == name), None)
@@ -128,10 +131,12 @@ def take_snapshot(memory: Memory, *, live: bool = True) -> Snapshot:
     files = [p for t in memory.tiers.tiers for p in _quarantined(t)]
     totals, kv = _catalog_facts(memory)
     disk = next((t for t in memory.tiers.tiers if isinstance(t, DiskTier)), None)
+    root = Path(memory.config.path)
     return Snapshot(config=memory.config, tiers=tiers, quarantine_files=len(files),
                     quarantine_bytes=sum(_size(p) for p in files), kv=kv,
                     live=_live(memory.metrics) if live else None,
-                    disk_areas=disk.areas if disk is not None else None, **totals)
+                    disk_areas=disk.areas if disk is not None else None,
+                    set_aside=tuple(str(p.relative_to(root)) for p in set_aside_files(root)), **totals)
 
 
 def _quarantined(tier: object) -> list[Path]:

@@ -1,11 +1,16 @@
 """Catalog writes the database missed, kept in a file until it takes them: a crash during an outage loses none.
 
 Each catalog (one per ``Memory``) appends the upserts the database could not take
-to ``<directory>/pending.<pid>.<id>.jsonl``, one JSON line per store (its own
-version count of 1), and rewrites the file with what is still queued after each
-flush that reached the database. A catalog that opens claims the files of
+to ``<directory>/pending.<pid>.<id>.jsonl``, one line per store (its own version
+count of 1): the row as JSON, a tab, and the CRC32 of the JSON in 8 hex digits.
+It rewrites the file with what is still queued after each flush that reached the
+database. A catalog that opens claims the files of
 processes that are gone (renamed to its own name first, so two claimants never
-both replay one file) and queues their rows again.
+both replay one file) and queues their rows again. A line that fails its CRC (or
+is not JSON, or not UTF-8) is skipped; a file holding one is set aside, not
+removed (see :mod:`kvmem.recovery`); the stores it records are registered again
+from their blobs' headers. A last line without its newline is a write a crash cut
+short (its store never returned): skipped, not damage.
 
 NOTE: lines are written and flushed to the OS, not fsynced: a killed process
 loses nothing, a power cut may lose the last lines (the blobs themselves are in
@@ -18,9 +23,11 @@ import json
 import logging
 import os
 import uuid
+import zlib
 from pathlib import Path
 from typing import Any
 
+from kvmem.recovery import OnRecovered, set_aside
 from kvmem.stores.files import pid_alive
 
 __all__ = ["Journal"]
@@ -36,16 +43,18 @@ class Journal:
 
     Args:
         directory: where journals live (created on first write).
+        on_recovered: told ``"journal"`` when a claimed journal with damaged lines is set aside.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, on_recovered: OnRecovered | None = None) -> None:
         self.directory = directory
+        self._on_recovered = on_recovered
         self.path = directory / f"pending.{os.getpid()}.{uuid.uuid4().hex[:12]}.jsonl"
         self._fd = -1  # NOTE: kept open for appends (a store appends a line); reopened after a rewrite
 
     def append(self, rows: list[Row]) -> None:
         """Add ``rows`` (each one store) to the file; a file that cannot be written is logged, never raised."""
-        data = "".join(_ENCODER.encode(row) + "\n" for row in rows).encode()
+        data = "".join(map(_line, rows)).encode()
         try:
             if self._fd < 0:
                 self.directory.mkdir(parents=True, exist_ok=True)
@@ -68,7 +77,7 @@ class Journal:
             self.directory.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")
             with open(tmp, "w", encoding="utf-8") as f:
-                f.writelines(_ENCODER.encode(row) + "\n" for row in rows)
+                f.writelines(map(_line, rows))
             os.replace(tmp, self.path)
         except OSError as exc:
             log.warning("kvmem: catalog journal %s cannot be rewritten (%s)", self.path, exc)
@@ -89,11 +98,14 @@ class Journal:
             claimed = path.with_name(f"{path.name.partition('.claimed.')[0]}.claimed.{os.getpid()}")
             try:
                 os.rename(path, claimed)  # NOTE: atomic: of two processes opening at once, one gets the file
-                found = _read(claimed)
+                found, damaged = _read(claimed)
             except OSError:  # NOTE: claimed by another process first, or unreadable: left for a later claimant
                 continue
             self.append(found)  # NOTE: in this journal before the claimed file goes: a crash here loses nothing
-            claimed.unlink()
+            if damaged:
+                set_aside(claimed, "journal", damaged, self._on_recovered)
+            else:
+                claimed.unlink()
             rows += found
         return rows
 
@@ -107,14 +119,38 @@ def _owner(name: str) -> int | None:
     return int(owner) if owner.isdigit() else None
 
 
-def _read(path: Path) -> list[Row]:
-    rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        try:
-            row = json.loads(line)
-        except ValueError:  # NOTE: a line cut short by a crash mid-write: the store it records never returned
-            log.warning("kvmem: %s line %d is not a whole record; skipped", path, n)
-            continue
-        if isinstance(row, dict) and isinstance(row.get("key"), str):
+def _line(row: Row) -> str:
+    """``row`` as one journal line: JSON, a tab, the JSON's CRC32 (the JSON never holds a raw tab)."""
+    text = _ENCODER.encode(row)
+    return f"{text}\t{zlib.crc32(text.encode()):08x}\n"
+
+
+def _read(path: Path) -> tuple[list[Row], str]:
+    """The rows of the journal at ``path``, and what was damaged in it (empty: nothing).
+
+    NOTE: lines without a tab were written before lines carried a CRC: taken if they parse.
+    """
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    if lines[-1]:  # NOTE: a line cut short by a crash mid-write: the store it records never returned
+        log.warning("kvmem: %s ends in a line that is not a whole record; skipped", path)
+    rows, bad = [], []
+    for n, raw in enumerate(lines[:-1], 1):
+        row = _row(raw)
+        if row is None:
+            bad.append(n)
+        else:
             rows.append(row)
-    return rows
+    return rows, f"line(s) {', '.join(map(str, bad[:5]))} fail their CRC or are not records" if bad else ""
+
+
+def _row(raw: bytes) -> Row | None:
+    """The row on one journal line, or ``None`` when the line is damaged."""
+    text, tab, crc = raw.partition(b"\t")
+    if tab and crc != b"%08x" % zlib.crc32(text):
+        return None
+    try:
+        row = json.loads(text)
+    except ValueError:  # NOTE: also text that is not UTF-8
+        return None
+    return row if isinstance(row, dict) and isinstance(row.get("key"), str) else None

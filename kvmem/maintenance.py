@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
 from tqdm import tqdm
 
 from kvmem import blob as blobfmt
 from kvmem.catalog import Catalog
 from kvmem.codecs.pipeline import check_owner
-from kvmem.errors import IntegrityError
+from kvmem.errors import IntegrityError, TierUnavailable
 from kvmem.metrics import Metrics
+from kvmem.stores.base import StorageTier
 from kvmem.stores.tiered import TieredStore
 
-__all__ = ["VerifyReport", "GcReport", "verify_entries", "collect_garbage"]
+__all__ = ["VerifyReport", "GcReport", "verify_entries", "collect_garbage", "register_orphans"]
 
 log = logging.getLogger(__name__)
 
@@ -90,18 +93,67 @@ def verify_entries(store: TieredStore, catalog: Catalog, metrics: Metrics, *, fi
         if key not in known and key not in report.orphans:
             report.orphans.append(key)
             if fix:
-                info = header.get("info", {})
-                catalog.upsert(key, namespace=info.get("namespace", ""), user_key=info.get("key", ""),
-                               kind=header.get("kind", "tree"), size=int(header.get("raw_nbytes", 0)),
-                               stored_size=buf.numel(), codec=header.get("codec", "none"),
-                               crc=blobfmt.stored_crc(buf.cpu()), tiers=[tier.name],
-                               metadata=header.get("metadata", {}))
+                _register(catalog.upsert, key, header, buf.numel(), blobfmt.stored_crc(buf.cpu()), tier.name)
     for key in sorted(known - held) if reap else []:
         if not store.contains(key):
             report.missing.append(key)
             if fix:
                 catalog.delete(key)
     return report
+
+
+def register_orphans(store: TieredStore, catalog: Catalog) -> int:
+    """Give every entry the tiers hold and the catalog lacks its row, read off its blob's header alone.
+
+    What rebuilds a catalog set aside as damaged, or the rows of a damaged journal's lines
+    (see :mod:`kvmem.recovery`): one header read per entry, no payload read; a blob whose
+    header is not intact is left to its first load, which quarantines it.
+
+    Returns:
+        The rows registered.
+
+    Raises:
+        SQLAlchemyError: the catalog failed.
+    """
+    catalog.flush()  # NOTE: rows replayed from journals are written first: their entries are no orphans
+    known = set(catalog.keys())
+    registered = 0
+    for tier in store.tiers:
+        for key in [k for k in _keys(tier) if k not in known]:
+            try:
+                reader = tier.open_blob(key)
+            except (IntegrityError, OSError) as exc:  # NOTE: a damaged or unreadable blob: not this scan's to fix
+                log.warning("kvmem: entry %s in tier %s not registered (%s)", key, tier.name, exc)
+                continue
+            if reader is None:
+                continue  # removed while we ran
+            with reader:
+                head = torch.from_numpy(reader.head_bytes())
+                size = reader.start + int(reader.header["payload_nbytes"])
+                _register(catalog.upsert_later, key, reader.header, size, blobfmt.stored_crc(head), tier.name)
+            known.add(key)
+            registered += 1
+    catalog.flush()
+    log.warning("kvmem: %d catalog rows rebuilt from blob headers", registered)
+    return registered
+
+
+def _keys(tier: StorageTier) -> list[str]:
+    """``tier``'s keys; none from a tier that fails (it is skipped, as the data path skips it)."""
+    try:
+        return list(tier.keys())
+    except (OSError, TierUnavailable) as exc:
+        log.warning("kvmem: tier %s cannot list its entries (%s); its rows are not rebuilt", tier.name, exc)
+        return []
+
+
+def _register(write: Callable[..., object], key: str, header: blobfmt.Header, stored_size: int, crc: int,
+              tier: str) -> None:
+    """Write ``key``'s catalog row from its blob's header with ``write`` (``catalog.upsert`` or ``upsert_later``)."""
+    info = header.get("info", {})
+    write(key, namespace=info.get("namespace", ""), user_key=info.get("key", ""), kind=header.get("kind", "tree"),
+          size=int(header.get("raw_nbytes", 0)), stored_size=stored_size, codec=header.get("codec", "none"),
+          crc=crc, tiers=[tier], metadata=header.get("metadata", {}))
 
 
 def collect_garbage(store: TieredStore, catalog: Catalog, reap: bool = True) -> GcReport:

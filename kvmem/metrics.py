@@ -41,6 +41,8 @@ class Metrics:
         self.promotions = Counter("kvmem_promotions_total", "Entries copied up on a hit", ["tier"], registry=r)
         self.tier_errors = Counter("kvmem_tier_errors_total", "Operations a failing tier could not serve",
                                    ["tier"], registry=r)
+        self.recovered_files = Counter("kvmem_recovered_files_total", "Damaged metadata files moved aside and "
+                                       "rebuilt, by file (areas, catalog, journal, hnsw)", ["file"], registry=r)
         self.kv_tokens = Counter("kvmem_kv_tokens_total", "Prompt tokens seen by the KV prefix cache",
                                  ["kind"], registry=r)  # kind: requested | reused | computed
         self.kv_chunk_hits = Counter("kvmem_kv_chunk_hits_total", "KV chunks loaded, by serving tier", ["tier"],
@@ -61,6 +63,10 @@ class Metrics:
             child = self._hit_children[(tier, kind)] = self.hits.labels(tier=tier, kind=kind)
         child.inc()
         self._hits += 1
+
+    def recovered(self, file: str) -> None:
+        """Count a damaged metadata file set aside (``file``: its label, see :mod:`kvmem.recovery`)."""
+        self.recovered_files.labels(file=file).inc()
 
     def miss(self, kind: str) -> None:
         self.misses.labels(kind=kind).inc()

@@ -218,6 +218,7 @@ def test_refusals_and_legacy_detection(tmp_path: Path) -> None:
     (old / "blobs" / "ab").mkdir(parents=True)
     (old / "blobs" / "ab" / f"{'ab' * 32}.kvb").write_bytes(b"written before formats were recorded")
     assert read_state(old) == AreaState("blobs", 1)
-    (old / "areas.json").write_text('{"active": "../../etc", "format": 1}')
-    with pytest.raises(ConfigError, match="area name"):
-        read_state(old)
+    (old / "areas.json").write_text('{"active": "../../etc", "format": 1, "target": null, "target_format": null}')
+    assert read_state(old) == AreaState("blobs", 1)  # an area kvmem never names: damage, set aside and rebuilt
+    assert [p.read_text() for p in old.glob("areas.json.corrupt-*")] == [
+        '{"active": "../../etc", "format": 1, "target": null, "target_format": null}']

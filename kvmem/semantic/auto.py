@@ -9,6 +9,7 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
+from kvmem.recovery import OnRecovered
 from kvmem.semantic.hnsw import HnswIndex
 from kvmem.semantic.index import ExactIndex, checked_rows
 
@@ -194,7 +195,7 @@ class AutoIndex:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], ids: Sequence[str], vectors: np.ndarray,
-             hnsw_from: int = 20_000, **options: float) -> AutoIndex:
+             hnsw_from: int = 20_000, on_recovered: OnRecovered | None = None, **options: float) -> AutoIndex:
         """An index of ``ids``/``vectors``: the graph saved at ``path`` when it is current, else exact
         (with a graph build started when there are more than ``hnsw_from``).
 
@@ -203,11 +204,12 @@ class AutoIndex:
             ids: unique ids the caller holds.
             vectors: float32 ``[len(ids), dim]``.
             hnsw_from: as in the constructor.
+            on_recovered: told ``"hnsw"`` when a damaged graph was set aside (and rebuilt).
             options: the other constructor arguments.
         """
         vectors = np.asarray(vectors, dtype=np.float32)
         index = cls(vectors.shape[1], hnsw_from, **options)  # type: ignore[arg-type]
-        saved = HnswIndex.load(path, ids, vectors) if len(ids) >= hnsw_from // 2 else None
+        saved = HnswIndex.load(path, ids, vectors, on_recovered) if len(ids) >= hnsw_from // 2 else None
         if saved is None:
             index.add(ids, vectors)
             return index

@@ -13,6 +13,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from kvmem.recovery import Damaged, OnRecovered, set_aside
 from kvmem.semantic.index import ExactIndex, checked_rows
 
 __all__ = ["HnswIndex", "content_digest"]
@@ -233,19 +234,32 @@ class HnswIndex:
             stale.unlink(missing_ok=True)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], ids: Sequence[str], vectors: np.ndarray) -> HnswIndex | None:
+    def load(cls, path: str | os.PathLike[str], ids: Sequence[str], vectors: np.ndarray,
+             on_recovered: OnRecovered | None = None) -> HnswIndex | None:
         """The index saved at ``path`` if it holds exactly ``ids`` with ``vectors``, else None.
 
-        None means missing, unreadable, torn or stale (saved from other contents):
-        the caller then builds from its rows. Parameters come from the sidecar.
+        None means missing, stale (saved from other contents) or damaged: the caller then
+        builds from its rows. A damaged pair (a sidecar that is not one, a graph whose sha256
+        is not the sidecar's, bytes faiss cannot read) is set aside (see :mod:`kvmem.recovery`).
+        Parameters come from the sidecar.
 
         Args:
             path: what :meth:`save` was given.
             ids: the ids the caller holds now (unique).
             vectors: float32 ``[len(ids), dim]``.
+            on_recovered: told ``"hnsw"`` when a damaged pair was set aside.
         """
         path = Path(path)
-        vectors = np.asarray(vectors, dtype=np.float32)
+        try:
+            return cls._load(path, ids, np.asarray(vectors, dtype=np.float32))
+        except Damaged as exc:
+            # NOTE: a crash between save's two renames also leaves a graph its sidecar does not name
+            set_aside(path, "hnsw", str(exc), on_recovered, companions=(".json",))
+            return None
+
+    @classmethod
+    def _load(cls, path: Path, ids: Sequence[str], vectors: np.ndarray) -> HnswIndex | None:
+        """:meth:`load`, raising :class:`~kvmem.recovery.Damaged` for a damaged pair."""
         meta = _Sidecar.read(_sidecar(path))
         if meta is None or vectors.shape != (len(ids), meta.dim):
             return None
@@ -257,16 +271,16 @@ class HnswIndex:
         except OSError:  # NOTE: a missing or unreadable graph is a miss, like a stale one
             return None
         if hashlib.sha256(graph_bytes).hexdigest() != meta.graph_sha256:
-            return None
+            raise Damaged("the graph's sha256 is not the one its sidecar names")
         try:
             # NOTE: not faiss.downcast_index: its wrapper does not own the index, which the
             # owning temporary would free; deserialize_index already returns the concrete class
             graph = faiss.deserialize_index(np.frombuffer(graph_bytes, dtype=np.uint8))
-        except RuntimeError:  # NOTE: bytes that match a crafted sidecar but no faiss format: a miss
-            return None
+        except RuntimeError as exc:  # NOTE: bytes that match a crafted sidecar but no faiss format
+            raise Damaged(f"faiss cannot read the graph: {exc}") from None
         if (not isinstance(graph, faiss.IndexHNSWFlat) or graph.d != meta.dim
                 or graph.metric_type != faiss.METRIC_INNER_PRODUCT or graph.ntotal != len(owners)):
-            return None
+            raise Damaged("the graph is not the inner-product HNSW graph its sidecar describes")
         index = cls(meta.dim, meta.m, meta.ef_construction, meta.ef_search, meta.rebuild_at)
         index._live.add(ids, vectors)
         index._graph, index._owner = graph, owners
@@ -308,13 +322,24 @@ class _Sidecar:
 
     @classmethod
     def read(cls, path: Path) -> _Sidecar | None:
-        """The sidecar at ``path`` if it is a well-formed one of this format, else None."""
+        """The sidecar at ``path`` if it is a well-formed one of this format; None: missing, unreadable, or
+        of another format version.
+
+        Raises:
+            Damaged: not JSON, or not the fields of a sidecar.
+        """
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):  # NOTE: missing, unreadable or not JSON: stale, the caller rebuilds
+            raw = json.loads(path.read_bytes())
+        except OSError:  # NOTE: missing or unreadable: nothing saved, the caller builds
             return None
-        if not isinstance(raw, dict) or raw.pop("format", None) != _FORMAT or set(raw) != set(cls.__dataclass_fields__):
-            return None
+        except ValueError as exc:  # NOTE: also bytes that are not UTF-8
+            raise Damaged(f"the sidecar is not JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise Damaged("the sidecar is not a JSON object")
+        if raw.pop("format", None) != _FORMAT:
+            return None  # NOTE: written by another version of this class: stale
+        if set(raw) != set(cls.__dataclass_fields__):
+            raise Damaged("the sidecar does not hold a sidecar's fields")
         meta = cls(**raw)
         ints_ok = all(isinstance(v, int) and v >= 1 for v in (meta.dim, meta.m, meta.ef_construction, meta.ef_search))
         fraction_ok = meta.rebuild_at is None or (isinstance(meta.rebuild_at, float) and 0.0 < meta.rebuild_at < 1.0)
@@ -322,5 +347,5 @@ class _Sidecar:
                 or not isinstance(meta.graph_sha256, str) or not isinstance(meta.digest, str)
                 or not isinstance(meta.labels, list)
                 or not all(o is None or isinstance(o, str) for o in meta.labels)):
-            return None
+            raise Damaged("the sidecar holds values no save writes")
         return meta

@@ -45,6 +45,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 
 from kvmem.catalog import create_tables, dialect_insert
+from kvmem.recovery import OnRecovered
 from kvmem.semantic.auto import AutoIndex
 from kvmem.semantic.embedder import (
     CachedEmbedder,
@@ -88,11 +89,13 @@ class SemanticIndex:
         directory: where HNSW graphs are saved (one file pair per namespace); None: never saved,
             rebuilt on every open.
         hnsw_from: vectors in one namespace above which its search goes through an HNSW graph.
+        on_recovered: told ``"hnsw"`` when a damaged saved graph is set aside (and rebuilt from the rows).
     """
 
     def __init__(self, engine: Engine, embedder: Embedder | None = None, verifier: Verifier | None = None,
                  live: Callable[[Sequence[str]], list[bool]] | None = None,
-                 directory: str | Path | None = None, hnsw_from: int = 20_000) -> None:
+                 directory: str | Path | None = None, hnsw_from: int = 20_000,
+                 on_recovered: OnRecovered | None = None) -> None:
         inner = embedder if embedder is not None else SentenceTransformerEmbedder()
         self.embedder = inner if isinstance(inner, CachedEmbedder) else CachedEmbedder(inner)
         self.verifier: Verifier = verifier if verifier is not None else RuleVerifier()
@@ -100,6 +103,7 @@ class SemanticIndex:
         self._lock = threading.RLock()
         self._directory = Path(directory) if directory is not None else None
         self._hnsw_from = hnsw_from
+        self._on_recovered = on_recovered
         self._indexes: dict[str, AutoIndex] = {}
         self._saved: dict[str, int] = {}  # namespace -> index version last saved (or loaded)
         self._entries: dict[str, tuple[str, str]] = {}  # storage key -> (namespace, text)
@@ -134,7 +138,7 @@ class SemanticIndex:
                 index = self._partition(namespace)
                 index.add(ids, matrix)
             else:
-                index = AutoIndex.load(path, ids, matrix, hnsw_from=self._hnsw_from)
+                index = AutoIndex.load(path, ids, matrix, hnsw_from=self._hnsw_from, on_recovered=self._on_recovered)
                 self._indexes[namespace] = index
             self._saved[namespace] = index.version
 

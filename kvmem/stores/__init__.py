@@ -16,6 +16,7 @@ import torch
 
 from kvmem.config import Config
 from kvmem.errors import ConfigError
+from kvmem.recovery import OnRecovered
 from kvmem.stores.base import StorageTier, TierBase
 from kvmem.stores.cpu import CpuTier
 from kvmem.stores.disk import DiskTier
@@ -64,20 +65,24 @@ def _cpu(config: Config) -> StorageTier | None:
     return CpuTier(config.cpu_bytes, verify=config.cpu_verify) if config.cpu_bytes else None
 
 
-def _disk(config: Config) -> StorageTier | None:
-    return DiskTier(Path(config.path) / "disk", config.disk_bytes, config.fsync) if config.disk_bytes else None
+def _disk(config: Config, on_recovered: OnRecovered | None = None) -> StorageTier | None:
+    if not config.disk_bytes:
+        return None
+    return DiskTier(Path(config.path) / "disk", config.disk_bytes, config.fsync, on_recovered)
 
 
-_LOCAL: tuple[Callable[[Config], StorageTier | None], ...] = (_gpu, _cpu, _disk)
-
-
-def build_tiers(config: Config) -> list[StorageTier]:
+def build_tiers(config: Config, on_recovered: OnRecovered | None = None) -> list[StorageTier]:
     """The tiers ``config`` asks for, fastest first.
+
+    Args:
+        config: capacities, paths and ``remote_url``.
+        on_recovered: told the label of each damaged metadata file a tier set aside and rebuilt
+            (``"areas"``: the disk tier's ``areas.json``; see :mod:`kvmem.recovery`).
 
     Raises:
         ConfigError: ``remote_url`` has a scheme no tier is registered for.
     """
-    tiers = [t for t in (make(config) for make in _LOCAL) if t is not None]
+    tiers = [t for t in (_gpu(config), _cpu(config), _disk(config, on_recovered)) if t is not None]
     if config.remote_url:
         scheme = urlsplit(config.remote_url).scheme
         if scheme not in _REMOTES:

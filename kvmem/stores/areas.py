@@ -3,25 +3,34 @@
 An *area* is a directory of blob files under the disk tier's root (``blobs``,
 ``blobs.f2``...), all written in one blob format. ``areas.json`` in the root
 records the active area and its format and, while ``kvmem migrate`` runs, the
-target area and format. Every process sharing the root reads it; it is replaced
-atomically (temporary file, fsync, rename, directory fsync), so a crash leaves
-the old state or the new one.
+target area and format, with a sha256 of them. Every process sharing the root
+reads it; it is replaced atomically (temporary file, fsync, rename, directory
+fsync), so a crash leaves the old state or the new one. A file that fails its
+checksum is set aside and rebuilt from the directories (see :mod:`kvmem.recovery`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kvmem import blob as blobfmt
-from kvmem.errors import ConfigError
+import numpy as np
 
-__all__ = ["AreaState", "read_state", "write_state", "STATE_FILE"]
+from kvmem import blob as blobfmt
+from kvmem.errors import ConfigError, IntegrityError
+from kvmem.recovery import Damaged, OnRecovered, set_aside
+
+__all__ = ["AreaState", "read_state", "state_from_directories", "write_state", "STATE_FILE"]
 
 STATE_FILE = "areas.json"
 _FIRST_AREA = "blobs"
+_AREA_NAME = re.compile(r"blobs(\.f[0-9]+)?")
+_SUFFIX = ".kvb"
+_CHECKSUM = "sha256"  # NOTE: of the other fields, as sorted JSON: a flipped byte is found, not trusted
 
 
 @dataclass(frozen=True)
@@ -65,42 +74,135 @@ class AreaState:
         return AreaState(self.target, self.target_format)
 
 
-def read_state(root: Path) -> AreaState:
-    """The areas of the disk tier at ``root``; recorded on first use.
+_FIELDS = ("active", "format", "target", "target_format")
 
-    NOTE: a root without ``areas.json`` but with blob files was written by a kvmem
-    that knew one format only: format 1. A new root starts in the newest format.
+
+def read_state(root: Path, on_recovered: OnRecovered | None = None) -> AreaState:
+    """The areas of the disk tier at ``root``; recorded on first use, rebuilt when damaged.
+
+    NOTE: a root without ``areas.json`` (or whose ``areas.json`` fails its checksum and is
+    set aside, see :mod:`kvmem.recovery`) is described from its directories
+    (:func:`state_from_directories`).
+
+    Args:
+        root: the disk tier's root.
+        on_recovered: told ``"areas"`` when a damaged ``areas.json`` was set aside.
 
     Raises:
-        ConfigError: ``areas.json`` is not a state this kvmem can read.
+        ConfigError: ``areas.json`` is intact but names a blob format this kvmem cannot read (a newer kvmem's).
     """
     path = root / STATE_FILE
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        state = AreaState(**data)
+        return _load(path)
     except FileNotFoundError:
-        legacy = any((root / _FIRST_AREA).glob("*/*.kvb"))
-        state = AreaState(_FIRST_AREA, 1 if legacy else blobfmt.FORMAT_VERSION)
-        write_state(root, state)
-        return state
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{path}: not a kvmem area state ({exc}); expected JSON with active, format, "
-                          "target, target_format") from None
-    for name in filter(None, (state.active, state.target)):
-        if "/" in name or name.startswith(".") or not name.startswith(_FIRST_AREA):
-            raise ConfigError(f"{path}: area name {name!r} is not one kvmem writes (blobs, blobs.fN)")
-    for fmt in filter(lambda f: f is not None, (state.format, state.target_format)):
+        pass
+    except Damaged as exc:
+        set_aside(path, "areas", str(exc), on_recovered, still_damaged=_damage)
+        try:
+            return _load(path)  # NOTE: rebuilt by another process meanwhile
+        except (FileNotFoundError, Damaged):
+            pass
+    state = state_from_directories(root)
+    write_state(root, state)
+    return state
+
+
+def _load(path: Path) -> AreaState:
+    """The state in ``path``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        Damaged: not JSON, another shape, a checksum that does not match, an area kvmem never names.
+        ConfigError: intact, but in a blob format this kvmem does not read.
+    """
+    try:
+        data = json.loads(path.read_bytes())
+        fields = {name: data[name] for name in _FIELDS}
+        state = AreaState(**fields)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise Damaged(f"not an area state: {exc}") from None
+    checksum = data.get(_CHECKSUM)  # NOTE: absent in files written before it was added
+    if checksum is not None and checksum != _checksum(fields):
+        raise Damaged(f"{_CHECKSUM} {str(checksum)[:16]!r} does not match its content")
+    if (state.target is None) != (state.target_format is None):
+        raise Damaged(f"target {state.target!r} with target_format {state.target_format!r}")
+    for name in (state.active, state.target) if state.target is not None else (state.active,):
+        if not isinstance(name, str) or not _AREA_NAME.fullmatch(name):
+            raise Damaged(f"area name {name!r} is not one kvmem writes (blobs, blobs.fN)")
+    for fmt in (state.format, state.target_format) if state.target is not None else (state.format,):
         if fmt not in blobfmt.FORMATS:
+            if checksum is None:
+                raise Damaged(f"blob format {fmt!r}")
             raise ConfigError(f"{path}: blob format {fmt!r}; this kvmem reads {blobfmt.FORMATS}")
     return state
+
+
+def _damage(path: Path) -> str | None:
+    """Why ``path`` is damaged, or ``None`` (intact, or gone)."""
+    try:
+        _load(path)
+    except Damaged as exc:
+        return str(exc)
+    except (FileNotFoundError, ConfigError):
+        return None
+    return None
+
+
+def state_from_directories(root: Path) -> AreaState:
+    """The areas ``root``'s directories show: those holding entries, each in the format its blobs are in.
+
+    NOTE: one area: the active one. Two or more: a migration was under way; the one written
+    last is taken as its target (both are read, newest first, so every entry stays served),
+    and the one written before it as the active area. None: a fresh ``blobs`` in the newest format.
+    """
+    found = sorted((newest, name) for name, newest in _areas(root).items())
+    if not found:
+        return AreaState(_FIRST_AREA, blobfmt.FORMAT_VERSION)
+    active = found[-2][1] if len(found) > 1 else found[-1][1]
+    target = found[-1][1] if len(found) > 1 else None
+    return AreaState(active, _area_format(root / active),
+                     target, _area_format(root / target) if target is not None else None)
+
+
+def _areas(root: Path) -> dict[str, int]:
+    """Area name -> mtime (ns) of its newest entry file, for the areas under ``root`` holding one."""
+    areas: dict[str, int] = {}
+    for area in root.iterdir() if root.is_dir() else []:
+        if _AREA_NAME.fullmatch(area.name) and area.is_dir():
+            times = [f.stat().st_mtime_ns for f in area.glob(f"*/*{_SUFFIX}")]
+            if times:
+                areas[area.name] = max(times)
+    return areas
+
+
+def _area_format(area: Path) -> int:
+    """The blob format of ``area``: named in it (``blobs.f2``), else read off one of its blobs' prefix.
+
+    NOTE: a ``blobs`` area none of whose blobs has a readable prefix was written by a kvmem that
+    knew one format only (before ``areas.json``): format 1.
+    """
+    if area.name != _FIRST_AREA:
+        return int(area.name.removeprefix(f"{_FIRST_AREA}.f"))
+    for blob in area.glob(f"*/*{_SUFFIX}"):
+        try:
+            with open(blob, "rb") as f:
+                return blobfmt.format_of(np.frombuffer(f.read(blobfmt.HEAD_PROBE), dtype=np.uint8))[0]
+        except (OSError, IntegrityError):  # NOTE: a damaged blob says nothing; the next one may
+            continue
+    return 1
+
+
+def _checksum(fields: dict[str, object]) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
 def write_state(root: Path, state: AreaState) -> None:
     """Replace ``root``'s area state atomically and durably."""
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f"{STATE_FILE}.{os.getpid()}.tmp"
+    fields = asdict(state)
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(asdict(state), f)
+        json.dump({**fields, _CHECKSUM: _checksum(fields)}, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, root / STATE_FILE)

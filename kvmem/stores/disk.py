@@ -38,6 +38,7 @@ from kvmem import blob as blobfmt
 from kvmem.blob import EncodedBlob, empty_buffer
 from kvmem.errors import IntegrityError
 from kvmem.keys import is_storage_key
+from kvmem.recovery import OnRecovered
 from kvmem.stores import files
 from kvmem.stores.areas import STATE_FILE, AreaState, read_state, write_state
 from kvmem.stores.base import TierBase
@@ -61,11 +62,13 @@ class DiskTier(TierBase):
         capacity: bytes this tier may hold.
         fsync: ``always`` (file and directory before a put returns), ``batch``
             (every 64 writes or 1 s, and on flush/close) or ``never``.
+        on_recovered: told ``"areas"`` when a damaged ``areas.json`` is set aside and rebuilt.
     """
 
     persistent = True
 
-    def __init__(self, root: str | os.PathLike[str], capacity: int, fsync: str = "batch") -> None:
+    def __init__(self, root: str | os.PathLike[str], capacity: int, fsync: str = "batch",
+                 on_recovered: OnRecovered | None = None) -> None:
         self.name = "disk"
         self.capacity = capacity
         self.fsync = fsync
@@ -73,8 +76,9 @@ class DiskTier(TierBase):
         self._quarantine = self.root / "quarantine"
         self._quarantine.mkdir(parents=True, exist_ok=True)
         self._state_file = os.fspath(self.root / STATE_FILE)
+        self._on_recovered = on_recovered
         stamp = self._state_stamp()
-        self._use_state(read_state(self.root), stamp)
+        self._use_state(read_state(self.root, on_recovered), stamp)
         self._lock = threading.Lock()
         # NOTE: key -> size; order is the LRU order (first = least recently used).
         self._index: OrderedDict[str, int] = OrderedDict()
@@ -117,7 +121,7 @@ class DiskTier(TierBase):
         self._checked = time.monotonic()
         if stamp == self._stamp:
             return False
-        self._use_state(read_state(self.root), stamp)
+        self._use_state(read_state(self.root, self._on_recovered), stamp)
         return True
 
     def _state_stamp(self) -> tuple[int, int]:
