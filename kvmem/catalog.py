@@ -44,12 +44,13 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 
 from kvmem.errors import ConfigError, TierUnavailable
 from kvmem.journal import Journal
 from kvmem.recovery import OnRecovered, recover_sqlite
+from kvmem.redaction import redact
 
 __all__ = ["Catalog", "EntryRow", "create_tables", "dialect_insert", "unreachable"]
 
@@ -196,6 +197,25 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
+def _parse_url(url: str) -> URL:
+    """``url`` parsed by SQLAlchemy.
+
+    Raises:
+        ConfigError: ``url`` is not a SQLAlchemy URL, or its password holds an ``@`` that was not
+            percent-encoded (SQLAlchemy would take the rest for the host and send it, password and all,
+            to the driver, whose error would quote it).
+    """
+    try:
+        parsed: URL | None = make_url(url)
+    except (ArgumentError, ValueError):  # NOTE: a port that is not a number; its message may quote a password
+        parsed = None
+    if parsed is None or "@" in (parsed.host or ""):
+        raise ConfigError(f"catalog_url={redact(url)!r}: cannot be parsed; expected a SQLAlchemy URL such as "
+                          "'sqlite:///path/catalog.sqlite3' or 'postgresql+psycopg://user@host/db' "
+                          "(percent-encode an @ in the password)") from None
+    return parsed
+
+
 class Catalog:
     """Entry rows in the database at ``url``.
 
@@ -218,14 +238,10 @@ class Catalog:
     def __init__(self, url: str, *, flush_seconds: float | None = None,
                  on_error: Callable[[SQLAlchemyError], None] | None = None, journal: Path | None = None,
                  on_recovered: OnRecovered | None = None) -> None:
-        try:
-            parsed = make_url(url)
-        except ArgumentError:
-            raise ConfigError(f"catalog_url={url!r}: expected a SQLAlchemy URL such as "
-                              "'sqlite:///path/catalog.sqlite3' or 'postgresql+psycopg://host/db'") from None
+        parsed, shown = _parse_url(url), redact(url)
         if parsed.get_backend_name() not in _INSERTS:
-            raise ConfigError(f"catalog_url={parsed.render_as_string(hide_password=True)!r}: backend "
-                              f"{parsed.get_backend_name()!r} is not supported; accepted {', '.join(_INSERTS)}")
+            raise ConfigError(f"catalog_url={shown!r}: backend {parsed.get_backend_name()!r} is not supported; "
+                              f"accepted {', '.join(_INSERTS)}")
         if parsed.get_backend_name() == "sqlite" and parsed.database:
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
             recover_sqlite(Path(parsed.database), on_recovered)
@@ -236,7 +252,7 @@ class Catalog:
         try:
             self.engine: Engine = create_engine(url, pool_pre_ping=True, connect_args=connect_args)
         except (ArgumentError, ImportError) as exc:
-            raise ConfigError(f"catalog_url={parsed.render_as_string(hide_password=True)!r}: {exc} "
+            raise ConfigError(f"catalog_url={shown!r}: {exc} "
                               "(PostgreSQL needs kvmem[postgres]: psycopg)") from None
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
@@ -256,7 +272,7 @@ class Catalog:
             create_tables(metadata_obj, self.engine)
         except SQLAlchemyError as exc:
             self.engine.dispose()
-            raise TierUnavailable(f"catalog {parsed.render_as_string(hide_password=True)} cannot be "
+            raise TierUnavailable(f"catalog {shown} cannot be "
                                   f"reached: {exc.__class__.__name__}: {exc.orig if hasattr(exc, 'orig') else exc}"
                                   ) from None
         self._journal = Journal(journal, on_recovered) if journal is not None else None

@@ -24,7 +24,6 @@ from pathlib import Path
 from types import FrameType
 
 from prometheus_client import start_http_server
-from sqlalchemy.engine import make_url
 
 from kvmem import blob as blobfmt
 from kvmem.api import EntryInfo, Memory
@@ -34,6 +33,7 @@ from kvmem.config import Config, describe, format_size, load_config
 from kvmem.doctor import check, render_findings
 from kvmem.doctor_snapshot import take_snapshot
 from kvmem.errors import ConfigError, KVMemError
+from kvmem.redaction import redact
 
 __all__ = ["build_parser", "main"]
 
@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"blob format to write ({', '.join(map(str, blobfmt.FORMATS))})")
     add("doctor", cmd_doctor, "check a data directory's config, catalog, tiers and quarantine against the "
                               "tuning table; print findings, their numbers and the setting to change", json_flag=True)
-    add("config", cmd_config, "the effective configuration and where each value came from", json_flag=True)
+    add("config", cmd_config, "the effective configuration and where each value came from (passwords as ***)",
+        json_flag=True)
     serve = add("serve-metrics", cmd_serve_metrics, "serve Prometheus /metrics of the data directory")
     serve.add_argument("--port", type=_non_negative_int, required=True, help="TCP port (0: any free port)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
@@ -208,7 +209,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     """``kvmem stats``: catalog totals and per-tier occupancy."""
     with _open_existing(args) as memory:
         st = memory.stats()
-        path, catalog = memory.config.path, make_url(memory.catalog.url).render_as_string(hide_password=True)
+        path, catalog = memory.config.path, redact(memory.catalog.url)
     if args.json:
         _print_json({"path": path, "entries": st.entries, "size": st.size, "stored_size": st.stored_size,
                      "recorded_hits": st.recorded_hits, "tiers": [dataclasses.asdict(t) for t in st.tiers]})

@@ -16,6 +16,7 @@ import platformdirs
 import yaml
 
 from kvmem.errors import ConfigError
+from kvmem.redaction import HIDDEN, redact
 
 __all__ = ["Config", "load_config", "parse_size", "format_size"]
 
@@ -73,6 +74,7 @@ class Config:
 
     ``sources`` records where each field's value came from (``default``, the YAML
     path, ``env KVMEM_X`` or ``argument``); ``kvmem config`` prints it.
+    ``repr`` and ``kvmem config`` show values through :meth:`shown`: no password.
     """
 
     path: str = field(default_factory=_default_path)
@@ -89,7 +91,7 @@ class Config:
     write_back_queue: int = 64
     catalog_url: str | None = None
     remote_url: str | None = None
-    remote_password: str | None = field(default=None, repr=False)
+    remote_password: str | None = None
     tenant_salt: str = ""
     strict: bool = False
     tier_retry_seconds: float = 5.0
@@ -105,20 +107,34 @@ class Config:
         """The catalog URL: ``catalog_url`` or a SQLite file under ``path``."""
         return self.catalog_url or f"sqlite:///{Path(self.path) / 'catalog.sqlite3'}"
 
+    def shown(self, name: str) -> object:
+        """The value of setting ``name`` as kvmem shows it: ``***`` for a set secret, a URL through
+        :func:`kvmem.redaction.redact`, anything else as it is."""
+        value = getattr(self, name)
+        if name in _SECRET_FIELDS and value:
+            return HIDDEN
+        return redact(value) if name in _URL_FIELDS and isinstance(value, str) else value
+
+    def __repr__(self) -> str:
+        """``Config(path=..., ...)`` with every value as :meth:`shown` shows it."""
+        settings = ", ".join(f"{f.name}={self.shown(f.name)!r}" for f in fields(self) if f.name != "sources")
+        return f"Config({settings})"
+
     def replace(self, **changes: object) -> Config:
         """A copy with ``changes`` applied (validated, sources marked ``argument``)."""
         return load_config(base=self, **changes)
 
 
 _SIZE_FIELDS = ("gpu_bytes", "cpu_bytes", "disk_bytes")
-_SECRET_FIELDS = ("remote_password",)  # NOTE: never printed by `kvmem config`
+_URL_FIELDS = ("catalog_url", "remote_url")  # NOTE: shown redacted: a URL may hold a password
+_SECRET_FIELDS = ("remote_password",)  # NOTE: shown as *** when set
 
 
 def _validate(c: Config) -> None:
     from kvmem.codecs import parse_codec  # late import: codecs import config-free modules only
 
     def bad(name: str, accepted: str) -> ConfigError:
-        return ConfigError(f"{name}={getattr(c, name)!r}: accepted {accepted}")
+        return ConfigError(f"{name}={c.shown(name)!r}: accepted {accepted}")
 
     def number(value: object, kinds: tuple[type, ...] = (int,)) -> bool:
         return isinstance(value, kinds) and not isinstance(value, bool)
@@ -258,8 +274,7 @@ def _read_yaml(path: Path, types: Mapping[str, str]) -> dict[str, object]:
 
 
 def describe(config: Config) -> list[tuple[str, object, str]]:
-    """``(field, value, source)`` rows for ``kvmem config``."""
-    return [(f.name, "***" if f.name in _SECRET_FIELDS and getattr(config, f.name) else getattr(config, f.name),
-             config.sources.get(f.name, "default"))
+    """``(field, value, source)`` rows for ``kvmem config``, values as :meth:`Config.shown` shows them."""
+    return [(f.name, config.shown(f.name), config.sources.get(f.name, "default"))
             for f in fields(config) if f.name != "sources"]
 

@@ -25,6 +25,7 @@ import kvmem
 from kvmem.cli import main
 from kvmem.cli_demo import LLAMA_3_2_1B, cpu_bytes_for, run_demo
 from kvmem.metrics import Metrics
+from tests.servers import scratch_database
 
 REPO = Path(__file__).resolve().parents[1]
 DASHBOARD = REPO / "examples" / "grafana" / "kvmem-dashboard.json"
@@ -226,6 +227,40 @@ def test_config_shows_each_value_and_its_source(tmp_path: Path, monkeypatch: pyt
     assert rows["block_size"] == {"value": 128, "source": "env KVMEM_BLOCK_SIZE"}
     assert rows["fsync"] == {"value": "always", "source": str(settings)}
     assert not (tmp_path / "x").exists()  # printing the config creates nothing
+
+
+def test_config_never_prints_a_password(tmp_path: Path) -> None:
+    """The issue's own reproduction, run for real: passwords in the URLs and in ``remote_password``."""
+    env = {**os.environ, "KVMEM_REMOTE_URL": "redis://kvmem:PW-url@127.0.0.1:6399/0?password=PW-query",
+           "KVMEM_CATALOG_URL": "postgresql+psycopg://kvmem:PW-pg@127.0.0.1:5432/kvmem",
+           "KVMEM_REMOTE_PASSWORD": "PW-field"}
+    argv = [sys.executable, "-m", "kvmem", "config", "--path", str(tmp_path)]
+    text, as_json = (subprocess.run(argv + extra, env=env, capture_output=True, text=True, timeout=120)
+                     for extra in ([], ["--json"]))
+    for proc in (text, as_json):
+        assert proc.returncode == 0, proc.stderr
+        assert "PW-" not in proc.stdout + proc.stderr, proc.stdout
+    assert re.search(r"^remote_url\s+redis://kvmem:\*\*\*@127\.0\.0\.1:6399/0\?password=\*\*\*\s+env KVMEM_REMOTE_URL$",
+                     text.stdout, re.M), text.stdout
+    rows = json.loads(as_json.stdout)
+    assert rows["catalog_url"]["value"] == "postgresql+psycopg://kvmem:***@127.0.0.1:5432/kvmem"
+    assert rows["remote_password"] == {"value": "***", "source": "env KVMEM_REMOTE_PASSWORD"}
+
+
+def test_stats_shows_a_postgresql_catalog_without_its_password(tmp_path: Path, postgres_url: str,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The server trusts loopback, so it takes the passwords and ignores them: the URL is real, not a stand-in."""
+    with scratch_database(postgres_url) as url:
+        url = url.replace("://postgres@", "://postgres:PW-user@") + "?password=PW-query"
+        monkeypatch.setenv("KVMEM_CATALOG_URL", url)
+        assert main(["stats", "--path", str(tmp_path / "data")]) == 0
+        out = capsys.readouterr().out
+        assert main(["doctor", "--path", str(tmp_path / "data")]) in (0, 1)
+        out += capsys.readouterr().out
+    assert re.search(r"^catalog\s+postgresql\+psycopg://postgres:\*\*\*@127\.0\.0\.1:\d+/\w+\?password=\*\*\*$",
+                     out, re.M), out
+    assert "PW-" not in out
 
 
 # -- errors ------------------------------------------------------------------------------------------

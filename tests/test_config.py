@@ -139,6 +139,21 @@ def test_the_remote_password_is_never_shown() -> None:
     assert "s3cret-pw" not in repr(c) and "s3cret-pw" not in str(describe(c))
 
 
+def test_repr_describe_and_errors_show_no_password_in_urls_or_fields() -> None:
+    c = load_config(environ={"KVMEM_REMOTE_PASSWORD": "PW-field"},
+                    remote_url="redis://kvmem:PW-url@127.0.0.1:6399/0?password=PW-query",
+                    catalog_url="postgresql+psycopg://kvmem:PW-pg@db:5432/kvmem")
+    rows = {name: value for name, value, _ in describe(c)}
+    assert rows["remote_url"] == "redis://kvmem:***@127.0.0.1:6399/0?password=***"
+    assert rows["catalog_url"] == "postgresql+psycopg://kvmem:***@db:5432/kvmem"
+    assert rows["remote_password"] == "***" and "remote_password='***'" in repr(c)
+    with pytest.raises(ConfigError) as refused:
+        c.replace(block_size=0)  # any refusal of a config holding secrets
+    for text in (repr(c), str(c), str(describe(c)), str(refused.value)):
+        assert "PW-" not in text, text
+    assert c.remote_url.endswith("PW-query") and c.remote_password == "PW-field"  # the tiers still get them
+
+
 def test_memory_takes_config_file_and_settings(tmp_path: Path) -> None:
     path = write_yaml(tmp_path / "k.yaml", f"path: {tmp_path / 'data'}\ncpu_bytes: 1MiB\ndisk_bytes: 2MiB\n")
     with kvmem.Memory(config_file=str(path), fsync="never") as mem:
@@ -217,3 +232,19 @@ def test_bad_catalog_url_is_refused(tmp_path: Path) -> None:
 def test_unknown_remote_scheme_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="remote_url"):
         kvmem.Memory(str(tmp_path), remote_url="ftp://example/kv")
+
+
+@pytest.mark.parametrize("setting, url, needle", [
+    ("remote_url", "memcached://kvmem:PW-1@127.0.0.1:11211/0", "scheme 'memcached' is not supported"),
+    ("remote_url", "redis://kvmem:PW-1@127.0.0.1:1/0?ttl=soon", "ttl"),
+    ("catalog_url", "mysql://kvmem:PW-1@127.0.0.1/kvmem", "backend 'mysql' is not supported"),
+    ("catalog_url", "postgresql+psycopg://kvmem:PW-1@127.0.0.1:port/kvmem", "cannot be parsed"),
+    ("catalog_url", "postgresql+psycopg://kvmem:PW-1@PW-2@127.0.0.1:1/kvmem", "percent-encode an @"),
+    ("catalog_url", "postgresql+psycopg://kvmem:PW-1@PW-2:PW-3@127.0.0.1/kvmem", "cannot be parsed"),
+    ("catalog_url", "not a url, kvmem:PW-1@127.0.0.1", "cannot be parsed"),
+])
+def test_refused_urls_do_not_show_their_password(tmp_path: Path, setting: str, url: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle) as refused:
+        kvmem.Memory(str(tmp_path), **{setting: url}, remote_password="PW-field")
+    assert f"{setting}=" in str(refused.value) and "kvmem:***@" in str(refused.value)
+    assert "PW-" not in str(refused.value), refused.value

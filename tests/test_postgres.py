@@ -133,9 +133,12 @@ def test_agent_session_compare_and_swap_race(tmp_path: Path, pg: str) -> None:
         assert sweep(mem.catalog.engine) == 0  # every committed step is reachable
 
 
-def test_unreachable_at_start_is_a_clear_error_without_the_password(tmp_path: Path) -> None:
+@pytest.mark.parametrize("credentials, options", [("kvmem:s3cret@", ""), ("kvmem@", "?password=s3cret"),
+                                                  ("kvmem:s3cret@", "?sslmode=disable&sslpassword=s3cret")])
+def test_unreachable_at_start_is_a_clear_error_without_the_password(tmp_path: Path, credentials: str,
+                                                                    options: str) -> None:
     port = free_port()
-    url = f"postgresql+psycopg://kvmem:s3cret@127.0.0.1:{port}/kvmem"
+    url = f"postgresql+psycopg://{credentials}127.0.0.1:{port}/kvmem{options}"
     started = time.monotonic()
     with pytest.raises(TierUnavailable, match=f"127.0.0.1:{port}") as caught:
         Memory(str(tmp_path), catalog_url=url, **SMALL)

@@ -100,7 +100,8 @@ class PrefixCache:
         memory: where chunks live (the module default when ``None``).
         block_size: tokens per chunk (default ``memory.config.block_size``).
         compression: codec for the chunks (default ``memory.config.compression``;
-            ``fp16`` leaves 16-bit models' KV exact and halves fp32 KV).
+            ``fp16`` leaves 16-bit models' KV exact and halves fp32 KV, whose logits then differ slightly:
+            ``none`` reproduces them exactly).
         namespace: an extra scope (e.g. a tenant); the model identity is always folded in.
         layerwise: stream the prefix in layer by layer behind the forward pass (default);
             ``False`` loads all of it before the forward pass starts.
@@ -181,7 +182,8 @@ class PrefixCache:
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor | list[int], *, scope: str = "", **generate_kwargs: Any) -> Any:
-        """``model.generate`` with the stored prefix (in ``scope``) loaded; same tokens, less prefill.
+        """``model.generate`` with the stored prefix (in ``scope``) loaded; less prefill, and the same tokens
+        when the chunks are lossless (``compression="none"``, or ``fp16``/``bf16`` of a 16-bit model's KV).
 
         The chunks of the prompt *and* of the generated text are stored afterwards,
         so a follow-up turn that extends this conversation reuses all of it.

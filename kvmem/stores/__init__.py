@@ -17,6 +17,7 @@ import torch
 from kvmem.config import Config
 from kvmem.errors import ConfigError
 from kvmem.recovery import OnRecovered
+from kvmem.redaction import redact
 from kvmem.stores.base import StorageTier, TierBase
 from kvmem.stores.cpu import CpuTier
 from kvmem.stores.disk import DiskTier
@@ -41,7 +42,7 @@ def _redis(url: str, config: Config) -> StorageTier:
     try:
         from kvmem.stores.redis import RedisTier  # NOTE: late import: redis-py is the optional extra kvmem[redis]
     except ImportError as exc:
-        raise ConfigError(f"remote_url={url.split('@')[-1]!r} needs redis-py: pip install 'kvmem[redis]'") from exc
+        raise ConfigError(f"remote_url={redact(url)!r} needs redis-py: pip install 'kvmem[redis]'") from exc
     return RedisTier.from_url(url, config)
 
 
@@ -87,7 +88,7 @@ def build_tiers(config: Config, on_recovered: OnRecovered | None = None) -> list
         scheme = urlsplit(config.remote_url).scheme
         if scheme not in _REMOTES:
             known = ", ".join(f"{s}://" for s in sorted(_REMOTES)) or "none (install kvmem[redis])"
-            raise ConfigError(f"remote_url={config.remote_url!r}: scheme {scheme!r} is not supported; "
+            raise ConfigError(f"remote_url={redact(config.remote_url)!r}: scheme {scheme!r} is not supported; "
                               f"accepted {known}")
         tiers.append(_REMOTES[scheme](config.remote_url, config))
     return tiers

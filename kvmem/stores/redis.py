@@ -37,7 +37,7 @@ Redis's ``default`` user), the password from the URL or from
 ``config.remote_password`` (kept out of the URL and of ``kvmem config``); a
 password in the URL wins. A password with ``@ : / ? #`` must be percent-encoded
 in the URL (``remote_password`` needs no quoting). No message or log line ever
-shows a password: URLs are shown through :func:`redact`. TLS (``rediss://``)
+shows a password: URLs are shown through :func:`kvmem.redaction.redact`. TLS (``rediss://``)
 takes redis-py's ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``,
 ``ssl_cert_reqs``... query options as they are.
 
@@ -76,10 +76,11 @@ from kvmem.blob import EncodedBlob, empty_buffer
 from kvmem.config import Config, parse_size
 from kvmem.errors import CapacityError, ConfigError, TierUnavailable
 from kvmem.keys import is_storage_key
+from kvmem.redaction import redact, url_password
 from kvmem.stores.base import TierBase
 from kvmem.stores.resp import Gathered, GatherPacker
 
-__all__ = ["RedisTier", "redact"]
+__all__ = ["RedisTier"]
 
 log = logging.getLogger(__name__)
 
@@ -102,25 +103,6 @@ _ACCEPTED = ("redis://[[user]:password@]host[:port][/db][?prefix=...&ttl=SECONDS
              "or redis+cluster://[[user]:password@]host:port,host:port,...[?...] (rediss: TLS)")
 
 Client = redis.Redis | RedisCluster
-
-
-def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for messages and logs).
-
-    NOTE: the user info runs to the last ``@``, not to where ``urlsplit`` would cut it: a password
-    that was not percent-encoded (``/``, ``?``, ``#``) is hidden all the same. An ``@`` in a query
-    value hides more than the password, never less.
-    """
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, hosts = rest.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    return f"{scheme}{sep}{userinfo.partition(':')[0]}:***@{hosts}"
-
-
-def _url_password(url: str) -> str:
-    """The password in ``url``'s user info as written (percent-encoded or not), or ``""``."""
-    return url.partition("://")[2].rpartition("@")[0].partition(":")[2]
 
 
 def _cluster_connect(url: str, theirs: list[tuple[str, str]], password: str | None) -> Callable[[], RedisCluster]:
@@ -227,7 +209,7 @@ class RedisTier(TierBase):
         Raises:
             ConfigError: a bad option, credentials the server refuses, or a failed TLS handshake.
         """
-        in_url = _url_password(url)
+        in_url = url_password(url)
         password = None if in_url or config is None else config.remote_password
         parts = urlsplit(url)
         query = parse_qsl(parts.query, keep_blank_values=True)

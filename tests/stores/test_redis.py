@@ -20,8 +20,9 @@ import torch
 import kvmem
 from kvmem import blob as blobfmt
 from kvmem.errors import CapacityError, ConfigError, IntegrityError
+from kvmem.redaction import redact
 from kvmem.stores import StorageTier, build_tiers
-from kvmem.stores.redis import RedisTier, redact
+from kvmem.stores.redis import RedisTier
 from tests.servers import RedisServer
 from tests.stores.blobs import blob_of
 from tests.stores.redis_helpers import (

@@ -21,8 +21,9 @@ from redis.cluster import RedisCluster as ClusterClient
 import kvmem
 from kvmem import blob as blobfmt
 from kvmem.errors import ConfigError
+from kvmem.redaction import redact
 from kvmem.stores import build_tiers
-from kvmem.stores.redis import RedisTier, redact
+from kvmem.stores.redis import RedisTier
 from tests.redis_cluster import RedisCluster
 from tests.stores.blobs import blob_of
 from tests.stores.redis_helpers import (

@@ -19,7 +19,7 @@ from redis.exceptions import NoPermissionError
 
 import kvmem
 from kvmem.config import describe
-from kvmem.errors import ConfigError, IntegrityError
+from kvmem.errors import ConfigError, IntegrityError, TierUnavailable
 from tests.servers import RedisServer
 from tests.stores.redis_helpers import redis_tier, unique_prefix, with_options
 
@@ -132,6 +132,26 @@ def test_password_never_shown(acl_server: RedisServer, tmp_path: Path, caplog: p
     assert any("refused the credentials" in s for s in shown) and any("tier redis failed" in s for s in shown)
     for text in shown:
         assert SECRET not in text and quote(SECRET, safe="") not in text and "p#ss" not in text, text
+
+
+def test_password_as_a_query_option_is_never_shown(acl_server: RedisServer, tmp_path: Path,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """redis-py also takes ``?password=``: it logs in, and no error, log line or repr shows it."""
+    caplog.set_level(logging.DEBUG)
+    url = with_user(acl_server.url, "kvmem") + "?password=" + quote(SECRET, safe="")
+    with open_memory(tmp_path, "m", url, cpu_bytes="1MiB", tier_retry_seconds=60) as mem:
+        mem.store("k", b"v")
+        tier = redis_tier(mem)
+        assert tier.contains(mem.storage_key("k"))  # logged in with the password from the query
+        acl_server.stop()
+        with pytest.raises(TierUnavailable) as gone:
+            tier.contains(mem.storage_key("k"))
+        mem.store("k2", b"v")  # Redis gone: logged and counted, the CPU tier serves
+        shown = [str(gone.value), repr(tier), tier.url, repr(mem.config), str(describe(mem.config))]
+    shown += [r.getMessage() for r in caplog.records]
+    assert any("tier redis failed" in s for s in shown) and "password=***" in tier.url
+    for text in shown:
+        assert "p#ss" not in text and quote(SECRET, safe="") not in text, text
 
 
 def test_credentials_revoked_mid_run_degrade_to_local_tiers(acl_server: RedisServer, tmp_path: Path,

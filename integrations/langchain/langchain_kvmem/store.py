@@ -93,6 +93,7 @@ from sqlalchemy.sql.elements import ColumnElement
 import kvmem
 from kvmem.catalog import create_tables
 from kvmem.errors import ConfigError, TierUnavailable
+from kvmem.redaction import redact
 from langchain_kvmem._filters import does_match, matches
 
 if TYPE_CHECKING:
@@ -331,7 +332,8 @@ class KVMemStore(BaseStore):
                     if batch.puts:
                         self._write(conn, batch.puts, owned, time.time())
         except OperationalError as exc:
-            raise TierUnavailable(f"kvmem store: database {self._engine.url!r} failed: {exc.orig}") from exc
+            database = redact(self.memory.catalog.url)
+            raise TierUnavailable(f"kvmem store: database {database} failed: {exc.orig}") from exc
         return results
 
     def _vectors(self, batch: _Batch, docs: list[list[float]], queries: list[list[float]]

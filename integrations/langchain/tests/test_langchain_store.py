@@ -21,6 +21,7 @@ from langgraph.store.base import GetOp, InvalidNamespaceError, ListNamespacesOp,
 from sqlalchemy import func, select
 
 import kvmem
+from kvmem.errors import TierUnavailable
 from langchain_kvmem import store as store_module
 from langchain_kvmem.store import KVMemEmbeddings, KVMemStore
 
@@ -448,6 +449,7 @@ def test_a_graph_keeps_memories_in_the_store(store: KVMemStore) -> None:
 CHILD = """
 import json, sys
 import kvmem
+from kvmem.errors import TierUnavailable
 from langchain_kvmem.store import KVMemEmbeddings, KVMemStore
 from test_langchain_store import WordEmbeddings
 
@@ -488,3 +490,21 @@ def test_two_processes_share_a_store(tmp_path: Path) -> None:
         assert len(store.search(("child",), limit=1000)) == 100 and len(store.search(("parent",), limit=1000)) == 100
     with kvmem.Memory(path) as mem:  # and a reopened one
         assert KVMemStore(mem).list_namespaces() == [("child",), ("parent",), ("shared",)]
+
+
+def test_a_database_outage_is_reported_without_its_password(tmp_path: Path) -> None:
+    """PostgreSQL trusts loopback here, so it takes the passwords in the URL and ignores them: a real URL."""
+    from tests.servers import PostgresServer
+
+    server = PostgresServer(tmp_path / "pg")
+    url = server.url.replace("://postgres@", "://postgres:PW-user@") + "?password=PW-query"
+    try:
+        with kvmem.Memory(str(tmp_path / "kvmem"), catalog_url=url, fsync="never") as mem:
+            store = KVMemStore(mem)
+            store.put(("ns",), "k", {"v": 1})
+            server.stop()
+            with pytest.raises(TierUnavailable, match=r"postgres:\*\*\*@.*\?password=\*\*\*") as gone:
+                store.get(("ns",), "k")
+            assert "PW-" not in str(gone.value), gone.value
+    finally:
+        server.remove()
