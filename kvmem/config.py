@@ -127,7 +127,8 @@ class Config:
 
 _SIZE_FIELDS = ("gpu_bytes", "cpu_bytes", "disk_bytes")
 _URL_FIELDS = ("catalog_url", "remote_url")  # NOTE: shown redacted: a URL may hold a password
-_SECRET_FIELDS = ("remote_password",)  # NOTE: shown as *** when set
+_SECRET_FIELDS = ("remote_password", "tenant_salt")  # NOTE: shown as *** when set (whoever knows a tenant's
+# salt can compute its storage keys)
 
 
 def _validate(c: Config) -> None:

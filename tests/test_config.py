@@ -140,13 +140,14 @@ def test_the_remote_password_is_never_shown() -> None:
 
 
 def test_repr_describe_and_errors_show_no_password_in_urls_or_fields() -> None:
-    c = load_config(environ={"KVMEM_REMOTE_PASSWORD": "PW-field"},
+    c = load_config(environ={"KVMEM_REMOTE_PASSWORD": "PW-field"}, tenant_salt="PW-salt",
                     remote_url="redis://kvmem:PW-url@127.0.0.1:6399/0?password=PW-query",
                     catalog_url="postgresql+psycopg://kvmem:PW-pg@db:5432/kvmem")
     rows = {name: value for name, value, _ in describe(c)}
     assert rows["remote_url"] == "redis://kvmem:***@127.0.0.1:6399/0?password=***"
     assert rows["catalog_url"] == "postgresql+psycopg://kvmem:***@db:5432/kvmem"
     assert rows["remote_password"] == "***" and "remote_password='***'" in repr(c)
+    assert rows["tenant_salt"] == "***"
     with pytest.raises(ConfigError) as refused:
         c.replace(block_size=0)  # any refusal of a config holding secrets
     for text in (repr(c), str(c), str(describe(c)), str(refused.value)):
