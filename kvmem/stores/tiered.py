@@ -283,7 +283,7 @@ class TieredStore:
     def warm(self, key: str) -> bool:
         """Make sure ``key`` sits in the top tier (promoting it from below); whether it exists."""
         top = self.tiers[0] if self.tiers else None
-        if top is not None and top.contains(key):
+        if top is not None and self._call(top, lambda: top.contains(key)) is True:
             return True
         fetched, _ = self.get(key)
         return fetched is not None

@@ -174,3 +174,20 @@ def test_redis_gone_while_a_chunk_is_read_stops_reuse_before_it(
 
     _assert_exact(model, pc, bad * BLOCK)
     assert _tier_errors(memory, "redis") == 1 and not memory.tiers.healthy(redis)
+
+
+def test_prefetch_with_redis_gone_finds_nothing_and_counts_it(
+    tiny_model: ModelFactory,
+    open_memory: MemoryFactory,
+    prefix_cache: PrefixCacheFactory,
+    redis_server: RedisServer,
+) -> None:
+    model = tiny_model("llama")
+    memory = open_memory(cpu_bytes=0, disk_bytes=0, remote_url=redis_server.url, tier_retry_seconds=60)
+    _store(model, memory, prefix_cache)
+    pc = prefix_cache(model, memory)
+    redis_server.stop()
+
+    assert pc.prefetch(IDS).result(timeout=30) == 0  # Redis is the top tier: its probe fails, and is handled
+    assert _tier_errors(memory, "redis") == 1
+    _assert_exact(model, pc, 0)
