@@ -7,6 +7,9 @@ those of a full forward pass. A fault is injected on the first, a middle or the 
 chunk, when it is opened or at its last layer (in the layer-wise mode, after the
 forward pass has taken layer 0 with the whole prefix), layer-wise and load-all.
 
+A torn (truncated) chunk file is the data's fault, not the tier's: it is quarantined
+and counted in ``kvmem_crc_failures_total``, and the disk stays in use.
+
 NOTE: a real EIO cannot be made here: ``os.preadv`` raises it for the faulty chunk's
 file only. Redis faults are real: the server is stopped as the chunk is read.
 """
@@ -17,6 +20,7 @@ import errno
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -132,6 +136,24 @@ def test_a_failed_disk_is_skipped_then_retried(
     time.sleep(2)
     assert memory.tiers.healthy(disk)
     _assert_exact(model, pc, CHUNKS * BLOCK)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("position", POSITIONS)
+def test_a_truncated_chunk_file_stops_reuse_before_it(
+    position: str, mode: str, tiny_model: ModelFactory, open_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
+    model, bad = tiny_model("llama"), POSITIONS[position]
+    memory = open_memory(cpu_bytes=0)
+    _store(model, memory, prefix_cache)
+    pc = prefix_cache(model, memory, layerwise=MODES[mode])
+    skey = _skeys(memory, pc)[bad]
+    path = Path(memory.config.path) / "disk" / "blobs" / skey[:2] / f"{skey}.kvb"
+    os.truncate(path, path.stat().st_size * 3 // 4)  # a torn file: its last layer is cut short
+
+    _assert_exact(model, pc, bad * BLOCK)
+    assert memory.metrics.value("kvmem_crc_failures_total", tier="disk") == 1
+    assert _tier_errors(memory, "disk") == 0 and memory.tiers.healthy(_tier(memory, "disk"))  # the data's fault
 
 
 def _stop_on_read(
