@@ -237,7 +237,10 @@ class PrefixCache:
                      run: Callable[[DynamicCache, int], T]) -> tuple[T, DynamicCache, int, int]:
         """``run(cache, reused)`` with the stored prefix of a ``total``-token prompt streaming in.
 
-        On a bad chunk, ``run`` again without it.
+        On a chunk that fails (corrupt, or its tier failed: see :meth:`_chunk_failed`), ``run``
+        again on a fresh cache with the chunks before it only. NOTE: a layer-wise ``run``
+        that took earlier layers with the longer prefix is abandoned, never completed, so
+        no result ever mixes two prefix lengths.
 
         Returns:
             ``(run's result, cache, tokens reused, chunks known stored)``.
@@ -278,7 +281,7 @@ class PrefixCache:
         reused = min(len(sources) * self.block_size, limit)
         if reused:
             assert isinstance(cache, StreamingCache)
-            cache.loader = LayerwiseLoader(sources, cache, self.block_size, reused, self._device,
+            cache.loader = LayerwiseLoader(self.memory.tiers, sources, cache, self.block_size, reused, self._device,
                                            room=total - reused)
             if not self.layerwise:
                 cache.loader.wait_all(install=False)
@@ -296,11 +299,12 @@ class PrefixCache:
             self._prefetcher.prefetch(below)
 
     def _chunk_failed(self, exc: ChunkLoadError) -> None:
-        """Quarantine a corrupt chunk (counted), or count a tier that failed to serve one."""
+        """Quarantine a corrupt chunk (counted).
+
+        NOTE: a tier that failed to serve one was counted and backed off by the store already.
+        """
         if exc.corrupt and exc.key:
             self.memory.tiers.quarantine(exc.key, exc.tier, exc)
-        else:
-            self.memory.metrics.tier_errors.labels(tier=exc.tier or "unknown").inc()
 
     def _store_new_chunks(self, ids: torch.Tensor, cache: DynamicCache, keys: list[str], first: int,
                           trim: bool = True) -> int:

@@ -23,12 +23,17 @@ How a layer's prefix gets into the cache depends on its chunks' codec:
 
 A chunk that cannot be read or fails a check stops the load: the waiting layer
 raises :class:`ChunkLoadError` naming the chunk, and the caller retries with the
-chunks before it. No unchecked byte ever reaches the model.
+chunks before it. No unchecked byte ever reaches the model. Every tier operation
+goes through :class:`~kvmem.stores.tiered.TieredStore` (``open_blob``, ``advise``), so a
+tier fault (an ``OSError``, Redis gone) is handled as for ``Memory.load``: counted in
+``kvmem_tier_errors_total``, the tier skipped for ``tier_retry_seconds``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,10 +46,11 @@ from kvmem.codecs import tensor_codec
 from kvmem.codecs.pipeline import check_owner, decode_tensor_range, tensor_parts_range
 from kvmem.codecs.quant import QuantCodec
 from kvmem.cuda.kvquant import dequantize_kv_into
-from kvmem.errors import CodecError, IntegrityError, KVMemError
+from kvmem.errors import CodecError, IntegrityError, KVMemError, TierUnavailable
 from kvmem.kv.layout import install_prefix
 from kvmem.loads import stored_as_is
 from kvmem.stores.base import StorageTier
+from kvmem.stores.tiered import TieredStore
 
 __all__ = ["ChunkSource", "ChunkLoadError", "LayerwiseLoader", "StreamingCache"]
 
@@ -153,17 +159,17 @@ def _packed_to(device: torch.device, parts: list[dict[str, torch.Tensor]]) -> li
 
 
 class _ChunkReader:
-    """Checked reads of one chunk blob, opened once in one tier."""
+    """Checked reads of one chunk blob, opened once in one tier (through ``store``'s failure handling)."""
 
-    def __init__(self, source: ChunkSource, index: int) -> None:
+    def __init__(self, store: TieredStore, source: ChunkSource, index: int) -> None:
         self.source = source
         self.index = index
         try:
-            reader = source.tier.open_blob(source.key)
+            reader = store.open_blob(source.key, source.tier)
         except IntegrityError as exc:
             raise self._error(str(exc), corrupt=True) from None
         if reader is None:
-            raise self._error(f"gone from tier {source.tier.name}", corrupt=False)
+            raise self._error(f"gone from tier {source.tier.name}, or the tier failed", corrupt=False)
         self.blob = reader
         self.header = reader.header
         try:
@@ -174,6 +180,20 @@ class _ChunkReader:
 
     def _error(self, reason: str, corrupt: bool) -> ChunkLoadError:
         return ChunkLoadError(self.index, reason, corrupt=corrupt, key=self.source.key, tier=self.source.tier.name)
+
+    @contextlib.contextmanager
+    def _reading(self, layer_idx: int, bad_data: tuple[type[KVMemError], ...] = (IntegrityError,)) -> Iterator[None]:
+        """Turn a failed read of layer ``layer_idx`` into a :class:`ChunkLoadError` naming this chunk.
+
+        ``bad_data`` errors mean the copy is corrupt; ``TierUnavailable`` means its tier failed
+        (already counted and backed off by the store's handling) or is skipped.
+        """
+        try:
+            yield
+        except bad_data as exc:
+            raise self._error(f"layer {layer_idx}: {exc}", corrupt=True) from None
+        except TierUnavailable as exc:
+            raise self._error(f"layer {layer_idx}: {exc}", corrupt=False) from None
 
     def shapes(self) -> list[tuple[list[int], str]]:
         """``(shape, dtype)`` of each layer's K, in layer order."""
@@ -198,12 +218,10 @@ class _ChunkReader:
 
     def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer_idx``'s K and V, ``[B, H, T, D]``, checked and decoded."""
-        try:
+        with self._reading(layer_idx):
             data, lo = self._checked(layer_idx)
             keys, values = self.leaves(layer_idx)
             return decode_tensor_range(data, lo, keys), decode_tensor_range(data, lo, values)
-        except IntegrityError as exc:
-            raise self._error(f"layer {layer_idx}: {exc}", corrupt=True) from None
 
     def direct(self, layer_idx: int, dtype: torch.dtype) -> list[dict[str, Any]] | None:
         """The parts of layer ``layer_idx``'s K and V if they are stored as they are in ``dtype``, else ``None``."""
@@ -215,11 +233,9 @@ class _ChunkReader:
     def layer_direct(self, parts: list[dict[str, Any]], keys: torch.Tensor, values: torch.Tensor,
                      layer_idx: int) -> None:
         """Read ``parts`` (see :meth:`direct`) straight into ``keys``/``values`` (slices of the cache buffers)."""
-        try:
+        with self._reading(layer_idx):
             self.blob.part_into(parts[0], keys)
             self.blob.part_into(parts[1], values)
-        except IntegrityError as exc:
-            raise self._error(f"layer {layer_idx}: {exc}", corrupt=True) from None
 
     def layer_into(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, start: int, skip: int,
                    count: int) -> None:
@@ -229,13 +245,12 @@ class _ChunkReader:
         to the buffers' device in one copy, and the fused dequantize + scatter op writes the
         values there (no float chunk is made).
         """
-        try:
+        # NOTE: a CodecError here is a header that misdescribes its parts
+        with self._reading(layer_idx, bad_data=(IntegrityError, CodecError)):
             data, lo = self._checked(layer_idx)
             leaves = self.leaves(layer_idx)
             for dst, leaf, parts in zip((keys, values), leaves, _parts_on(keys.device, data, lo, leaves)):
                 dequantize_kv_into(dst, start, parts, leaf["meta"], skip=skip, count=count)
-        except (IntegrityError, CodecError) as exc:  # NOTE: a CodecError here is a header that misdescribes its parts
-            raise self._error(f"layer {layer_idx}: {exc}", corrupt=True) from None
 
     def close(self) -> None:
         self.blob.close()
@@ -252,6 +267,7 @@ class LayerwiseLoader:
     copy the forward pass makes anyway.
 
     Args:
+        store: the tiers, whose failure handling every open and read goes through.
         sources: the prefix's chunks, in order.
         cache: receives the prefix; its ``update`` should call :meth:`take` (``StreamingCache``).
         block_size: tokens per chunk.
@@ -262,15 +278,16 @@ class LayerwiseLoader:
             that the update writes them in place instead of copying the prefix.
 
     Raises:
-        ChunkLoadError: chunk 0's header cannot be read or is corrupt.
+        ChunkLoadError: chunk 0's header cannot be read (its tier failed) or is corrupt.
     """
 
-    def __init__(self, sources: list[ChunkSource], cache: DynamicCache, block_size: int, tokens: int,
-                 device: torch.device, room: int = 0) -> None:
+    def __init__(self, store: TieredStore, sources: list[ChunkSource], cache: DynamicCache, block_size: int,
+                 tokens: int, device: torch.device, room: int = 0) -> None:
         self.block_size = block_size
         self.tokens = tokens
         self.error: ChunkLoadError | None = None
-        first_reader = _ChunkReader(sources[0], 0)
+        first_reader = _ChunkReader(store, sources[0], 0)
+        self._store = store
         self._sources = sources
         self._cache = cache
         self._device = device
@@ -301,9 +318,9 @@ class LayerwiseLoader:
             # then for layer i + 1 of every chunk while layer i is read.
             head_end = first_reader.blob.start + first_reader.layer_range(0)[1]
             for source in self._sources:
-                source.tier.advise_range(source.key, 0, head_end)
+                self._store.advise(source.key, source.tier, 0, head_end)
             for i, source in enumerate(self._sources[1:], 1):
-                readers.append(_ChunkReader(source, i))
+                readers.append(_ChunkReader(self._store, source, i))
             for layer_idx, first in enumerate(self._firsts):
                 if layer_idx + 1 < len(self._firsts):
                     for reader in readers:
@@ -316,7 +333,7 @@ class LayerwiseLoader:
                 self._done[layer_idx].set()
         except ChunkLoadError as exc:
             self.error = exc
-        except (OSError, KVMemError) as exc:  # a failing tier: not the data's fault
+        except (OSError, KVMemError) as exc:  # NOTE: not a tier's (those name their chunk): reuse none of it
             self.error = ChunkLoadError(0, f"{type(exc).__name__}: {exc}", corrupt=False)
         finally:
             for reader in readers:

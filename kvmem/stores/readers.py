@@ -14,7 +14,8 @@ from the same version of it (a file stays open; a memory tier's pages stay held)
 
 :class:`RangeReader` reads a blob by ranges through a tier's ``read_range`` (Redis,
 the GPU tier); :class:`FileReader` reads a file; the CPU tier has a reader of its own
-over its pages.
+over its pages. :class:`GuardedReader` wraps any of them so that a tier fault in a read
+gets the tiered store's failure handling (counted, tier backed off).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import bisect
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import crc32c
 import numpy as np
@@ -33,9 +34,10 @@ from kvmem.errors import IntegrityError
 from kvmem.rows import TORCH_COPY_FROM, copy_rows, steps, writable_rows
 from kvmem.stores.files import preadv_all
 
-__all__ = ["BlobReader", "FileReader", "RangeReader", "check_size", "copy_part"]
+__all__ = ["BlobReader", "FileReader", "Guard", "GuardedReader", "RangeReader", "check_size", "copy_part"]
 
 Header = dict[str, Any]
+T = TypeVar("T")
 _STEP = 1 << 20  # NOTE: read 1 MiB, then CRC it while it is still in cache
 
 
@@ -154,6 +156,46 @@ class RangeReader(BlobReader):
         if got is None:
             raise IntegrityError(f"blob went from tier {self.tier} while it was being read")
         return got
+
+
+class Guard(Protocol):
+    """Runs one read under its tier's failure handling (see :meth:`kvmem.stores.tiered.TieredStore.open_blob`)."""
+
+    def __call__(self, fn: Callable[[], T]) -> T: ...
+
+
+class GuardedReader(BlobReader):
+    """Another tier's reader whose reads all run through ``guard``: the tiered store's failure handling.
+
+    Args:
+        inner: the tier's reader (closed by :meth:`close`).
+        guard: runs a read; raises ``TierUnavailable`` when the tier fails (counted, backed off) or is skipped.
+    """
+
+    def __init__(self, inner: BlobReader, guard: Guard) -> None:
+        super().__init__((inner.header, inner.start), inner.tier, inner._ends)
+        self.checks_crc = inner.checks_crc
+        self.lends_views = inner.lends_views
+        self._inner = inner
+        self._guard = guard
+
+    def head_bytes(self) -> np.ndarray:
+        return self._inner.head_bytes()
+
+    def part_into(self, part: dict[str, Any], dst: torch.Tensor) -> None:
+        self._guard(lambda: self._inner.part_into(part, dst))
+
+    def read_bytes(self, lo: int, hi: int) -> torch.Tensor:
+        return self._guard(lambda: self._inner.read_bytes(lo, hi))
+
+    def read(self, lo: int, hi: int) -> torch.Tensor:
+        return self._guard(lambda: self._inner.read(lo, hi))
+
+    def advise(self, lo: int, hi: int) -> None:
+        self._inner.advise(lo, hi)  # NOTE: a hint, which never fails (a failing read that follows is handled)
+
+    def close(self) -> None:
+        self._inner.close()
 
 
 class FileReader(BlobReader):

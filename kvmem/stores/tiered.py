@@ -11,12 +11,14 @@ Invariants:
 - A tier above ``offload_threshold`` of its capacity moves its least recently
   used entries to the next tier down; the last tier drops them (an eviction).
 - A tier whose operation raises ``OSError`` or ``TierUnavailable`` is skipped for
-  ``retry_seconds`` and counted; the caller never sees that error.
+  ``retry_seconds`` and counted; the caller never sees that error (a reader from
+  ``open_blob`` raises ``TierUnavailable`` instead: it was counted already).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -32,7 +34,7 @@ from kvmem.blob import EncodedBlob
 from kvmem.errors import CapacityError, IntegrityError, TierUnavailable
 from kvmem.metrics import Metrics
 from kvmem.stores.base import StorageTier
-from kvmem.stores.readers import BlobReader
+from kvmem.stores.readers import BlobReader, GuardedReader
 
 __all__ = ["TieredStore", "Fetched", "Stored"]
 
@@ -126,6 +128,17 @@ class TieredStore:
                         tier.name, type(exc).__name__, exc, self.retry_seconds)
             return _FAILED
 
+    def _call_or_raise(self, tier: StorageTier, fn: Callable[[], T]) -> T:
+        """:meth:`_call`, for a caller that needs a value: a failing or skipped tier raises ``TierUnavailable``.
+
+        NOTE: the failure is counted and the tier backed off once, in ``_call``; the caller must not count it.
+        """
+        got = self._call(tier, fn)
+        if got is _FAILED:
+            raise TierUnavailable(f"tier {tier.name} failed, or is skipped for up to {self.retry_seconds:.1f}s "
+                                  "after a failure (see kvmem_tier_errors_total)")
+        return got  # type: ignore[return-value]
+
     def healthy(self, tier: StorageTier) -> bool:
         """Whether ``tier`` is currently used (not skipped after a failure)."""
         return self._health[tier.name].usable()
@@ -193,6 +206,30 @@ class TieredStore:
                 return got[0], got[1], corrupt  # type: ignore[index]
         return None, None, corrupt
 
+    def open_blob(self, key: str, tier: StorageTier) -> BlobReader | None:
+        """``key``'s blob in ``tier`` (e.g. as :meth:`locate` found it), opened for partial reads.
+
+        The open and every read of the reader go through ``tier``'s failure handling, as
+        :meth:`read` does: a tier that raises ``OSError`` or ``TierUnavailable`` is counted in
+        ``kvmem_tier_errors_total`` and skipped for ``retry_seconds``; a read from the reader
+        then raises :class:`TierUnavailable` (already counted), as does one while it is skipped.
+
+        Returns:
+            The reader, or ``None``: ``tier`` does not hold ``key``, failed to open it, or is skipped.
+
+        Raises:
+            IntegrityError: the blob's header is not intact (the caller quarantines it).
+        """
+        reader = self._call(tier, lambda: tier.open_blob(key))
+        if reader is _FAILED or reader is None:
+            return None
+        assert isinstance(reader, BlobReader)
+        return GuardedReader(reader, functools.partial(self._call_or_raise, tier))
+
+    def advise(self, key: str, tier: StorageTier, lo: int, hi: int) -> None:
+        """A hint to ``tier``: bytes ``[lo, hi)`` of ``key``'s blob will be read soon (nothing while it is skipped)."""
+        self._call(tier, lambda: tier.advise_range(key, lo, hi))
+
     def _corrupt(self, tier: StorageTier, key: str, reason: IntegrityError) -> None:
         """Count, log and quarantine ``tier``'s copy of ``key``, which failed its check."""
         self.metrics.crc_failures.labels(tier=tier.name).inc()
@@ -246,7 +283,7 @@ class TieredStore:
     def warm(self, key: str) -> bool:
         """Make sure ``key`` sits in the top tier (promoting it from below); whether it exists."""
         top = self.tiers[0] if self.tiers else None
-        if top is not None and top.contains(key):
+        if top is not None and self._call(top, lambda: top.contains(key)) is True:
             return True
         fetched, _ = self.get(key)
         return fetched is not None

@@ -142,7 +142,7 @@ def test_fused_load_writes_the_decode_paths_values(tiny_model: Callable, open_me
     tokens = 4 * BLOCK - 3  # the last chunk is cut; mistral's window also starts inside a chunk
     cache = new_cache(model, StreamingCache)
     calls.fused = calls.decoded = 0
-    LayerwiseLoader(sources, cache, BLOCK, tokens, torch.device("cpu"), room=5).wait_all()
+    LayerwiseLoader(memory.tiers, sources, cache, BLOCK, tokens, torch.device("cpu"), room=5).wait_all()
     assert calls.decoded == 0 and calls.fused > 0
     for layer_idx, layer in enumerate(cache.layers):
         first = tokens - layer.keys.shape[-2]
@@ -220,7 +220,7 @@ def test_room_that_does_not_fit_the_update_falls_back_to_one_copy(tiny_model: Ca
     logits = []
     for room in (3, 7):  # exactly the 3 new tokens; more than them
         cache = new_cache(model, StreamingCache)
-        cache.loader = LayerwiseLoader(sources, cache, BLOCK, SHARED, torch.device("cpu"), room=room)
+        cache.loader = LayerwiseLoader(memory.tiers, sources, cache, BLOCK, SHARED, torch.device("cpu"), room=room)
         with torch.no_grad():
             logits.append(model(suffix, use_cache=True, **{cache_argument(model): cache}).logits)
         assert cache.get_seq_length() == SHARED + 3 and cache.layers[0].keys.shape[-2] == SHARED + 3
@@ -242,7 +242,7 @@ def test_a_corrupt_int8_segment_is_caught_before_the_op_reads_it(tiny_model: Cal
     path.write_bytes(bytes(data))
     cache = new_cache(model, StreamingCache)
     calls.fused = 0
-    loader = LayerwiseLoader(sources, cache, BLOCK, 4 * BLOCK, torch.device("cpu"))
+    loader = LayerwiseLoader(memory.tiers, sources, cache, BLOCK, 4 * BLOCK, torch.device("cpu"))
     loader.wait(0)  # layer 0 of every chunk is intact and arrives: a layer waits only for its own bytes
     with pytest.raises(ChunkLoadError) as info:
         loader.wait(len(cache.layers) - 1)

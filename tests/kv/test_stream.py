@@ -33,7 +33,7 @@ def test_loader_fills_each_layer_with_the_stored_prefix(tiny_model: Callable, op
         model(PROMPT_B[:, :4 * BLOCK], use_cache=True, cache=full)
     tokens = 4 * BLOCK - 3  # a prefix that ends inside the last chunk
     cache = new_cache(model, StreamingCache)
-    loader = LayerwiseLoader(sources[:4], cache, BLOCK, tokens, torch.device("cpu"))
+    loader = LayerwiseLoader(memory.tiers, sources[:4], cache, BLOCK, tokens, torch.device("cpu"))
     assert cache.get_seq_length() == tokens  # known before a single byte has arrived
     loader.wait_all()
     for layer, want in zip(cache.layers, full.layers):
@@ -56,7 +56,7 @@ def test_a_corrupt_layer_segment_is_reported_with_its_chunk(tiny_model: Callable
     data[-10] ^= 0xFF  # inside the last layer's V segment
     path.write_bytes(bytes(data))
     cache = new_cache(model, StreamingCache)
-    cache.loader = LayerwiseLoader(sources[:4], cache, BLOCK, 4 * BLOCK, torch.device("cpu"))
+    cache.loader = LayerwiseLoader(memory.tiers, sources[:4], cache, BLOCK, 4 * BLOCK, torch.device("cpu"))
     cache.loader.wait(0)  # layer 0 of every chunk is intact and arrives
     with pytest.raises(ChunkLoadError) as info:
         cache.loader.wait(len(cache.layers) - 1)
@@ -71,7 +71,7 @@ def test_a_chunk_gone_before_the_read_is_not_called_corrupt(tiny_model: Callable
     sources = stored_sources(memory, prefix_cache(model, memory))
     _chunk_file(memory, sources[1]).unlink()
     cache = new_cache(model, StreamingCache)
-    loader = LayerwiseLoader(sources[:4], cache, BLOCK, 4 * BLOCK, torch.device("cpu"))
+    loader = LayerwiseLoader(memory.tiers, sources[:4], cache, BLOCK, 4 * BLOCK, torch.device("cpu"))
     with pytest.raises(ChunkLoadError) as info:
         loader.wait_all()
     assert (info.value.index, info.value.corrupt) == (1, False)
