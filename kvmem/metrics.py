@@ -68,9 +68,10 @@ class Metrics:
         """Count a damaged metadata file set aside (``file``: its label, see :mod:`kvmem.recovery`)."""
         self.recovered_files.labels(file=file).inc()
 
-    def miss(self, kind: str) -> None:
-        self.misses.labels(kind=kind).inc()
-        self._misses += 1
+    def miss(self, kind: str, count: int = 1) -> None:
+        """Count ``count`` loads of ``kind`` values that found nothing usable."""
+        self.misses.labels(kind=kind).inc(count)
+        self._misses += count
 
     def stored(self, raw_bytes: int, stored_bytes: int) -> None:
         self._raw += raw_bytes
