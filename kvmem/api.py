@@ -477,7 +477,6 @@ class Memory:
     def stats(self) -> Stats:
         """Catalog totals, tier occupancy and counters since this instance started."""
         self._catalog_write(self.catalog.flush_all)
-        self.tiers.update_usage_metrics()
         totals = self._catalog_write(self.catalog.totals) or {"entries": 0, "size": 0, "stored_size": 0, "hits": 0}
         m = self.metrics
         hits, misses = int(m.total("kvmem_hits_total")), int(m.total("kvmem_misses_total"))

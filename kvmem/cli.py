@@ -370,12 +370,11 @@ def cmd_serve_metrics(args: argparse.Namespace) -> int:
 
 
 def _refresh_usage(memory: Memory) -> None:
-    """Re-read tiers that other processes write (``rescan``), then set the usage gauges."""
+    """Re-read tiers that other processes write (``rescan``): the usage gauges read them when scraped."""
     for tier in memory.tiers.tiers:
         rescan = getattr(tier, "rescan", None)
         if rescan is not None:
             rescan()
-    memory.tiers.update_usage_metrics()
 
 
 def _interrupt(_signum: int, _frame: FrameType | None) -> None:
