@@ -7,6 +7,7 @@ The cross-process tests scrape a real HTTP endpoint of another process
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -15,9 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 import kvmem
+from kvmem.config import load_config
+from kvmem.errors import ConfigError
+from tests.metrics_worker import KV_CHUNKS, VALUES
 
 REPO = Path(__file__).resolve().parents[1]
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -100,3 +105,78 @@ def test_usage_gauges_follow_stores_and_deletes_without_stats(memory: kvmem.Memo
     memory.delete("big")
     assert usage("cpu") == cpu.usage() == 0
     assert usage("disk") == disk.usage() == 0
+
+
+# -- the working process serves its own /metrics -----------------------------------------------------------
+@pytest.mark.timeout(300)
+def test_working_process_serves_what_it_does_while_it_works(worker: Worker) -> None:
+    before, _ = scrape(worker.url)
+    assert value(before, "kvmem_misses_total", kind="tree") == 0
+    assert value(before, "kvmem_memory_usage_bytes", tier="cpu") == 0
+
+    worker.step("kv")  # a cold and a warm prefill, then a prefetch
+    kv, _ = scrape(worker.url)
+    assert value(kv, "kvmem_misses_total", kind="tree") == KV_CHUNKS
+    assert value(kv, "kvmem_hits_total", tier="cpu", kind="tree") == KV_CHUNKS
+    assert value(kv, "kvmem_hit_rate") == pytest.approx(0.5)
+    assert value(kv, "kvmem_prefetch_latency_seconds_count") == 1
+    assert value(kv, "kvmem_ttft_seconds_count") == 2
+
+    worker.step("values")
+    worker.step("values")
+    after, body = scrape(worker.url)
+    assert value(after, "kvmem_hits_total", tier="cpu", kind="tensor") == 2 * VALUES
+    assert value(after, "kvmem_misses_total", kind="unknown") == 2
+    assert value(after, "kvmem_hit_rate") == pytest.approx((KV_CHUNKS + 2 * VALUES) / (2 * KV_CHUNKS + 2 * VALUES + 2))
+    assert value(after, "kvmem_store_seconds_count") == KV_CHUNKS + 2 * VALUES
+    assert value(after, "kvmem_load_seconds_count") == 2 * (VALUES + 1)
+    for tier in ("cpu", "disk"):
+        assert value(after, "kvmem_memory_usage_bytes", tier=tier) >= 2 * VALUES * 100_000
+    assert "# HELP kvmem_compression_ratio Raw bytes / stored bytes" in body
+    assert worker.close() == 0
+
+
+# -- metrics_port ---------------------------------------------------------------------------------------------
+def test_close_releases_the_metrics_port(tmp_path: Path) -> None:
+    first = kvmem.Memory(tmp_path / "a", cpu_bytes="16MiB", metrics_port=0)
+    assert first.metrics_url is not None
+    port = int(first.metrics_url.rsplit(":", 1)[1].split("/")[0])
+    first.close()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(first.metrics_url, timeout=10)
+    with kvmem.Memory(tmp_path / "b", cpu_bytes="16MiB", metrics_port=port) as second:
+        assert second.metrics_url == f"http://127.0.0.1:{port}/metrics"
+        assert value(scrape(second.metrics_url)[0], "kvmem_capacity_bytes", tier="cpu") == 16 * 1024**2
+
+
+def test_metrics_port_taken_is_a_config_error_and_leaves_the_directory_usable(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"cannot listen on 127\.0\.0\.1:{port} for /metrics"):
+            kvmem.Memory(tmp_path / "kvmem", cpu_bytes="16MiB", metrics_port=port)
+    with kvmem.Memory(tmp_path / "kvmem", cpu_bytes="16MiB") as memory:  # closed cleanly: opens again
+        memory.store("k", torch.ones(4))
+        assert memory.metrics_url is None
+
+
+@pytest.mark.parametrize(
+    ("setting", "bad", "accepted"),
+    [
+        ("metrics_port", 70000, "a TCP port from 0"),
+        ("metrics_port", -1, "a TCP port from 0"),
+        ("metrics_port", True, "a TCP port from 0"),
+        ("metrics_host", "", "an address to listen on"),
+    ],
+)
+def test_bad_metrics_settings_are_config_errors(tmp_path: Path, setting: str, bad: object, accepted: str) -> None:
+    with pytest.raises(ConfigError, match=rf"{setting}={bad!r}: accepted {accepted}"):
+        kvmem.Memory(tmp_path / "kvmem", **{setting: bad})
+
+
+def test_metrics_port_from_the_environment() -> None:
+    assert load_config(environ={}).metrics_port is None
+    assert load_config(environ={"KVMEM_METRICS_PORT": "9400"}).metrics_port == 9400
+    with pytest.raises(ConfigError, match="metrics_port='http': expected a int"):
+        load_config(environ={"KVMEM_METRICS_PORT": "http"})
