@@ -647,13 +647,19 @@ def default_memory() -> Memory:
 
 
 def configure(**settings: Any) -> Memory:
-    """Replace the default ``Memory`` with one built from ``settings`` (the old one is closed)."""
+    """Replace the default ``Memory`` with one built from ``settings``.
+
+    The old one is closed first, so the new one can take its ``metrics_port``; should the new
+    one fail to open, the next :func:`default_memory` call opens one from the configuration.
+    """
     global _default
-    new = Memory(**settings)
     with _default_lock:
-        old, _default = _default, new
+        old, _default = _default, None
     if old is not None:
         old.close()
+    new = Memory(**settings)
+    with _default_lock:
+        _default = new
     return new
 
 

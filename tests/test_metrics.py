@@ -149,6 +149,20 @@ def test_close_releases_the_metrics_port(tmp_path: Path) -> None:
         assert value(scrape(second.metrics_url)[0], "kvmem_capacity_bytes", tier="cpu") == 16 * 1024**2
 
 
+def test_configure_again_keeps_the_metrics_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kvmem.api, "_default", None)
+    first = kvmem.configure(path=str(tmp_path / "a"), cpu_bytes="16MiB", metrics_port=0)
+    assert first.metrics_url is not None
+    port = int(first.metrics_url.rsplit(":", 1)[1].split("/")[0])
+    second = kvmem.configure(path=str(tmp_path / "b"), cpu_bytes="16MiB", metrics_port=port)
+    try:
+        assert second.metrics_url == first.metrics_url and kvmem.default_memory() is second
+        kvmem.store("k", b"v")
+        assert value(scrape(second.metrics_url)[0], "kvmem_store_seconds_count") == 1
+    finally:
+        second.close()
+
+
 def test_metrics_port_taken_is_a_config_error_and_leaves_the_directory_usable(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
