@@ -32,7 +32,7 @@ from kvmem.errors import CapacityError, ConfigError, IntegrityError, OutputMisma
 from kvmem.keys import storage_key
 from kvmem.loads import check_out, copy_into, fill, read_back
 from kvmem.maintenance import GcReport, VerifyReport, collect_garbage, register_orphans, verify_entries
-from kvmem.metrics import Metrics
+from kvmem.metrics import Exporter, Metrics
 from kvmem.records import EntryInfo, Loaded, Stats, TierStats, entry_info
 from kvmem.stores import CpuTier, DiskTier, Stored, TieredStore, build_tiers
 from kvmem.stores.files import io_pool
@@ -56,13 +56,14 @@ class Memory:
         path: data directory (default: the user cache dir, e.g. ``~/.cache/kvmem``).
         config: a full :class:`~kvmem.config.Config`; ``settings`` override it.
         config_file: YAML settings file (default: ``$KVMEM_CONFIG`` if set).
-        registry: Prometheus registry for this instance's metrics (a private one if ``None``).
+        registry: Prometheus registry for this instance's metrics (a private one if ``None``);
+            with ``metrics_port`` set, this process serves it at :attr:`metrics_url`.
         embedder: embedder of the semantic layer (default: the packaged all-MiniLM-L6-v2,
             loaded on the first ``store(text=...)`` or :meth:`lookup_similar`).
         **settings: any :class:`~kvmem.config.Config` field, e.g. ``cpu_bytes="4GiB"``.
 
     Raises:
-        ConfigError: a setting outside its accepted range.
+        ConfigError: a setting outside its accepted range, or ``metrics_port`` taken.
         TierUnavailable: the catalog database cannot be reached.
     """
 
@@ -89,6 +90,18 @@ class Memory:
         self._closed = False
         if self._recovered & {"catalog", "journal"}:  # NOTE: rows the damaged file held, read off the blobs
             self._catalog_write(lambda: register_orphans(self.tiers, self.catalog))
+        self._exporter: Exporter | None = None
+        if self.config.metrics_port is not None:
+            try:
+                self._exporter = Exporter(self.metrics.registry, self.config.metrics_host, self.config.metrics_port)
+            except ConfigError:
+                self.close()
+                raise
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where this process serves this memory's ``/metrics`` (``metrics_port`` set), else ``None``."""
+        return None if self._exporter is None else self._exporter.url
 
     # -- keys -----------------------------------------------------------------
     def storage_key(self, key: str | bytes, namespace: str | None = None) -> str:
@@ -477,7 +490,6 @@ class Memory:
     def stats(self) -> Stats:
         """Catalog totals, tier occupancy and counters since this instance started."""
         self._catalog_write(self.catalog.flush_all)
-        self.tiers.update_usage_metrics()
         totals = self._catalog_write(self.catalog.totals) or {"entries": 0, "size": 0, "stored_size": 0, "hits": 0}
         m = self.metrics
         hits, misses = int(m.total("kvmem_hits_total")), int(m.total("kvmem_misses_total"))
@@ -544,6 +556,8 @@ class Memory:
         if self._closed:
             return
         self._closed = True
+        if self._exporter is not None:
+            self._exporter.close()
         self._versions.close()
         self.tiers.close()
         for index in self._semantic_indexes():
@@ -633,13 +647,19 @@ def default_memory() -> Memory:
 
 
 def configure(**settings: Any) -> Memory:
-    """Replace the default ``Memory`` with one built from ``settings`` (the old one is closed)."""
+    """Replace the default ``Memory`` with one built from ``settings``.
+
+    The old one is closed first, so the new one can take its ``metrics_port``; should the new
+    one fail to open, the next :func:`default_memory` call opens one from the configuration.
+    """
     global _default
-    new = Memory(**settings)
     with _default_lock:
-        old, _default = _default, new
+        old, _default = _default, None
     if old is not None:
         old.close()
+    new = Memory(**settings)
+    with _default_lock:
+        _default = new
     return new
 
 

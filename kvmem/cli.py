@@ -23,8 +23,6 @@ from datetime import datetime
 from pathlib import Path
 from types import FrameType
 
-from prometheus_client import start_http_server
-
 from kvmem import blob as blobfmt
 from kvmem.api import EntryInfo, Memory
 from kvmem.cli_demo import LLAMA_3_2_1B, cpu_bytes_for, render_report, run_demo
@@ -33,12 +31,14 @@ from kvmem.config import Config, describe, format_size, load_config
 from kvmem.doctor import check, render_findings
 from kvmem.doctor_snapshot import take_snapshot
 from kvmem.errors import ConfigError, KVMemError
+from kvmem.metrics import Exporter
 from kvmem.redaction import redact
 
 __all__ = ["build_parser", "main"]
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_ERROR = 0, 1, 2
 _SIZE_FIELDS = {"gpu_bytes", "cpu_bytes", "disk_bytes"}
+_SHARED_METRICS = ("kvmem_memory_usage_bytes", "kvmem_capacity_bytes")  # what serve-metrics can see
 Handler = Callable[[argparse.Namespace], int]
 
 
@@ -107,7 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
                               "tuning table; print findings, their numbers and the setting to change", json_flag=True)
     add("config", cmd_config, "the effective configuration and where each value came from (passwords as ***)",
         json_flag=True)
-    serve = add("serve-metrics", cmd_serve_metrics, "serve Prometheus /metrics of the data directory")
+    serve = add("serve-metrics", cmd_serve_metrics, "serve Prometheus /metrics of the data directory: usage "
+                                                    "and capacity of its disk and remote tiers, which every "
+                                                    "process shares; hits, misses, latencies and the CPU tier "
+                                                    "are per process: each serves them on its own metrics_port")
     serve.add_argument("--port", type=_non_negative_int, required=True, help="TCP port (0: any free port)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--interval", type=float, default=5.0, help="seconds between usage refreshes (default 5)")
@@ -139,8 +142,11 @@ def _config(args: argparse.Namespace) -> Config:
     return load_config(args.config, path=args.path)
 
 
-def _open_existing(args: argparse.Namespace) -> Memory:
-    """A ``Memory`` on an existing data directory (a typo in ``--path`` must not create one).
+def _open_existing(args: argparse.Namespace, **settings: object) -> Memory:
+    """A ``Memory`` on an existing data directory (a typo in ``--path`` must not create one), with ``settings``.
+
+    NOTE: never with a ``metrics_port``: these commands look at the directory, they are not the
+    working processes whose metrics a configured port is for (and would take it from them).
 
     Raises:
         ConfigError: the directory does not exist.
@@ -149,7 +155,7 @@ def _open_existing(args: argparse.Namespace) -> Memory:
     if config.catalog_url is None and not Path(config.path).is_dir():
         raise ConfigError(f"path={config.path!r}: no kvmem data directory there; pass --path DIR of an "
                           "existing one, or store something there first (e.g. kvmem demo --path DIR)")
-    return Memory(config=config)
+    return Memory(config=config.replace(metrics_port=None, **settings))
 
 
 def _print_json(data: object) -> None:
@@ -345,37 +351,36 @@ def _config_value(name: str, value: object) -> str:
 
 # -- serve-metrics ------------------------------------------------------------------------------
 def cmd_serve_metrics(args: argparse.Namespace) -> int:
-    """``kvmem serve-metrics``: serve ``/metrics`` until Ctrl-C or SIGTERM."""
-    memory = _open_existing(args)
-    try:
-        _refresh_usage(memory)
-        try:
-            server, _thread = start_http_server(args.port, addr=args.host, registry=memory.metrics.registry)
-        except OSError as exc:
-            print(f"kvmem: error: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
-            return EXIT_ERROR
-        print(f"serving http://{args.host}:{server.server_port}/metrics for {memory.config.path} "
-              "(Ctrl-C to stop)", flush=True)
+    """``kvmem serve-metrics``: serve the shared tiers' usage and capacity until Ctrl-C or SIGTERM.
+
+    NOTE: hits, misses and latencies happen in the processes doing the work, and so does their
+    CPU tier: each serves those itself (``metrics_port``). This process sees what they share,
+    the disk tier's files (rescanned every ``--interval``) and the remote tier.
+    """
+    config = _config(args)
+    if not config.disk_bytes and not config.remote_url:
+        raise ConfigError(f"serve-metrics: {config.path} has no disk tier (disk_bytes=0) and no remote_url: "
+                          "nothing there is shared between processes; each serves its own with metrics_port")
+    with _open_existing(args, cpu_bytes=0, gpu_bytes=0) as memory:
+        exporter = Exporter(memory.metrics.registry.restricted_registry(_SHARED_METRICS), args.host, args.port)
+        print(f"serving {exporter.url} for {memory.config.path} (Ctrl-C to stop)", flush=True)
         signal.signal(signal.SIGTERM, _interrupt)
         try:
             while True:
                 time.sleep(args.interval)
-                _refresh_usage(memory)
+                _rescan(memory)
         except KeyboardInterrupt:
             pass
-        server.shutdown()
-    finally:
-        memory.close()
+        exporter.close()
     return EXIT_OK
 
 
-def _refresh_usage(memory: Memory) -> None:
-    """Re-read tiers that other processes write (``rescan``), then set the usage gauges."""
+def _rescan(memory: Memory) -> None:
+    """Re-read tiers that other processes write (``rescan``): the usage gauges read them when scraped."""
     for tier in memory.tiers.tiers:
         rescan = getattr(tier, "rescan", None)
         if rescan is not None:
             rescan()
-    memory.tiers.update_usage_metrics()
 
 
 def _interrupt(_signum: int, _frame: FrameType | None) -> None:

@@ -97,6 +97,8 @@ class Config:
     tier_retry_seconds: float = 5.0
     semantic_hnsw_from: int = 20_000
     pin_lease_seconds: float = 60.0
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -167,6 +169,10 @@ def _validate(c: Config) -> None:
         raise bad("strict", "true | false")
     if not isinstance(c.cpu_verify, bool):
         raise bad("cpu_verify", "true | false")
+    if c.metrics_port is not None and not (number(c.metrics_port) and 0 <= c.metrics_port <= 65535):
+        raise bad("metrics_port", "a TCP port from 0 (any free one) to 65535, or nothing (no /metrics)")
+    if not (isinstance(c.metrics_host, str) and c.metrics_host):
+        raise bad("metrics_host", "an address to listen on, such as 127.0.0.1 or 0.0.0.0")
     if not isinstance(c.tenant_salt, str):
         raise bad("tenant_salt", "a string")
     for name in ("catalog_url", "remote_url"):
@@ -207,7 +213,7 @@ def _field_types() -> dict[str, str]:
     for f in fields(Config):
         if f.name == "sources":
             continue
-        t = str(f.type)
+        t = str(f.type).removesuffix(" | None")
         types[f.name] = "bool" if t == "bool" else "int" if t == "int" else "float" if t == "float" else "str"
     return types
 

@@ -1,10 +1,23 @@
-"""Prometheus collectors of one :class:`kvmem.Memory`, on a registry passed in."""
+"""Prometheus collectors of one :class:`kvmem.Memory`, on a registry passed in, and their HTTP exporter.
+
+NOTE: each working process serves its own ``/metrics`` (``Memory(metrics_port=...)``), the
+way Prometheus expects one target per process; prometheus_client's multiprocess mode was not
+chosen: it is switched on for the whole process by an environment variable read when
+prometheus_client is imported (so for the application's own metrics too), needs the files of
+dead processes cleaned up, and drops function gauges (hit rate, usage read when scraped).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import threading
+from wsgiref.simple_server import WSGIServer
 
-__all__ = ["Metrics"]
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.registry import Collector, RestrictedRegistry
+
+from kvmem.errors import ConfigError
+
+__all__ = ["Exporter", "Metrics"]
 
 _LATENCY_BUCKETS = (1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0, 5.0)
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -30,8 +43,8 @@ class Metrics:
                                       registry=r)
         self.store_seconds = Histogram("kvmem_store_seconds", "Latency of store()", buckets=_LATENCY_BUCKETS,
                                        registry=r)
-        self.compression_ratio = Gauge("kvmem_compression_ratio",
-                                       "Raw bytes / stored bytes over all stores since start", registry=r)
+        self.compression_ratio = Gauge("kvmem_compression_ratio", "Raw bytes / stored bytes over all stores since "
+                                       "start: 2.0 means half the bytes saved, 1.0 none", registry=r)
         self.crc_failures = Counter("kvmem_crc_failures_total", "Entries that failed their integrity check",
                                     ["tier"], registry=r)
         self.evictions = Counter("kvmem_evictions_total", "Entries dropped from a tier for room", ["tier"],
@@ -68,9 +81,10 @@ class Metrics:
         """Count a damaged metadata file set aside (``file``: its label, see :mod:`kvmem.recovery`)."""
         self.recovered_files.labels(file=file).inc()
 
-    def miss(self, kind: str) -> None:
-        self.misses.labels(kind=kind).inc()
-        self._misses += 1
+    def miss(self, kind: str, count: int = 1) -> None:
+        """Count ``count`` loads of ``kind`` values that found nothing usable."""
+        self.misses.labels(kind=kind).inc(count)
+        self._misses += count
 
     def stored(self, raw_bytes: int, stored_bytes: int) -> None:
         self._raw += raw_bytes
@@ -92,3 +106,33 @@ class Metrics:
     def total(self, name: str) -> float:
         """Sum of a counter over all its label values."""
         return sum(s.value for m in self.registry.collect() for s in m.samples if s.name == name)
+
+
+class Exporter:
+    """``/metrics`` of ``collector`` served over HTTP from a daemon thread of this process, until :meth:`close`.
+
+    Args:
+        collector: what is served (a registry, or a restricted view of one).
+        host: address to listen on.
+        port: TCP port; 0 picks a free one (:attr:`url` names it).
+
+    Raises:
+        ConfigError: nothing can listen there (port in use, unknown address).
+    """
+
+    def __init__(self, collector: Collector | RestrictedRegistry, host: str, port: int) -> None:
+        try:
+            server, thread = start_http_server(port, addr=host, registry=collector)  # type: ignore[arg-type]
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port} for /metrics ({exc.strerror or exc}): accepted a "
+                              "free port (0: any free one) on an address of this machine") from None
+        self._server: WSGIServer = server
+        self._thread: threading.Thread = thread
+        netloc = f"[{host}]" if ":" in host else host  # NOTE: an IPv6 address goes in brackets
+        self.url = f"http://{netloc}:{server.server_port}/metrics"
+
+    def close(self) -> None:
+        """Stop serving and release the port."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()

@@ -321,7 +321,10 @@ def test_serve_metrics_serves_usage_and_follows_other_writers(data: DataDir) -> 
         while _usage_gauge(url, "disk") != grown and time.monotonic() < deadline:
             time.sleep(0.1)
         assert _usage_gauge(url, "disk") == grown
-        assert "kvmem_capacity_bytes{tier=\"disk\"}" in urllib.request.urlopen(url, timeout=10).read().decode()
+        body = urllib.request.urlopen(url, timeout=10).read().decode()
+        assert "kvmem_capacity_bytes{tier=\"disk\"}" in body
+        # only what the processes share: their counters and CPU tiers are theirs to serve (metrics_port)
+        assert "kvmem_hits_total" not in body and "kvmem_load_seconds" not in body and 'tier="cpu"' not in body
     finally:
         proc.terminate()
         rc = proc.wait(timeout=30)

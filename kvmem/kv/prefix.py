@@ -254,7 +254,7 @@ class PrefixCache:
                 self._chunk_failed(exc)
                 limit = min(limit, exc.index * self.block_size)  # NOTE: strictly shorter: the loop ends
                 continue
-            self._count_chunk_hits(keys, sources)
+            self._count_chunks(keys[:self._chunks_within(total - 1)], sources)
             return result, cache, reused, len(sources)
 
     def _load_prefix(self, keys: list[str], limit: int, total: int) -> tuple[DynamicCache, int, list[ChunkSource]]:
@@ -270,7 +270,7 @@ class PrefixCache:
             stored already, so it must not be stored again.
         """
         cache = new_cache(self.model, StreamingCache)
-        found = self.memory.contains_many(keys[:-(-limit // self.block_size)], namespace=self.namespace)
+        found = self.memory.contains_many(keys[:self._chunks_within(limit)], namespace=self.namespace)
         sources: list[ChunkSource] = []
         for key, present in zip(keys, found):
             skey = self.memory.storage_key(key, self.namespace)
@@ -287,14 +287,25 @@ class PrefixCache:
                 cache.loader.wait_all(install=False)
         return cache, reused, sources
 
-    def _count_chunk_hits(self, keys: list[str], sources: list[ChunkSource]) -> None:
-        """Count the chunks' hits per tier, and warm those served from below the top tier."""
+    def _chunks_within(self, limit: int) -> int:
+        """How many chunks hold the first ``limit`` tokens (the last one possibly in part)."""
+        return -(-limit // self.block_size)
+
+    def _count_chunks(self, wanted: list[str], sources: list[ChunkSource]) -> None:
+        """Count a hit per loaded chunk (per tier) and a miss per ``wanted`` chunk not loaded; warm the
+        chunks served from below the top tier.
+
+        NOTE: a wanted chunk after the first one missing is a miss even when stored: the prompt
+        computed it. So a cold and a warm run of one prompt read a hit rate of 0.5.
+        """
         top = self.memory.tiers.tiers[0]
         for src in sources:
             self.memory.metrics.kv_chunk_hits.labels(tier=src.tier.name).inc()
             self.memory.metrics.hit(src.tier.name, "tree")
             self.memory.catalog.record_hit(src.key)
-        below = [key for key, src in zip(keys, sources) if src.tier is not top]
+        if len(wanted) > len(sources):
+            self.memory.metrics.miss("tree", len(wanted) - len(sources))
+        below = [key for key, src in zip(wanted, sources) if src.tier is not top]
         if below:
             self._prefetcher.prefetch(below)
 

@@ -112,6 +112,9 @@ class TieredStore:
             self._writer.start()
         for t in self.tiers:
             metrics.capacity.labels(tier=t.name).set(t.capacity)
+            # NOTE: read when scraped: usage changes on puts, evictions and (CPU pool) when a
+            # loaded view is garbage-collected, which no hook sees; every tier's usage() is cheap
+            metrics.memory_usage.labels(tier=t.name).set_function(t.usage)
 
     # -- fault isolation ----------------------------------------------------
     def _call(self, tier: StorageTier, fn: Callable[[], T]) -> T | object:
@@ -534,11 +537,6 @@ class TieredStore:
             self._writer.join()
         for tier in self.tiers:
             self._call(tier, tier.close)
-
-    def update_usage_metrics(self) -> None:
-        """Refresh ``kvmem_memory_usage_bytes`` from every tier."""
-        for t in self.tiers:
-            self.metrics.memory_usage.labels(tier=t.name).set(t.usage())
 
 
 def _wrapped(buf: torch.Tensor | None) -> EncodedBlob | None:

@@ -248,6 +248,35 @@ def test_metrics_count_tokens_chunk_hits_and_ttft(tiny_model: ModelFactory, open
     assert memory.metrics.value("kvmem_ttft_seconds_count") == 2
 
 
+def test_cold_then_warm_prompt_reads_hit_rate_one_half(tiny_model: ModelFactory, open_memory: MemoryFactory,
+                                                       prefix_cache: PrefixCacheFactory) -> None:
+    memory = open_memory()
+    pc = prefix_cache(tiny_model("llama"), memory)
+    ids = prompt(19, 3 * BLOCK + 5)
+    pc.prefill(ids)  # cold: its 3 chunks are computed, each a miss
+    pc.flush()
+    assert pc.prefill(ids).reused_tokens == 3 * BLOCK  # warm: each a hit
+
+    assert memory.metrics.value("kvmem_misses_total", kind="tree") == 3
+    assert memory.metrics.value("kvmem_hits_total", tier="cpu", kind="tree") == 3
+    assert memory.metrics.value("kvmem_hit_rate") == pytest.approx(0.5)
+    assert memory.stats().hit_rate == pytest.approx(0.5)
+
+
+def test_chunks_after_a_missing_one_are_misses(tiny_model: ModelFactory, open_memory: MemoryFactory,
+                                               prefix_cache: PrefixCacheFactory) -> None:
+    memory = open_memory()
+    pc = prefix_cache(tiny_model("llama"), memory)
+    ids = prompt(20, 4 * BLOCK)
+    pc.prefill(ids)
+    pc.flush()
+    memory.delete(pc.chunk_keys(ids)[1], namespace=pc.namespace)
+    assert pc.prefill(ids).reused_tokens == BLOCK  # chunk 0 loaded; 1 gone; 2 and 3 stored but computed
+
+    assert memory.metrics.value("kvmem_misses_total", kind="tree") == 4 + 3
+    assert memory.metrics.value("kvmem_hits_total", tier="cpu", kind="tree") == 1
+
+
 # -- explicit store and prefetch --------------------------------------------------------------------------------
 
 
