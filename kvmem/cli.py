@@ -113,8 +113,19 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "are per process: each serves them on its own metrics_port")
     serve.add_argument("--port", type=_non_negative_int, required=True, help="TCP port (0: any free port)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    serve.add_argument("--interval", type=float, default=5.0, help="seconds between usage refreshes (default 5)")
+    serve.add_argument("--interval", type=_positive_float, default=5.0,
+                       help="seconds between usage refreshes (default 5)")
     return parser
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:  # NOTE: also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds > 0")
+    return value
 
 
 def _positive_int(text: str) -> int:

@@ -204,7 +204,8 @@ def _coerce(name: str, raw: object, kind: type | str) -> object:
         if kind in (float, "float"):
             return float(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r}: expected a {kind if isinstance(kind, str) else kind.__name__}") from None
+        kind_name = kind if isinstance(kind, str) else kind.__name__
+        raise ConfigError(f"{name}={raw!r}: expected {'an' if kind_name == 'int' else 'a'} {kind_name}") from None
     return raw
 
 

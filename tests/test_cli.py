@@ -342,6 +342,14 @@ def test_serve_metrics_port_in_use_is_an_error(data: DataDir, capsys: pytest.Cap
     assert err.startswith(f"kvmem: error: cannot listen on 127.0.0.1:{port}") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("interval", ["0", "-1", "nan", "soon"])
+def test_serve_metrics_refuses_an_interval_that_is_not_positive(data: DataDir, interval: str,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(data.argv("serve-metrics", "--port", "0", "--interval", interval))
+    assert exited.value.code == 2 and "expected a number of seconds > 0" in capsys.readouterr().err
+
+
 # -- Grafana dashboard ----------------------------------------------------------------------------
 def _panels(panels: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []

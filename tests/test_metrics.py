@@ -192,5 +192,5 @@ def test_bad_metrics_settings_are_config_errors(tmp_path: Path, setting: str, ba
 def test_metrics_port_from_the_environment() -> None:
     assert load_config(environ={}).metrics_port is None
     assert load_config(environ={"KVMEM_METRICS_PORT": "9400"}).metrics_port == 9400
-    with pytest.raises(ConfigError, match="metrics_port='http': expected a int"):
+    with pytest.raises(ConfigError, match="metrics_port='http': expected an int"):
         load_config(environ={"KVMEM_METRICS_PORT": "http"})
