@@ -97,7 +97,10 @@ class SentenceTransformerEmbedder:
         """Embed ``texts`` in one batch; see :meth:`Embedder.embed`."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        return _normalize(self._model.encode(texts, convert_to_numpy=True, normalize_embeddings=True))
+        # NOTE: show_progress_bar=False: left as None, sentence-transformers draws a "Batches" bar on every
+        # call whenever the application logs at INFO; a library prints nothing
+        return _normalize(self._model.encode(texts, convert_to_numpy=True, normalize_embeddings=True,
+                                             show_progress_bar=False))
 
 
 class CachedEmbedder:
