@@ -41,7 +41,7 @@ def test_eviction_removes_the_vector_at_once(tmp_path, embedder):
         assert _row_count(mem) == len(keys) - len(gone)
         # the evicted entry's question finds nothing, not a dangling key
         first = TOPICS[keys.index(gone[0])]
-        assert [m.key for m in mem.lookup_similar(first, k=8)] == []
+        assert [m.storage_key for m in mem.lookup_similar(first, k=8)] == []
 
 
 def test_reopen_drops_rows_of_entries_evicted_meanwhile(tmp_path, embedder):
@@ -56,7 +56,7 @@ def test_reopen_drops_rows_of_entries_evicted_meanwhile(tmp_path, embedder):
         assert len(index) == 2 and mem.storage_key("faq/0") not in index
         assert _row_count(mem) == 2
         assert mem.lookup_similar(TOPICS[0]) == []
-        assert [m.key for m in mem.lookup_similar(TOPICS[1])] == [mem.storage_key("faq/1")]
+        assert [m.storage_key for m in mem.lookup_similar(TOPICS[1])] == [mem.storage_key("faq/1")]
 
 
 def test_concurrent_upserts_keep_index_and_table_equal(tmp_path, embedder):
@@ -75,7 +75,7 @@ def test_concurrent_upserts_keep_index_and_table_equal(tmp_path, embedder):
         assert len(index) == len(rows) == 6
         for key, text in rows.items():
             hits = mem.lookup_similar(text, k=1, threshold=0.999, verify=False)
-            assert [(h.key, h.text) for h in hits] == [(key, text)]
+            assert [(h.storage_key, h.text) for h in hits] == [(key, text)]
 
 
 class _ThreadRecorder:
@@ -118,7 +118,7 @@ def test_large_namespace_gets_a_graph_that_is_saved_and_reused_on_reopen(tmp_pat
         mem.store("other", BLOB[:100], text=texts[0], namespace="small")
         index = mem.semantic_index()
         assert index.wait(30) and index.kind("big") == "hnsw" and index.kind("small") == "exact"
-        assert [m.key for m in mem.lookup_similar(texts[7], namespace="big")] == [keys[7]]
+        assert [m.storage_key for m in mem.lookup_similar(texts[7], namespace="big")] == [keys[7]]
     saved = sorted(p.suffix for p in (tmp_path / "semantic").iterdir())
     assert saved == [".hnsw", ".json"]  # one graph (the small namespace has none), no temporaries
 
@@ -132,7 +132,7 @@ def test_large_namespace_gets_a_graph_that_is_saved_and_reused_on_reopen(tmp_pat
         with Memory(str(tmp_path), embedder=embedder, semantic_hnsw_from=20) as mem:
             index = mem.semantic_index()
             assert index.kind("big") == "hnsw" and index.wait(0)
-            assert [m.key for m in mem.lookup_similar(texts[7], namespace="big")] == [keys[7]]
+            assert [m.storage_key for m in mem.lookup_similar(texts[7], namespace="big")] == [keys[7]]
             assert mem.lookup_similar(texts[7], namespace="small") == []
             assert mem.delete("doc/7", namespace="big")
             assert mem.lookup_similar(texts[7], namespace="big") == []
@@ -151,4 +151,4 @@ def test_large_namespace_gets_a_graph_that_is_saved_and_reused_on_reopen(tmp_pat
         assert index.wait(30) and index.kind("big") == "hnsw" and builds == [1]
         assert len(index) == 29  # 28 in "big", 1 in "small"
         assert mem.lookup_similar(texts[8], namespace="big") == []
-        assert [m.key for m in mem.lookup_similar(texts[9], namespace="big")] == [keys[9]]
+        assert [m.storage_key for m in mem.lookup_similar(texts[9], namespace="big")] == [keys[9]]

@@ -30,7 +30,7 @@ def test_rows_persist_on_postgres_and_come_back_on_reopen(tmp_path: Path, pg: st
             mem.store(f"faq/{i}", f"answer {i}", text=text)
     with Memory(str(tmp_path), catalog_url=pg, embedder=embedder) as mem:  # read back from the table
         hits = mem.lookup_similar("how can I reset my password", k=1)
-        assert [(h.key, h.text) for h in hits] == [(mem.storage_key("faq/0"), TOPICS[0])]
+        assert [(h.key, h.storage_key, h.text) for h in hits] == [("faq/0", mem.storage_key("faq/0"), TOPICS[0])]
         with mem.catalog.engine.connect() as conn:
             assert len(conn.execute(select(semantic_rows.c.key)).all()) == len(TOPICS)
 
@@ -71,4 +71,4 @@ def test_another_node_opening_the_index_keeps_rows_it_does_not_hold(tmp_path: Pa
     with Memory(str(tmp_path / "b"), catalog_url=pg, embedder=embedder) as b:
         assert b.lookup_similar("How can I reset my password?") == []  # B holds no tier copy: no hit for B
     with Memory(str(tmp_path / "a"), catalog_url=pg, embedder=embedder) as a:  # ... and A's row survived B
-        assert [m.key for m in a.lookup_similar("How can I reset my password?")] == [key]
+        assert [m.storage_key for m in a.lookup_similar("How can I reset my password?")] == [key]

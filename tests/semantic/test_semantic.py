@@ -62,7 +62,7 @@ def test_paraphrase_hits(mem, stored, query):
     mem.store("faq", "answer", text=stored, metadata={"id": 1})
     hits = mem.lookup_similar(query)
     assert [h.text for h in hits] == [stored]
-    assert hits[0].key == mem.storage_key("faq") and hits[0].metadata == {"id": 1}
+    assert hits[0].key == "faq" and hits[0].storage_key == mem.storage_key("faq") and hits[0].metadata == {"id": 1}
     assert mem.load("faq") == "answer"
 
 
@@ -98,8 +98,8 @@ def test_namespaces_never_cross(mem):
     mem.store("q", "answer-b", text="How do I reset my password?", namespace="tenant-b")
     a = mem.lookup_similar("How do I reset my password?", k=10, namespace="tenant-a")
     b = mem.lookup_similar("How do I reset my password?", k=10, namespace="tenant-b")
-    assert [h.key for h in a] == [mem.storage_key("q", "tenant-a")]
-    assert [h.key for h in b] == [mem.storage_key("q", "tenant-b")]
+    assert [(h.key, h.storage_key) for h in a] == [("q", mem.storage_key("q", "tenant-a"))]
+    assert [(h.key, h.storage_key) for h in b] == [("q", mem.storage_key("q", "tenant-b"))]
     assert mem.lookup_similar("How do I reset my password?", k=10) == []
     assert mem.lookup_similar("How do I reset my password?", k=10, namespace="tenant-c") == []
 
@@ -128,7 +128,7 @@ def test_reopen_finds_entries_without_reembedding(tmp_path, embedder):
     fresh = CachedEmbedder(embedder.inner)
     with Memory(str(tmp_path), embedder=fresh) as m:
         hits = m.lookup_similar("I forgot my password, how to reset it?", namespace="t")
-        assert [h.key for h in hits] == [m.storage_key("q", "t")]
+        assert [(h.key, h.storage_key) for h in hits] == [("q", m.storage_key("q", "t"))]
         assert m.lookup_similar("How can I cancel my subscription?", namespace="t") == []
         assert fresh.computed == 2  # the two queries only; the stored vector was read back
 
@@ -159,7 +159,7 @@ def test_module_level_store_text_and_lookup(tmp_path, embedder):
     try:
         key = kvmem.store("faq/7", "Press 'Forgot password' on the login page.", text="How do I reset my password?")
         hits = kvmem.lookup_similar("I forgot my password, how to reset it?")
-        assert [h.key for h in hits] == [key]
+        assert [(h.key, h.storage_key) for h in hits] == [("faq/7", key)]
         assert kvmem.lookup_similar("How do I reset my router?") == []
     finally:
         kvmem.configure(path=str(tmp_path / "after"))
