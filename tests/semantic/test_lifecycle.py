@@ -14,9 +14,16 @@ from kvmem.semantic import CachedEmbedder, SemanticCache
 from kvmem.semantic.layer import semantic_rows
 
 BLOB = b"x" * 60_000
-TOPICS = ["How do I reset my password?", "What is the capital of France?", "How do I cancel my subscription?",
-          "What are your opening hours?", "How can I track my order?", "How do I change my email address?",
-          "What is the boiling point of water?", "Who wrote Pride and Prejudice?"]
+TOPICS = [
+    "How do I reset my password?",
+    "What is the capital of France?",
+    "How do I cancel my subscription?",
+    "What are your opening hours?",
+    "How can I track my order?",
+    "How do I change my email address?",
+    "What is the boiling point of water?",
+    "Who wrote Pride and Prejudice?",
+]
 
 
 def _row_count(mem: Memory) -> int:
@@ -99,8 +106,10 @@ def test_async_lookup_and_cache_run_off_the_event_loop(tmp_path, embedder):
             await asyncio.to_thread(mem.store, "faq", "answer", text=TOPICS[0])
             recorder.threads.clear()
             sc = SemanticCache(memory=mem)
-            hits, _ = await asyncio.gather(mem.alookup_similar("I forgot my password, how do I reset it?"),
-                                           sc.aput("What are your opening hours?", "9 to 5"))
+            hits, _ = await asyncio.gather(
+                mem.alookup_similar("I forgot my password, how do I reset it?"),
+                sc.aput("What are your opening hours?", "9 to 5"),
+            )
             got = await sc.aget("What are your opening hours?")
             missed = await sc.aget("What are your closing hours?")
             assert loop_thread not in recorder.threads and recorder.threads

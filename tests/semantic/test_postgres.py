@@ -14,8 +14,12 @@ from kvmem.semantic import CachedEmbedder
 from kvmem.semantic.layer import semantic_rows
 from tests.servers import scratch_database
 
-TOPICS = ["How do I reset my password?", "What is the capital of France?", "How do I cancel my subscription?",
-          "What are your opening hours?"]
+TOPICS = [
+    "How do I reset my password?",
+    "What is the capital of France?",
+    "How do I cancel my subscription?",
+    "What are your opening hours?",
+]
 
 
 @pytest.fixture
@@ -64,8 +68,9 @@ def test_two_nodes_indexing_the_same_keys_at_once(tmp_path: Path, pg: str, embed
             m.close()
 
 
-def test_another_node_opening_the_index_keeps_rows_it_does_not_hold(tmp_path: Path, pg: str,
-                                                                     embedder: CachedEmbedder) -> None:
+def test_another_node_opening_the_index_keeps_rows_it_does_not_hold(
+    tmp_path: Path, pg: str, embedder: CachedEmbedder
+) -> None:
     with Memory(str(tmp_path / "a"), catalog_url=pg, embedder=embedder) as a:
         key = a.store("faq/1", b"answer", text="How do I reset my password?")
     with Memory(str(tmp_path / "b"), catalog_url=pg, embedder=embedder) as b:

@@ -30,8 +30,10 @@ NEAR_MISSES = [  # (stored, query): each scores high with MiniLM and must not hi
     ("How many km is 10 miles?", "How many miles is 10 km?"),
     ("Does the plan include free shipping?", "Does the plan not include free shipping?"),
 ]
-UNRELATED = [("How do I reset my password?", "How do I change my email address?"),
-             ("How do I reset my password?", "What's the weather like in Paris today?")]
+UNRELATED = [
+    ("How do I reset my password?", "How do I change my email address?"),
+    ("How do I reset my password?", "What's the weather like in Paris today?"),
+]
 
 
 def _cos(embedder: CachedEmbedder, a: str, b: str) -> float:
@@ -79,16 +81,26 @@ def test_verifier_accepts_paraphrases(a, b):
     assert not differs("Convert 10 miles to km", "How many km is 10 miles?")
 
 
-@pytest.mark.parametrize("a,b", [("Can't I cancel my order?", "Can I cancel my order?"),
-                                 ("Why doesn't the app start?", "Why does the app start?"),
-                                 ("The shop won't open on Sunday", "The shop will open on Sunday")])
+@pytest.mark.parametrize(
+    "a,b",
+    [
+        ("Can't I cancel my order?", "Can I cancel my order?"),
+        ("Why doesn't the app start?", "Why does the app start?"),
+        ("The shop won't open on Sunday", "The shop will open on Sunday"),
+    ],
+)
 def test_a_negation_inside_a_contraction_is_seen(a, b):
     assert differs(a, b)
 
 
-@pytest.mark.parametrize("a,b", [("What is France's capital?", "What is the capital of France?"),
-                                 ("Who proved Pythagoras' theorem?", "Who proved the theorem of Pythagoras?"),
-                                 ("I don't like it", "I do not like it")])
+@pytest.mark.parametrize(
+    "a,b",
+    [
+        ("What is France's capital?", "What is the capital of France?"),
+        ("Who proved Pythagoras' theorem?", "Who proved the theorem of Pythagoras?"),
+        ("I don't like it", "I do not like it"),
+    ],
+)
 def test_possessives_and_spelled_out_negations_are_the_same_words(a, b):
     assert not differs(a, b)
 
@@ -134,8 +146,10 @@ def test_reopen_finds_entries_without_reembedding(tmp_path, embedder):
 
 
 def test_store_without_text_does_not_import_sentence_transformers(tmp_path):
-    code = ("import sys, kvmem; m = kvmem.Memory(sys.argv[1]); m.store('k', 1); m.delete('k'); m.close(); "
-            "assert 'sentence_transformers' not in sys.modules")
+    code = (
+        "import sys, kvmem; m = kvmem.Memory(sys.argv[1]); m.store('k', 1); m.delete('k'); m.close(); "
+        "assert 'sentence_transformers' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, timeout=120)
 
 
