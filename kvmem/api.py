@@ -122,7 +122,8 @@ class Memory:
             compression: codec spec for floating-point tensors (``none``, ``fp16``,
                 ``bf16``, ``int8``, ``int4``, each optionally ``+lz4``). Default:
                 lossless ``none``; ``config.compression`` is the default of the KV layers.
-            text: index this text for :meth:`lookup_similar` in ``namespace`` (loads the embedder).
+            text: index this text for :meth:`lookup_similar` in ``namespace`` (loads the embedder); its
+                matches carry ``key`` in full.
 
         Returns:
             The storage key (64 hex digits) the entry lives under.
@@ -139,7 +140,7 @@ class Memory:
         self._record(job, stored)
         if text is not None:  # NOTE: a catalog outage costs the text its index row, never the store
             index = self.semantic_index()
-            self._catalog_write(lambda: index.add(job.skey, text, namespace or ""))
+            self._catalog_write(lambda: index.add(job.skey, text, namespace or "", key))
         self.metrics.store_seconds.observe(time.perf_counter() - start)
         return job.skey
 
@@ -240,20 +241,23 @@ class Memory:
             verify: apply the strict verifier (on by default).
 
         Returns:
-            ``Match(key, score, text, metadata)`` list; ``key`` is the storage key.
+            ``Match(key, score, text, metadata, namespace, storage_key)`` list; ``key`` is the key given
+            to :meth:`store`, and :meth:`load_match` loads a match's value.
         """
         from kvmem.semantic import Match
 
         index = self.semantic_index()
         matches: list[Match] = []
         self._catalog_write(self.catalog.flush_all)  # NOTE: rows of stores still queued (write-behind) are read
-        for skey, score, text in index.search(query, namespace or "", k, threshold, verify):
+        ns = namespace or ""
+        for skey, score, text in index.search(query, ns, k, threshold, verify):
             if not self.tiers.contains(skey):  # NOTE: evicted from every tier: never a dangling hit
                 if self._sees_every_entry:  # NOTE: else another node may hold it: its row stays
                     index.remove(skey)
                 continue
             row = self._catalog_write(functools.partial(self.catalog.get, skey))
-            matches.append(Match(skey, score, text, row.metadata if row is not None else {}))
+            matches.append(Match(index.user_key(skey), score, text, row.metadata if row is not None else {},
+                                 namespace=ns, storage_key=skey))
         return matches
 
     async def alookup_similar(self, query: str, k: int = 3, *, namespace: str | None = None,
@@ -261,6 +265,20 @@ class Memory:
         """:meth:`lookup_similar` in a worker thread: the event loop goes on while the query is embedded."""
         return await asyncio.to_thread(self.lookup_similar, query, k, namespace=namespace, threshold=threshold,
                                        verify=verify)
+
+    def load_match(self, match: Match, default: V | None = None, *,
+                   device: torch.device | str | None = None) -> Any:
+        """The value of an entry :meth:`lookup_similar` returned, or ``default`` (e.g. evicted since).
+
+        Loads by ``match.storage_key``, so it works whatever the key's type; checked like :meth:`load`.
+
+        Raises:
+            IntegrityError: only corrupt copies were found and ``config.strict`` is set.
+        """
+        start = time.perf_counter()
+        label = match.key if match.key is not None else match.storage_key
+        loaded = self._fetch_checked(match.storage_key, label, device)
+        return self._loaded(default if loaded is None else loaded.value, start)
 
     def fetch(self, key: str | bytes, *, namespace: str | None = None,
               device: torch.device | str | None = None) -> Loaded | None:
@@ -272,7 +290,11 @@ class Memory:
         Raises:
             IntegrityError: only corrupt copies were found and ``config.strict`` is set.
         """
-        loaded, corrupt = self._fetch(self.storage_key(key, namespace), device)
+        return self._fetch_checked(self.storage_key(key, namespace), key, device)
+
+    def _fetch_checked(self, skey: str, key: str | bytes, device: torch.device | str | None) -> Loaded | None:
+        """:meth:`_fetch`, raising when only corrupt copies of ``skey`` were found under ``config.strict``."""
+        loaded, corrupt = self._fetch(skey, device)
         if loaded is None and corrupt and self.config.strict:
             raise IntegrityError(f"key {str(key)[:80]!r}: every stored copy failed its integrity check "
                                  f"({corrupt} quarantined)")

@@ -70,8 +70,7 @@ class SentenceTransformerEmbedder:
             uncalibrated model: stricter).
     """
 
-    def __init__(self, path_or_name: str | None = None, *, device: str = "cpu",
-                 threshold: float | None = None) -> None:
+    def __init__(self, path_or_name: str | None = None, *, device: str = "cpu", threshold: float | None = None) -> None:
         from sentence_transformers import (
             SentenceTransformer,  # NOTE: heavy; imported on first use only
         )
@@ -84,20 +83,24 @@ class SentenceTransformerEmbedder:
         else:
             self.name = path_or_name.rstrip("/").rsplit("/", 1)[-1]
         self._model = SentenceTransformer(path_or_name, device=device)
-        getter = getattr(self._model, "get_embedding_dimension", None) or \
-            self._model.get_sentence_embedding_dimension  # NOTE: renamed in sentence-transformers 6
+        getter = (
+            getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        )  # NOTE: renamed in sentence-transformers 6
         dim = getter()
         if dim is None:
             raise ValueError(f"model {path_or_name!r} does not report its embedding dimension")
         self.dim = int(dim)
-        self.threshold = threshold if threshold is not None else DEFAULT_THRESHOLDS.get(self.name,
-                                                                                          _FALLBACK_THRESHOLD)
+        self.threshold = threshold if threshold is not None else DEFAULT_THRESHOLDS.get(self.name, _FALLBACK_THRESHOLD)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """Embed ``texts`` in one batch; see :meth:`Embedder.embed`."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        return _normalize(self._model.encode(texts, convert_to_numpy=True, normalize_embeddings=True))
+        # NOTE: show_progress_bar=False: left as None, sentence-transformers draws a "Batches" bar on every
+        # call whenever the application logs at INFO; a library prints nothing
+        return _normalize(
+            self._model.encode(texts, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
+        )
 
 
 class CachedEmbedder:

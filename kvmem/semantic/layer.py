@@ -1,9 +1,11 @@
 """``SemanticIndex``: texts of stored entries, embedded, indexed per namespace, verified on lookup.
 
 Persistence: a side table ``kvmem_semantic`` in the catalog database holds, per
-storage key, its namespace, text, the embedder name and the vector (float32
-bytes). On open, the rows of the current embedder whose entries some tier still
-holds are read back into one index per namespace, without re-embedding (their
+storage key, its namespace, text, the embedder name, the vector (float32
+bytes) and the key the caller stored it under (in full: its exact bytes and
+whether they were given as ``bytes``), which a :class:`Match` hands back. On
+open, the rows of the current embedder whose entries some tier still holds are
+read back into one index per namespace, without re-embedding (their
 vectors also seed the embedding cache); rows of entries gone meanwhile are
 deleted. Rows of another embedder are ignored (and re-embedded only when stored
 again).
@@ -28,10 +30,11 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from sqlalchemy import (
+    Boolean,
     Column,
     LargeBinary,
     MetaData,
@@ -64,17 +67,41 @@ semantic_rows = Table(
     Column("embedder", String(256), nullable=False),
     Column("text", Text, nullable=False),
     Column("vector", LargeBinary, nullable=False),
+    # NOTE: the caller's key as given to Memory.store, in full (the catalog keeps a 256-character preview);
+    # NULL for vectors indexed without one (add_vector: an image's embedding)
+    Column("user_key", LargeBinary, nullable=True),
+    Column("user_key_is_bytes", Boolean, nullable=True),
 )
 
 
 @dataclass(frozen=True)
 class Match:
-    """One semantic hit: the entry's storage key, cosine score, indexed text, and metadata."""
+    """One semantic hit.
 
-    key: str
+    Attributes:
+        key: the key the entry was stored under, in full and of the type given (``str`` or ``bytes``);
+            ``None`` when its text was indexed without one.
+        score: cosine similarity of the query and the indexed text.
+        text: the indexed text.
+        metadata: the entry's metadata.
+        namespace: the namespace searched, which is the entry's: ``load(m.key, namespace=m.namespace)``.
+        storage_key: the entry's storage key (64 hex digits): ``Memory.load_match(m)`` loads its value.
+    """
+
+    key: str | bytes | None
     score: float
     text: str
     metadata: dict[str, Any] = field(default_factory=dict)
+    namespace: str = ""
+    storage_key: str = ""
+
+
+class _Entry(NamedTuple):
+    """What the index keeps in memory per storage key."""
+
+    namespace: str
+    text: str
+    user_key: str | bytes | None
 
 
 class SemanticIndex:
@@ -106,7 +133,7 @@ class SemanticIndex:
         self._on_recovered = on_recovered
         self._indexes: dict[str, AutoIndex] = {}
         self._saved: dict[str, int] = {}  # namespace -> index version last saved (or loaded)
-        self._entries: dict[str, tuple[str, str]] = {}  # storage key -> (namespace, text)
+        self._entries: dict[str, _Entry] = {}  # storage key -> its namespace, text and caller's key
         self._stale: set[str] = set()  # NOTE: discarded keys whose rows are still in the side table
         create_tables(_meta, engine)
         self._rebuild(live)
@@ -129,7 +156,8 @@ class SemanticIndex:
             ids, vecs = grouped.setdefault(row["namespace"], ([], []))
             ids.append(row["key"])
             vecs.append(vec)
-            self._entries[row["key"]] = (row["namespace"], row["text"])
+            self._entries[row["key"]] = _Entry(row["namespace"], row["text"],
+                                               _user_key(row["user_key"], row["user_key_is_bytes"]))
             self.embedder.remember(row["text"], vec)
         for namespace, (ids, vecs) in grouped.items():
             path = self._graph_path(namespace)
@@ -179,11 +207,19 @@ class SemanticIndex:
         with self._lock:
             return not any(index.building for index in indexes)
 
-    def add(self, key: str, text: str, namespace: str) -> None:
-        """Index ``text`` for storage key ``key`` in ``namespace`` (replacing any earlier text)."""
-        self.add_vector(key, self.embedder.embed([text])[0], namespace, text)
+    def add(self, key: str, text: str, namespace: str, user_key: str | bytes | None = None) -> None:
+        """Index ``text`` for storage key ``key`` in ``namespace`` (replacing any earlier text).
 
-    def add_vector(self, key: str, vector: np.ndarray, namespace: str, text: str = "") -> None:
+        Args:
+            key: the entry's storage key.
+            text: the text to index.
+            namespace: the entry's namespace (its own index).
+            user_key: the key the caller stored the entry under, handed back by :meth:`user_key`.
+        """
+        self.add_vector(key, self.embedder.embed([text])[0], namespace, text, user_key)
+
+    def add_vector(self, key: str, vector: np.ndarray, namespace: str, text: str = "",
+                   user_key: str | bytes | None = None) -> None:
         """Index a vector made elsewhere (an image's CLIP embedding) for ``key``; ``text`` is its label.
 
         Raises:
@@ -193,7 +229,7 @@ class SemanticIndex:
         if vec.shape != (self.embedder.dim,) or not abs(float(np.linalg.norm(vec)) - 1.0) < 1e-3:
             raise ValueError(f"vector of shape {vec.shape}: expected a unit vector of {self.embedder.dim} floats")
         row = {"key": key, "namespace": namespace, "embedder": self.embedder.name, "text": text,
-               "vector": vec.tobytes()}
+               "vector": vec.tobytes(), **_user_key_columns(user_key)}
         with self._lock:
             self._stale.discard(key)
             self._purge()
@@ -201,7 +237,7 @@ class SemanticIndex:
                 conn.execute(_upsert(self._engine.dialect.name), row)
             self._forget(key)  # NOTE: a storage key lives in exactly one namespace
             self._partition(namespace).add([key], vec[None, :])
-            self._entries[key] = (namespace, text)
+            self._entries[key] = _Entry(namespace, text, user_key)
 
     def discard(self, key: str) -> None:
         """Drop ``key``'s vector now (its entry was evicted); its row goes at the next write or :meth:`flush`.
@@ -235,7 +271,7 @@ class SemanticIndex:
         entry = self._entries.pop(key, None)
         if entry is None:
             return False
-        self._indexes[entry[0]].remove([key])
+        self._indexes[entry.namespace].remove([key])
         return True
 
     def remove(self, key: str) -> bool:
@@ -272,7 +308,13 @@ class SemanticIndex:
         with self._lock:
             index = self._indexes.get(namespace)
             found = index.search(np.asarray(vector, dtype=np.float32), k) if index is not None else []
-            return [(key, score, self._entries[key][1]) for key, score in found if score >= floor]
+            return [(key, score, self._entries[key].text) for key, score in found if score >= floor]
+
+    def user_key(self, key: str) -> str | bytes | None:
+        """The key the caller stored storage key ``key`` under (as given to :meth:`add`), or ``None``."""
+        with self._lock:
+            entry = self._entries.get(key)
+            return entry.user_key if entry is not None else None
 
 
 _UPSERTS: dict[str, Any] = {}
@@ -289,8 +331,26 @@ def _upsert(dialect: str) -> Any:
         insert = dialect_insert(dialect)(semantic_rows)
         stmt = _UPSERTS[dialect] = insert.on_conflict_do_update(
             index_elements=[semantic_rows.c.key],
-            set_={name: insert.excluded[name] for name in ("namespace", "embedder", "text", "vector")})
+            set_={name: insert.excluded[name]
+                  for name in ("namespace", "embedder", "text", "vector", "user_key", "user_key_is_bytes")})
     return stmt
+
+
+def _user_key_columns(user_key: str | bytes | None) -> dict[str, bytes | bool | None]:
+    """A caller's key as its side-table columns: its exact bytes (a ``str`` as UTF-8, lone surrogates
+    kept) and whether it was given as ``bytes``."""
+    if user_key is None:
+        return {"user_key": None, "user_key_is_bytes": None}
+    if isinstance(user_key, str):
+        return {"user_key": user_key.encode("utf-8", "surrogatepass"), "user_key_is_bytes": False}
+    return {"user_key": bytes(user_key), "user_key_is_bytes": True}
+
+
+def _user_key(raw: bytes | None, is_bytes: bool | None) -> str | bytes | None:
+    """The caller's key back from its side-table columns (see :func:`_user_key_columns`)."""
+    if raw is None:
+        return None
+    return bytes(raw) if is_bytes else bytes(raw).decode("utf-8", "surrogatepass")
 
 
 def candidate_count(k: int) -> int:

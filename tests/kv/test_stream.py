@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kvmem
-from kvmem.kv.layout import new_cache
+from kvmem.kv.layout import cache_argument, new_cache
 from kvmem.kv.stream import ChunkLoadError, ChunkSource, LayerwiseLoader, StreamingCache
 from tests.kv.workers import BLOCK, PROMPT_B, WINDOW, stored_sources
 
@@ -30,7 +30,8 @@ def test_loader_fills_each_layer_with_the_stored_prefix(tiny_model: Callable, op
     assert {s.tier.name for s in sources} == {tier}
     full = new_cache(model)  # records every token, sliding layers included
     with torch.no_grad():
-        model(PROMPT_B[:, :4 * BLOCK], use_cache=True, cache=full)
+        # NOTE: the model's own cache argument: past_key_values= in transformers 5.19, cache= in 5.24
+        model(PROMPT_B[:, :4 * BLOCK], use_cache=True, **{cache_argument(model): full})
     tokens = 4 * BLOCK - 3  # a prefix that ends inside the last chunk
     cache = new_cache(model, StreamingCache)
     loader = LayerwiseLoader(memory.tiers, sources[:4], cache, BLOCK, tokens, torch.device("cpu"))

@@ -14,9 +14,16 @@ from kvmem.semantic import CachedEmbedder, SemanticCache
 from kvmem.semantic.layer import semantic_rows
 
 BLOB = b"x" * 60_000
-TOPICS = ["How do I reset my password?", "What is the capital of France?", "How do I cancel my subscription?",
-          "What are your opening hours?", "How can I track my order?", "How do I change my email address?",
-          "What is the boiling point of water?", "Who wrote Pride and Prejudice?"]
+TOPICS = [
+    "How do I reset my password?",
+    "What is the capital of France?",
+    "How do I cancel my subscription?",
+    "What are your opening hours?",
+    "How can I track my order?",
+    "How do I change my email address?",
+    "What is the boiling point of water?",
+    "Who wrote Pride and Prejudice?",
+]
 
 
 def _row_count(mem: Memory) -> int:
@@ -41,7 +48,7 @@ def test_eviction_removes_the_vector_at_once(tmp_path, embedder):
         assert _row_count(mem) == len(keys) - len(gone)
         # the evicted entry's question finds nothing, not a dangling key
         first = TOPICS[keys.index(gone[0])]
-        assert [m.key for m in mem.lookup_similar(first, k=8)] == []
+        assert [m.storage_key for m in mem.lookup_similar(first, k=8)] == []
 
 
 def test_reopen_drops_rows_of_entries_evicted_meanwhile(tmp_path, embedder):
@@ -56,7 +63,7 @@ def test_reopen_drops_rows_of_entries_evicted_meanwhile(tmp_path, embedder):
         assert len(index) == 2 and mem.storage_key("faq/0") not in index
         assert _row_count(mem) == 2
         assert mem.lookup_similar(TOPICS[0]) == []
-        assert [m.key for m in mem.lookup_similar(TOPICS[1])] == [mem.storage_key("faq/1")]
+        assert [m.storage_key for m in mem.lookup_similar(TOPICS[1])] == [mem.storage_key("faq/1")]
 
 
 def test_concurrent_upserts_keep_index_and_table_equal(tmp_path, embedder):
@@ -75,7 +82,7 @@ def test_concurrent_upserts_keep_index_and_table_equal(tmp_path, embedder):
         assert len(index) == len(rows) == 6
         for key, text in rows.items():
             hits = mem.lookup_similar(text, k=1, threshold=0.999, verify=False)
-            assert [(h.key, h.text) for h in hits] == [(key, text)]
+            assert [(h.storage_key, h.text) for h in hits] == [(key, text)]
 
 
 class _ThreadRecorder:
@@ -99,8 +106,10 @@ def test_async_lookup_and_cache_run_off_the_event_loop(tmp_path, embedder):
             await asyncio.to_thread(mem.store, "faq", "answer", text=TOPICS[0])
             recorder.threads.clear()
             sc = SemanticCache(memory=mem)
-            hits, _ = await asyncio.gather(mem.alookup_similar("I forgot my password, how do I reset it?"),
-                                           sc.aput("What are your opening hours?", "9 to 5"))
+            hits, _ = await asyncio.gather(
+                mem.alookup_similar("I forgot my password, how do I reset it?"),
+                sc.aput("What are your opening hours?", "9 to 5"),
+            )
             got = await sc.aget("What are your opening hours?")
             missed = await sc.aget("What are your closing hours?")
             assert loop_thread not in recorder.threads and recorder.threads
@@ -118,7 +127,7 @@ def test_large_namespace_gets_a_graph_that_is_saved_and_reused_on_reopen(tmp_pat
         mem.store("other", BLOB[:100], text=texts[0], namespace="small")
         index = mem.semantic_index()
         assert index.wait(30) and index.kind("big") == "hnsw" and index.kind("small") == "exact"
-        assert [m.key for m in mem.lookup_similar(texts[7], namespace="big")] == [keys[7]]
+        assert [m.storage_key for m in mem.lookup_similar(texts[7], namespace="big")] == [keys[7]]
     saved = sorted(p.suffix for p in (tmp_path / "semantic").iterdir())
     assert saved == [".hnsw", ".json"]  # one graph (the small namespace has none), no temporaries
 
@@ -132,7 +141,7 @@ def test_large_namespace_gets_a_graph_that_is_saved_and_reused_on_reopen(tmp_pat
         with Memory(str(tmp_path), embedder=embedder, semantic_hnsw_from=20) as mem:
             index = mem.semantic_index()
             assert index.kind("big") == "hnsw" and index.wait(0)
-            assert [m.key for m in mem.lookup_similar(texts[7], namespace="big")] == [keys[7]]
+            assert [m.storage_key for m in mem.lookup_similar(texts[7], namespace="big")] == [keys[7]]
             assert mem.lookup_similar(texts[7], namespace="small") == []
             assert mem.delete("doc/7", namespace="big")
             assert mem.lookup_similar(texts[7], namespace="big") == []
@@ -151,4 +160,4 @@ def test_large_namespace_gets_a_graph_that_is_saved_and_reused_on_reopen(tmp_pat
         assert index.wait(30) and index.kind("big") == "hnsw" and builds == [1]
         assert len(index) == 29  # 28 in "big", 1 in "small"
         assert mem.lookup_similar(texts[8], namespace="big") == []
-        assert [m.key for m in mem.lookup_similar(texts[9], namespace="big")] == [keys[9]]
+        assert [m.storage_key for m in mem.lookup_similar(texts[9], namespace="big")] == [keys[9]]

@@ -14,8 +14,12 @@ from kvmem.semantic import CachedEmbedder
 from kvmem.semantic.layer import semantic_rows
 from tests.servers import scratch_database
 
-TOPICS = ["How do I reset my password?", "What is the capital of France?", "How do I cancel my subscription?",
-          "What are your opening hours?"]
+TOPICS = [
+    "How do I reset my password?",
+    "What is the capital of France?",
+    "How do I cancel my subscription?",
+    "What are your opening hours?",
+]
 
 
 @pytest.fixture
@@ -30,7 +34,7 @@ def test_rows_persist_on_postgres_and_come_back_on_reopen(tmp_path: Path, pg: st
             mem.store(f"faq/{i}", f"answer {i}", text=text)
     with Memory(str(tmp_path), catalog_url=pg, embedder=embedder) as mem:  # read back from the table
         hits = mem.lookup_similar("how can I reset my password", k=1)
-        assert [(h.key, h.text) for h in hits] == [(mem.storage_key("faq/0"), TOPICS[0])]
+        assert [(h.key, h.storage_key, h.text) for h in hits] == [("faq/0", mem.storage_key("faq/0"), TOPICS[0])]
         with mem.catalog.engine.connect() as conn:
             assert len(conn.execute(select(semantic_rows.c.key)).all()) == len(TOPICS)
 
@@ -64,11 +68,12 @@ def test_two_nodes_indexing_the_same_keys_at_once(tmp_path: Path, pg: str, embed
             m.close()
 
 
-def test_another_node_opening_the_index_keeps_rows_it_does_not_hold(tmp_path: Path, pg: str,
-                                                                     embedder: CachedEmbedder) -> None:
+def test_another_node_opening_the_index_keeps_rows_it_does_not_hold(
+    tmp_path: Path, pg: str, embedder: CachedEmbedder
+) -> None:
     with Memory(str(tmp_path / "a"), catalog_url=pg, embedder=embedder) as a:
         key = a.store("faq/1", b"answer", text="How do I reset my password?")
     with Memory(str(tmp_path / "b"), catalog_url=pg, embedder=embedder) as b:
         assert b.lookup_similar("How can I reset my password?") == []  # B holds no tier copy: no hit for B
     with Memory(str(tmp_path / "a"), catalog_url=pg, embedder=embedder) as a:  # ... and A's row survived B
-        assert [m.key for m in a.lookup_similar("How can I reset my password?")] == [key]
+        assert [m.storage_key for m in a.lookup_similar("How can I reset my password?")] == [key]

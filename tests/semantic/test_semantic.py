@@ -30,8 +30,10 @@ NEAR_MISSES = [  # (stored, query): each scores high with MiniLM and must not hi
     ("How many km is 10 miles?", "How many miles is 10 km?"),
     ("Does the plan include free shipping?", "Does the plan not include free shipping?"),
 ]
-UNRELATED = [("How do I reset my password?", "How do I change my email address?"),
-             ("How do I reset my password?", "What's the weather like in Paris today?")]
+UNRELATED = [
+    ("How do I reset my password?", "How do I change my email address?"),
+    ("How do I reset my password?", "What's the weather like in Paris today?"),
+]
 
 
 def _cos(embedder: CachedEmbedder, a: str, b: str) -> float:
@@ -62,7 +64,7 @@ def test_paraphrase_hits(mem, stored, query):
     mem.store("faq", "answer", text=stored, metadata={"id": 1})
     hits = mem.lookup_similar(query)
     assert [h.text for h in hits] == [stored]
-    assert hits[0].key == mem.storage_key("faq") and hits[0].metadata == {"id": 1}
+    assert hits[0].key == "faq" and hits[0].storage_key == mem.storage_key("faq") and hits[0].metadata == {"id": 1}
     assert mem.load("faq") == "answer"
 
 
@@ -79,16 +81,26 @@ def test_verifier_accepts_paraphrases(a, b):
     assert not differs("Convert 10 miles to km", "How many km is 10 miles?")
 
 
-@pytest.mark.parametrize("a,b", [("Can't I cancel my order?", "Can I cancel my order?"),
-                                 ("Why doesn't the app start?", "Why does the app start?"),
-                                 ("The shop won't open on Sunday", "The shop will open on Sunday")])
+@pytest.mark.parametrize(
+    "a,b",
+    [
+        ("Can't I cancel my order?", "Can I cancel my order?"),
+        ("Why doesn't the app start?", "Why does the app start?"),
+        ("The shop won't open on Sunday", "The shop will open on Sunday"),
+    ],
+)
 def test_a_negation_inside_a_contraction_is_seen(a, b):
     assert differs(a, b)
 
 
-@pytest.mark.parametrize("a,b", [("What is France's capital?", "What is the capital of France?"),
-                                 ("Who proved Pythagoras' theorem?", "Who proved the theorem of Pythagoras?"),
-                                 ("I don't like it", "I do not like it")])
+@pytest.mark.parametrize(
+    "a,b",
+    [
+        ("What is France's capital?", "What is the capital of France?"),
+        ("Who proved Pythagoras' theorem?", "Who proved the theorem of Pythagoras?"),
+        ("I don't like it", "I do not like it"),
+    ],
+)
 def test_possessives_and_spelled_out_negations_are_the_same_words(a, b):
     assert not differs(a, b)
 
@@ -98,8 +110,8 @@ def test_namespaces_never_cross(mem):
     mem.store("q", "answer-b", text="How do I reset my password?", namespace="tenant-b")
     a = mem.lookup_similar("How do I reset my password?", k=10, namespace="tenant-a")
     b = mem.lookup_similar("How do I reset my password?", k=10, namespace="tenant-b")
-    assert [h.key for h in a] == [mem.storage_key("q", "tenant-a")]
-    assert [h.key for h in b] == [mem.storage_key("q", "tenant-b")]
+    assert [(h.key, h.storage_key) for h in a] == [("q", mem.storage_key("q", "tenant-a"))]
+    assert [(h.key, h.storage_key) for h in b] == [("q", mem.storage_key("q", "tenant-b"))]
     assert mem.lookup_similar("How do I reset my password?", k=10) == []
     assert mem.lookup_similar("How do I reset my password?", k=10, namespace="tenant-c") == []
 
@@ -128,14 +140,16 @@ def test_reopen_finds_entries_without_reembedding(tmp_path, embedder):
     fresh = CachedEmbedder(embedder.inner)
     with Memory(str(tmp_path), embedder=fresh) as m:
         hits = m.lookup_similar("I forgot my password, how to reset it?", namespace="t")
-        assert [h.key for h in hits] == [m.storage_key("q", "t")]
+        assert [(h.key, h.storage_key) for h in hits] == [("q", m.storage_key("q", "t"))]
         assert m.lookup_similar("How can I cancel my subscription?", namespace="t") == []
         assert fresh.computed == 2  # the two queries only; the stored vector was read back
 
 
 def test_store_without_text_does_not_import_sentence_transformers(tmp_path):
-    code = ("import sys, kvmem; m = kvmem.Memory(sys.argv[1]); m.store('k', 1); m.delete('k'); m.close(); "
-            "assert 'sentence_transformers' not in sys.modules")
+    code = (
+        "import sys, kvmem; m = kvmem.Memory(sys.argv[1]); m.store('k', 1); m.delete('k'); m.close(); "
+        "assert 'sentence_transformers' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, timeout=120)
 
 
@@ -159,7 +173,7 @@ def test_module_level_store_text_and_lookup(tmp_path, embedder):
     try:
         key = kvmem.store("faq/7", "Press 'Forgot password' on the login page.", text="How do I reset my password?")
         hits = kvmem.lookup_similar("I forgot my password, how to reset it?")
-        assert [h.key for h in hits] == [key]
+        assert [(h.key, h.storage_key) for h in hits] == [("faq/7", key)]
         assert kvmem.lookup_similar("How do I reset my router?") == []
     finally:
         kvmem.configure(path=str(tmp_path / "after"))
