@@ -65,6 +65,7 @@ class Memory:
     Raises:
         ConfigError: a setting outside its accepted range, or ``metrics_port`` taken.
         TierUnavailable: the catalog database cannot be reached.
+        SchemaError: the catalog database's schema is newer than this kvmem's, or migrating it failed.
     """
 
     def __init__(self, path: str | None = None, *, config: Config | None = None, config_file: str | None = None,

@@ -20,68 +20,31 @@ import logging
 import threading
 import time
 import weakref
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import (
-    JSON,
-    BigInteger,
-    Column,
-    Float,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    bindparam,
-    create_engine,
-    delete,
-    event,
-    func,
-    select,
-    update,
-)
+from sqlalchemy import bindparam, create_engine, delete, event, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 
-from kvmem.errors import ConfigError, TierUnavailable
+from kvmem.errors import ConfigError, SchemaError, TierUnavailable
 from kvmem.journal import Journal
+from kvmem.migrations import upgrade_schema
 from kvmem.recovery import OnRecovered, recover_sqlite
 from kvmem.redaction import redact
+from kvmem.schema import entries
 
-__all__ = ["Catalog", "EntryRow", "create_tables", "dialect_insert", "unreachable"]
+__all__ = ["Catalog", "EntryRow", "dialect_insert", "unreachable"]
 
 log = logging.getLogger(__name__)
-
-metadata_obj = MetaData()
-entries = Table(
-    "kvmem_entries", metadata_obj,
-    Column("key", String(64), primary_key=True),
-    Column("namespace", String(256), nullable=False, default=""),
-    Column("user_key", String(256), nullable=False, default=""),
-    Column("kind", String(16), nullable=False),
-    Column("size", BigInteger, nullable=False),
-    Column("stored_size", BigInteger, nullable=False),
-    Column("codec", String(32), nullable=False),
-    Column("crc", BigInteger, nullable=False),
-    Column("version", Integer, nullable=False, default=1),
-    Column("tiers", String(128), nullable=False, default=""),
-    Column("created", Float, nullable=False),
-    Column("last_access", Float, nullable=False),
-    Column("hits", BigInteger, nullable=False, default=0),
-    Column("metadata", JSON, nullable=False, default=dict),
-    Column("state", String(16), nullable=False, default="ok"),
-)
 
 _INSERTS = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
 _LIVE: weakref.WeakSet[Catalog] = weakref.WeakSet()  # NOTE: this process's catalogs, for flush_all
 _MAX_PENDING = 100_000  # rows kept for a retry while the database is unreachable
 _PG_CONNECT_TIMEOUT = 5  # seconds; libpq's default waits on the OS (minutes on a dropped route)
-# NOTE: one fixed key for pg_advisory_xact_lock, shared by every kvmem process and table set
-_SCHEMA_LOCK = zlib.crc32(b"kvmem/schema")
 
 
 @dataclass(frozen=True)
@@ -107,35 +70,6 @@ class EntryRow:
 
 _UPSERT_SET = ("namespace", "user_key", "kind", "size", "stored_size", "codec", "crc", "tiers", "metadata",
                "last_access", "state")
-
-
-def create_tables(metadata: MetaData, engine: Engine, attempts: int = 3) -> None:
-    """``metadata.create_all(engine)``, tolerating another process creating the same tables at once.
-
-    Idempotent: tables and indexes that exist are left as they are.
-
-    NOTE: create_all checks, then creates; two processes opening a fresh database both
-    see no table and one fails with "already exists" (a duplicate-type error on
-    PostgreSQL). Trying again sees the other's tables and creates nothing. On
-    PostgreSQL the check and the DDL also run in one transaction holding an advisory
-    lock (DDL is transactional there): the second process waits, then finds the tables.
-
-    Raises:
-        SQLAlchemyError: the database keeps failing (unreachable, read-only, ...).
-    """
-    for attempt in range(attempts):
-        try:
-            if engine.dialect.name == "postgresql":
-                with engine.begin() as conn:
-                    conn.execute(select(func.pg_advisory_xact_lock(_SCHEMA_LOCK)))
-                    metadata.create_all(conn)
-            else:
-                metadata.create_all(engine)
-            return
-        except SQLAlchemyError as exc:
-            if attempt == attempts - 1 or (engine.dialect.name == "postgresql" and unreachable(exc)):
-                raise
-            time.sleep(0.05 * (attempt + 1))
 
 
 def dialect_insert(dialect: str) -> Any:
@@ -233,6 +167,8 @@ class Catalog:
     Raises:
         ConfigError: ``url`` is not a database URL SQLAlchemy knows.
         TierUnavailable: the database cannot be reached or its schema created.
+        SchemaError: the database's schema is newer than this kvmem's, or migrating it failed
+            (:func:`kvmem.migrations.upgrade_schema`).
     """
 
     def __init__(self, url: str, *, flush_seconds: float | None = None,
@@ -269,7 +205,10 @@ class Catalog:
         self._timer: threading.Timer | None = None
         self._closed = False
         try:
-            create_tables(metadata_obj, self.engine)
+            upgrade_schema(self.engine)
+        except SchemaError:
+            self.engine.dispose()
+            raise
         except SQLAlchemyError as exc:
             self.engine.dispose()
             raise TierUnavailable(f"catalog {shown} cannot be "

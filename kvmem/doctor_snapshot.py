@@ -21,11 +21,11 @@ from sqlalchemy import case, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from kvmem.api import Memory
-from kvmem.catalog import entries
 from kvmem.config import Config
 from kvmem.errors import TierUnavailable
 from kvmem.metrics import Metrics
 from kvmem.recovery import set_aside_files
+from kvmem.schema import entries
 from kvmem.stores import DiskTier
 from kvmem.stores.areas import AreaState
 

@@ -14,6 +14,7 @@ __all__ = [
     "InvalidKeyError",
     "CapacityError",
     "TierUnavailable",
+    "SchemaError",
     "ConfigError",
     "UnsupportedModelError",
     "SessionConflict",
@@ -51,6 +52,10 @@ class CapacityError(KVMemError):
 
 class TierUnavailable(KVMemError):
     """A storage tier or the catalog cannot be reached."""
+
+
+class SchemaError(KVMemError):
+    """The catalog database's schema cannot be brought to this kvmem's revision (newer, or a migration failed)."""
 
 
 class ConfigError(KVMemError, ValueError):

@@ -36,28 +36,15 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from sqlalchemy import (
-    BigInteger,
-    Column,
-    Float,
-    Index,
-    Integer,
-    LargeBinary,
-    MetaData,
-    String,
-    Table,
-    delete,
-    func,
-    select,
-    update,
-)
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from kvmem import blob as blobfmt
-from kvmem.catalog import Catalog, create_tables, dialect_insert
+from kvmem.catalog import Catalog, dialect_insert
 from kvmem.codecs.pipeline import check_owner, decode_value
 from kvmem.errors import ConfigError, IntegrityError, PinExpired, TierUnavailable, VersionConflict
+from kvmem.schema import pins, versions
 from kvmem.stores.tiered import TieredStore
 
 __all__ = ["Pin", "Versions"]
@@ -65,25 +52,6 @@ __all__ = ["Pin", "Versions"]
 log = logging.getLogger(__name__)
 _ATTEMPTS = 50  # reads of a key being rewritten before pin() gives up (a write lands between row and bytes)
 _STALE_AFTER = 5  # mismatching reads after which upper-tier copies are taken for stale ones
-_meta = MetaData()
-versions = Table(
-    "kvmem_versions", _meta,
-    Column("key", String(64), primary_key=True),
-    Column("version", Integer, primary_key=True),
-    Column("crc", BigInteger, nullable=False),
-    Column("created", Float, nullable=False),
-    Column("body", LargeBinary, nullable=False),  # the blob, as the tiers held it (CRC-checked on read)
-)
-pins = Table(
-    "kvmem_pins", _meta,
-    Column("id", String(32), primary_key=True),
-    Column("key", String(64), nullable=False),
-    Column("version", Integer, nullable=False),
-    Column("holder", String(128), nullable=False),  # host:pid of the pinning process, for `kvmem` diagnostics
-    Column("expires", Float, nullable=False),
-    Index("kvmem_pins_version", "key", "version"),
-)
-
 
 class Pin:
     """One pinned version of a key: :meth:`load` returns that version until :meth:`release`.
@@ -154,12 +122,6 @@ class Versions:
         self._closing = False
         self._renewer: threading.Thread | None = None
         self._insert = dialect_insert(self.engine.dialect.name)
-        self._ready = False
-
-    def _tables(self) -> None:
-        if not self._ready:  # NOTE: created on first use: a memory that never pins adds no tables
-            create_tables(_meta, self.engine)
-            self._ready = True
 
     # -- pin / load / release ---------------------------------------------------------------------
     def pin(self, key: str, lease: float | None = None) -> Pin | None:
@@ -208,7 +170,6 @@ class Versions:
 
     def _record(self, pin: Pin, buf: torch.Tensor) -> None:
         """Keep ``pin``'s version (``buf``, unless kept already) and add the pin, in one transaction."""
-        self._tables()
         with self.engine.begin() as conn:
             while not _lock_version(conn, pin.key, pin.version):  # NOTE: not kept yet: copy it, then lock it
                 conn.execute(self._insert(versions).values(
@@ -239,7 +200,6 @@ class Versions:
         return value
 
     def _kept(self, pin: Pin) -> bytes | None:
-        self._tables()
         with self.engine.connect() as conn:
             return conn.execute(select(versions.c.body).join(pins, (pins.c.key == versions.c.key) & (
                 pins.c.version == versions.c.version)).where(pins.c.id == pin.id)).scalar()
@@ -275,7 +235,6 @@ class Versions:
 
     def collect(self) -> int:
         """Reclaim kept versions no live pin holds (expired pins are dropped); how many were reclaimed."""
-        self._tables()
         now = time.time()
         live = select(pins.c.id).where((pins.c.key == versions.c.key) & (pins.c.version == versions.c.version)
                                        & (pins.c.expires > now)).exists()

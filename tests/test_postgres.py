@@ -6,7 +6,6 @@ the outage test runs a server of its own to stop and start.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -15,12 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from sqlalchemy import create_engine, inspect
 
 from kvmem import Memory
 from kvmem.agent import AgentSession
-from kvmem.agent.chain import ensure_tables
-from kvmem.catalog import Catalog, create_tables, metadata_obj
 from kvmem.errors import TierUnavailable
 from tests.servers import PostgresServer, free_port, scratch_database
 from tests.workers import append_steps, check_value, make_value
@@ -61,32 +57,6 @@ def test_store_load_info_versions_delete_and_entries(tmp_path: Path, pg: str) ->
         assert other.info("k2", namespace="ns").version == 1 and other.stats().entries == 2
 
 
-def test_schema_creation_is_idempotent_and_safe_when_racing(pg: str) -> None:
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(4)
-
-    def open_catalog() -> None:
-        try:
-            barrier.wait()
-            Catalog(pg).close()
-            engine = create_engine(pg)
-            ensure_tables(engine)
-            create_tables(metadata_obj, engine)
-            engine.dispose()
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=open_catalog) for _ in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors
-    engine = create_engine(pg)
-    assert {"kvmem_entries", "kvmem_agent_sessions", "kvmem_agent_steps"} <= set(inspect(engine).get_table_names())
-    engine.dispose()
-
-
 def _store_rounds(path: str, url: str, worker: int, keys: list[str], rounds: int) -> int:
     """Store every key ``rounds`` times (and load it back) from its own process and tiers; loads done."""
     loads = 0
@@ -102,7 +72,7 @@ def _store_rounds(path: str, url: str, worker: int, keys: list[str], rounds: int
 
 def test_processes_on_several_nodes_lose_no_update(tmp_path: Path, pg: str) -> None:
     keys, rounds, workers = [f"shared/{i}" for i in range(4)], 12, 3
-    node(tmp_path / "init", pg).close()  # schema made once; the race on it is tested above
+    node(tmp_path / "init", pg).close()  # schema made once; the race on it is in test_schema.py
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
         loads = sum(pool.map(_store_rounds, [str(tmp_path / f"node{w}") for w in range(workers)], [pg] * workers,
                              range(workers), [keys] * workers, [rounds] * workers))

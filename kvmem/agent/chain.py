@@ -20,33 +20,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import lz4.frame
-from sqlalchemy import Column, Float, Integer, LargeBinary, MetaData, String, Table, Text, delete, select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError as SqlIntegrityError
 
-from kvmem.catalog import create_tables
 from kvmem.errors import IntegrityError
 from kvmem.keys import content_hash
+from kvmem.schema import agent_sessions as sessions
+from kvmem.schema import agent_steps as steps
 
 __all__ = ["Step", "sessions", "steps"]
 
 _FORMAT = 1
 _DOMAIN = "kvmem/agent/step"
-_meta = MetaData()
-sessions = Table(
-    "kvmem_agent_sessions", _meta,
-    Column("name", String(256), primary_key=True),
-    Column("head", String(64), nullable=True),  # NOTE: None for a session with no step yet
-    Column("length", Integer, nullable=False),
-    Column("system", Text, nullable=False),
-    Column("updated", Float, nullable=False),
-)
-steps = Table(
-    "kvmem_agent_steps", _meta,
-    Column("key", String(64), primary_key=True),
-    Column("parent", String(64), nullable=True, index=True),
-    Column("body", LargeBinary, nullable=False),  # lz4 frame of the canonical JSON the key hashes
-)
 
 
 @dataclass(frozen=True)
@@ -174,11 +160,6 @@ def sweep(engine: Engine) -> int:
         for i in range(0, len(dead), 500):
             conn.execute(delete(steps).where(steps.c.key.in_(dead[i:i + 500])))
     return len(dead)
-
-
-def ensure_tables(engine: Engine) -> None:
-    """Create the session and step tables if absent."""
-    create_tables(_meta, engine)
 
 
 def iter_names(conn: Connection) -> Iterator[str]:

@@ -20,7 +20,7 @@ import torch
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError as SqlIntegrityError
 
-from kvmem.agent.chain import Step, ensure_tables, link, make_step, read_chain, sessions, sweep
+from kvmem.agent.chain import Step, link, make_step, read_chain, sessions, sweep
 from kvmem.errors import ConfigError, InvalidKeyError, SessionConflict, SessionNotFound
 
 if TYPE_CHECKING:
@@ -76,7 +76,6 @@ class AgentSession:
         self._prefix: PrefixCache | None = None
         self._tokenizer: Any = None
         self._ids: dict[str, list[int]] = {}  # NOTE: token ids per prompt piece (step key, or "" for the system)
-        ensure_tables(self._engine)
         if self._row() is None:
             try:
                 with self._engine.begin() as conn:
@@ -97,7 +96,6 @@ class AgentSession:
         from kvmem.api import default_memory
 
         mem = memory if memory is not None else default_memory()
-        ensure_tables(mem.catalog.engine)
         with mem.catalog.engine.connect() as conn:
             found = conn.execute(select(sessions.c.name).where(sessions.c.name == _check_name(name))).first()
         if found is None:

@@ -33,22 +33,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
-from sqlalchemy import (
-    Boolean,
-    Column,
-    LargeBinary,
-    MetaData,
-    String,
-    Table,
-    Text,
-    delete,
-    inspect,
-    select,
-)
+from sqlalchemy import delete, select
 from sqlalchemy.engine import Engine
 
-from kvmem.catalog import create_tables, dialect_insert
+from kvmem.catalog import dialect_insert
 from kvmem.recovery import OnRecovered
+from kvmem.schema import semantic_rows
 from kvmem.semantic.auto import AutoIndex
 from kvmem.semantic.embedder import (
     CachedEmbedder,
@@ -58,21 +48,6 @@ from kvmem.semantic.embedder import (
 from kvmem.semantic.verify import RuleVerifier, Verifier
 
 __all__ = ["Match", "SemanticIndex"]
-
-_meta = MetaData()
-semantic_rows = Table(
-    "kvmem_semantic", _meta,
-    Column("key", String(64), primary_key=True),
-    Column("namespace", String(256), nullable=False, index=True),
-    Column("embedder", String(256), nullable=False),
-    Column("text", Text, nullable=False),
-    Column("vector", LargeBinary, nullable=False),
-    # NOTE: the caller's key as given to Memory.store, in full (the catalog keeps a 256-character preview);
-    # NULL for vectors indexed without one (add_vector: an image's embedding)
-    Column("user_key", LargeBinary, nullable=True),
-    Column("user_key_is_bytes", Boolean, nullable=True),
-)
-
 
 @dataclass(frozen=True)
 class Match:
@@ -108,7 +83,7 @@ class SemanticIndex:
     """Vectors of entry texts, per namespace, persisted beside the catalog.
 
     Args:
-        engine: the catalog's database engine (the side table is created there).
+        engine: the catalog's database engine (whose schema holds the side table).
         embedder: default: the packaged all-MiniLM-L6-v2 (loaded here, so build lazily).
         verifier: strict second stage; default :class:`RuleVerifier`.
         live: which of the given storage keys the store still holds (rows of the others are
@@ -135,7 +110,6 @@ class SemanticIndex:
         self._saved: dict[str, int] = {}  # namespace -> index version last saved (or loaded)
         self._entries: dict[str, _Entry] = {}  # storage key -> its namespace, text and caller's key
         self._stale: set[str] = set()  # NOTE: discarded keys whose rows are still in the side table
-        create_tables(_meta, engine)
         self._rebuild(live)
 
     def _rebuild(self, live: Callable[[Sequence[str]], list[bool]] | None) -> None:
@@ -360,8 +334,5 @@ def candidate_count(k: int) -> int:
 
 def forget(engine: Engine, key: str) -> None:
     """Delete ``key``'s side-table row without loading an embedder (``Memory.delete`` before any lookup)."""
-    # NOTE: no DDL here: concurrent deletes creating the table would race ("already exists")
-    if not inspect(engine).has_table(semantic_rows.name):
-        return
     with engine.begin() as conn:
         conn.execute(delete(semantic_rows).where(semantic_rows.c.key == key))

@@ -67,33 +67,17 @@ from langgraph.store.base import (
     get_text_at_path,
     tokenize_path,
 )
-from sqlalchemy import (
-    JSON,
-    Column,
-    Float,
-    Integer,
-    LargeBinary,
-    MetaData,
-    Row,
-    Table,
-    Text,
-    UniqueConstraint,
-    delete,
-    func,
-    or_,
-    select,
-    true,
-    update,
-)
+from sqlalchemy import Row, delete, func, or_, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.sql.elements import ColumnElement
 
 import kvmem
-from kvmem.catalog import create_tables
 from kvmem.errors import ConfigError, TierUnavailable
 from kvmem.redaction import redact
+from kvmem.schema import langgraph_items as items
+from kvmem.schema import langgraph_vectors as vectors
 from langchain_kvmem._filters import does_match, matches
 
 if TYPE_CHECKING:
@@ -103,26 +87,6 @@ __all__ = ["KVMemEmbeddings", "KVMemStore"]
 
 log = logging.getLogger(__name__)
 
-_meta = MetaData()
-items = Table(
-    "kvmem_langgraph_items", _meta,
-    Column("id", Integer, primary_key=True),  # NOTE: creation order; never reused (AUTOINCREMENT / SERIAL)
-    Column("namespace", Text, nullable=False),  # labels joined by "." (a label never holds one)
-    Column("key", Text, nullable=False),
-    Column("value", JSON, nullable=False),
-    Column("created_at", Float, nullable=False),  # epoch seconds
-    Column("updated_at", Float, nullable=False),
-    Column("expires_at", Float, nullable=True, index=True),  # expired when <= now
-    Column("ttl_minutes", Float, nullable=True),
-    UniqueConstraint("namespace", "key"),
-    sqlite_autoincrement=True,
-)
-vectors = Table(
-    "kvmem_langgraph_vectors", _meta,
-    Column("item_id", Integer, primary_key=True, autoincrement=False),
-    Column("field", Text, primary_key=True),  # the index path, "path.i" when it yields several texts
-    Column("vector", LargeBinary, nullable=False),  # float32, L2-normalized (all zeros for a zero vector)
-)
 _INSERTS = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
 _ItemKey = tuple[tuple[str, ...], str]
 
@@ -205,7 +169,6 @@ class KVMemStore(BaseStore):
         self.ttl_config = ttl
         self._sweeper: threading.Thread | None = None
         self._stop = threading.Event()
-        create_tables(_meta, self._engine)
 
     # -- BaseStore ------------------------------------------------------------------
     def batch(self, ops: Iterable[Op]) -> list[Result]:
