@@ -264,17 +264,17 @@ def test_stale_or_torn_files_are_ignored(tmp_path: Path) -> None:
     other = HnswIndex(DIM)  # a crash between the two renames: new graph, old sidecar
     other.add(ids[:99], vectors[:99])
     other.save(tmp_path / "other.hnsw")
-    path.write_bytes((tmp_path / "other.hnsw").read_bytes())
-    assert HnswIndex.load(path, ids, vectors) is None
-    path.write_bytes(good_graph[:-10])  # truncated graph
-    assert HnswIndex.load(path, ids, vectors) is None
-    path.write_bytes(good_graph)
     meta = json.loads(good_sidecar)
-    for bad in ({**meta, "format": 99}, {**meta, "labels": meta["labels"][:-1]}, {**meta, "m": "32"}, [1, 2]):
-        sidecar.write_text(json.dumps(bad))
+    damage = [(path, (tmp_path / "other.hnsw").read_bytes()), (path, good_graph[:-10])]  # torn; truncated
+    bad_sidecars = ({**meta, "format": 99}, {**meta, "labels": meta["labels"][:-1]}, {**meta, "m": "32"}, [1, 2])
+    damage += [(sidecar, json.dumps(bad).encode()) for bad in bad_sidecars]
+    damage.append((sidecar, b"\xff not json"))
+    for target, data in damage:  # NOTE: a damaged pair is also set aside (tests/semantic/test_recovery.py)
+        path.write_bytes(good_graph)
+        sidecar.write_bytes(good_sidecar)
+        target.write_bytes(data)
         assert HnswIndex.load(path, ids, vectors) is None
-    sidecar.write_bytes(b"\xff not json")
-    assert HnswIndex.load(path, ids, vectors) is None
+    path.write_bytes(good_graph)
     sidecar.write_bytes(good_sidecar)
     assert HnswIndex.load(path, ids, vectors) is not None
 
