@@ -196,6 +196,7 @@ class Catalog:
         self._upsert_rows = _upsert_statement(_INSERTS[self.engine.dialect.name], returning=False)
         self._text: Callable[[str], str] = _pg_text if self.engine.dialect.name == "postgresql" else str
         self._lock = threading.Lock()
+        self._flushing = threading.Lock()
         self._hits: dict[str, tuple[int, float]] = {}
         self._removed: set[str] = set()
         self._pending: dict[str, dict[str, Any]] = {}  # NOTE: upserts the database missed, replayed by flush
@@ -375,6 +376,13 @@ class Catalog:
             SQLAlchemyError: the database failed; when it could not be reached, everything is
                 kept for the next flush, else (the database refused the writes) dropped.
         """
+        # NOTE: one flush at a time: two flushes of one key's rows (the timer's, a pin's flush_all) in two
+        # transactions could commit out of order, leaving the row with the total version but an older CRC
+        with self._flushing:
+            self._flush()
+
+    def _flush(self) -> None:
+        """:meth:`flush` (caller holds ``_flushing``)."""
         with self._lock:
             hits, self._hits = self._hits, {}
             removed, self._removed = self._removed, set()

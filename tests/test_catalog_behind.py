@@ -12,6 +12,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,3 +163,35 @@ def test_a_key_deleted_by_a_killed_process_is_not_replayed(tmp_path: Path) -> No
         assert m.info("deleted") is None, "the deleted key's row came back from the killed process's journal"
         assert m.stats().entries == 1
         assert m.verify(progress=False).ok
+
+
+def test_two_flushes_of_a_key_commit_in_the_order_their_stores_were_made(tmp_path: Path) -> None:
+    """A flush that started first commits first: else the row ends with the total version but the CRC of
+    an older store (what a pin racing the flush timer once saw on PostgreSQL)."""
+    from sqlalchemy import event
+
+    from kvmem.catalog import Catalog
+
+    catalog = Catalog(f"sqlite:///{tmp_path / 'c.sqlite3'}", flush_seconds=None)
+    first_writing = threading.Event()
+
+    @event.listens_for(catalog.engine, "before_cursor_execute")
+    def hold_the_first_write(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if statement.lstrip().upper().startswith("INSERT") and not first_writing.is_set():
+            first_writing.set()
+            time.sleep(0.5)  # NOTE: the second store's flush runs meanwhile
+
+    def store(crc: int) -> None:
+        catalog.upsert_later("k" * 64, namespace="", user_key="k", kind="bytes", size=1, stored_size=1, codec="none",
+                             crc=crc, tiers=["disk"], metadata={})
+
+    store(1)
+    first = threading.Thread(target=catalog.flush)
+    first.start()
+    assert first_writing.wait(10)
+    store(2)
+    catalog.flush()
+    first.join()
+    row = catalog.get("k" * 64)
+    assert row is not None and (row.version, row.crc) == (2, 2)
+    catalog.close()

@@ -30,7 +30,7 @@ def test_damaged_graph_files_are_set_aside_and_the_graph_rebuilt(
         index = mem.semantic_index()
         assert mem.metrics.value("kvmem_recovered_files_total", file="hnsw") == 1
         assert index.wait(30) and index.kind("big") == "hnsw"
-        assert [m.key for m in mem.lookup_similar(TEXTS[7], namespace="big")] == [keys[7]]
+        assert [m.storage_key for m in mem.lookup_similar(TEXTS[7], namespace="big")] == [keys[7]]
     aside = sorted(p.name for p in (tmp_path / "semantic").glob(f"*{MARK}*"))
     assert [name.split(MARK)[0] for name in aside] == [graph.name, graph.name + ".json"]
     with Memory(str(tmp_path), embedder=embedder, semantic_hnsw_from=20) as mem:  # saved again, intact
