@@ -75,7 +75,7 @@ def test_every_entry_is_rewritten_hottest_first_then_the_areas_switch(legacy: kv
     legacy.flush()
     root = disk_of(legacy).root
     assert formats(root, "blobs") == {(1, 64)}
-    order = _hottest_first(disk_of(legacy), legacy.catalog, "blobs")
+    order = _hottest_first(DiskAreas(disk_of(legacy)), legacy.catalog, "blobs")
     skeys = {legacy.storage_key(f"k{i}"): i for i in range(40)}
     hits = [legacy.catalog.get(k).hits for k in order]  # type: ignore[union-attr]
     assert hits == sorted(hits, reverse=True) and [skeys.get(k) for k in order[:3]] == [21, 7, 3]
