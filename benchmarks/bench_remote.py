@@ -1,6 +1,6 @@
 """kvmem's Redis tier side by side with raw redis-py on the same server and the same bytes.
 
-Not a test: a measurement. ``RedisTier.put`` / ``get_verified`` against redis-py
+Not a test: a measurement. ``RedisTier.put`` / ``read_verified`` against redis-py
 ``SET`` / ``GET`` of exactly the blob bytes the tier stores, on a throwaway
 ``redis-server`` (loopback, no persistence) started for the run:
 
@@ -13,7 +13,7 @@ redis load         ``client.get(key)``                          >= 0.8
 
 kvmem does more than its baseline: ``put`` frames the blob from its parts
 (sent from where they lie, without joining them; a cluster client joins them
-once), ``get_verified`` copies the reply into a buffer the caller owns and
+once), ``read_verified`` copies the reply into a buffer the caller owns and
 CRC32C-checks it in the same pass (header JSON parsed, every segment's CRC).
 Both make one round trip, like the baseline.
 
@@ -79,7 +79,7 @@ def rows_for(tier: RedisTier, values: list[object], label: str, repeat: int) -> 
 
     def kv_get() -> None:
         for k in keys:
-            assert tier.get_verified(k) is not None
+            assert tier.read_verified(k) is not None
 
     def raw_get() -> None:
         for k in keys:

@@ -81,13 +81,12 @@ def verify_entries(store: TieredStore, catalog: Catalog, metrics: Metrics, *, fi
         report.checked += 1
         try:
             # NOTE: a scrub checks the CPU tier's pages too, which its loads trust (see kvmem.stores.cpu)
-            header = _check(buf.cpu() if buf.device.type != "cpu" else buf, tier.checks_crc or tier.shares_buffers,
-                            key)
+            header = _check(buf.cpu() if buf.device.type != "cpu" else buf, not store.capabilities(tier).trusted, key)
         except IntegrityError as exc:
             report.corrupt.append((tier.name, key, str(exc)))
             metrics.crc_failures.labels(tier=tier.name).inc()
             if fix:
-                tier.quarantine(key)
+                store.quarantine_copy(tier, key)
             continue
         held.add(key)
         if key not in known and key not in report.orphans:
@@ -121,7 +120,7 @@ def register_orphans(store: TieredStore, catalog: Catalog) -> int:
     for tier in store.tiers:
         for key in [k for k in _keys(tier) if k not in known]:
             try:
-                reader = tier.open_blob(key)
+                reader = store.open_blob(key, tier)
             except (IntegrityError, OSError) as exc:  # NOTE: a damaged or unreadable blob: not this scan's to fix
                 log.warning("kvmem: entry %s in tier %s not registered (%s)", key, tier.name, exc)
                 continue
@@ -163,7 +162,7 @@ def collect_garbage(store: TieredStore, catalog: Catalog, reap: bool = True) -> 
         if not store.contains(key):
             report.rows_removed += int(catalog.delete(key))
     for tier in store.tiers:
-        report.quarantine_bytes_freed += tier.purge_quarantine()
+        report.quarantine_bytes_freed += store.purge_quarantine(tier)
         store.enforce_threshold(tier)
     catalog.flush()
     return report

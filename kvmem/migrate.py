@@ -38,7 +38,7 @@ from kvmem import blob as blobfmt
 from kvmem.catalog import Catalog
 from kvmem.codecs.pipeline import reframe
 from kvmem.errors import ConfigError, IntegrityError
-from kvmem.stores.areas import AreaState
+from kvmem.stores.areas import AreaState, DiskAreas
 from kvmem.stores.disk import DiskTier
 
 __all__ = ["MigrationReport", "migrate_disk"]
@@ -87,7 +87,8 @@ def migrate_disk(disk: DiskTier, catalog: Catalog, to_format: int, progress: boo
     if to_format not in blobfmt.FORMATS:
         raise ConfigError(f"to_format={to_format!r}: accepted {', '.join(map(str, blobfmt.FORMATS))}")
     disk.rescan()
-    state = disk.areas
+    areas = DiskAreas(disk)
+    state = areas.state
     report = MigrationReport(to_format, state.active, resumed=state.target is not None)
     if state.target is None:
         if state.format == to_format:
@@ -95,26 +96,26 @@ def migrate_disk(disk: DiskTier, catalog: Catalog, to_format: int, progress: boo
         state = state.migrating_to(to_format)
         assert state.target is not None
         shutil.rmtree(disk.root / state.target, ignore_errors=True)  # NOTE: never active: an abandoned area
-        disk.set_areas(state)
+        areas.set_state(state)
     elif state.target_format != to_format:
         raise ConfigError(f"to_format={to_format}: a migration to format {state.target_format} is under way in "
                           f"{disk.root}; finish it first (kvmem migrate --to-format {state.target_format})")
-    copier = _Copier(disk, catalog, state, report)
-    copier.carry(_hottest_first(disk, catalog, state.active), progress)
+    copier = _Copier(areas, catalog, state, report)
+    copier.carry(_hottest_first(areas, catalog, state.active), progress)
     while copier.carry(copier.left_behind(), progress=False):
         pass  # NOTE: entries a process put into the old area before it saw the migration begin
-    disk.set_areas(state.switched())
+    areas.set_state(state.switched())
     time.sleep(_SWITCH_GRACE)
     copier.carry(copier.left_behind(), progress=False)  # written before the switch, seen after it
     copier.flush()
     shutil.rmtree(disk.root / state.active, ignore_errors=True)
-    report.area = disk.areas.active
+    report.area = areas.state.active
     return report
 
 
-def _hottest_first(disk: DiskTier, catalog: Catalog, area: str) -> list[str]:
+def _hottest_first(areas: DiskAreas, catalog: Catalog, area: str) -> list[str]:
     """Keys of ``area``: by catalog hits, most first; then those the catalog does not know, most recent first."""
-    held = disk.area_keys(area)
+    held = areas.keys(area)
     known = set(held)
     order = [key for key in catalog.keys(hottest_first=True) if key in known]  # NOTE: keys only, no row bodies
     listed = set(order)
@@ -124,21 +125,21 @@ def _hottest_first(disk: DiskTier, catalog: Catalog, area: str) -> list[str]:
 class _Copier:
     """Carries entries from the active area into the target, one verified, reframed copy each."""
 
-    def __init__(self, disk: DiskTier, catalog: Catalog, state: AreaState, report: MigrationReport) -> None:
+    def __init__(self, areas: DiskAreas, catalog: Catalog, state: AreaState, report: MigrationReport) -> None:
         assert state.target is not None and state.target_format is not None
-        self.disk, self.catalog, self.report = disk, catalog, report
+        self.areas, self.catalog, self.report = areas, catalog, report
         self.source, self.target, self.format = state.active, state.target, state.target_format
         self._crcs: list[tuple[str, int, int]] = []
 
     def left_behind(self) -> list[str]:
         """Keys with a file in the old area and none in the target."""
-        return [key for key in self.disk.area_keys(self.source) if not self.disk.area_path(self.target, key).exists()]
+        return [key for key in self.areas.keys(self.source) if not self.areas.path(self.target, key).exists()]
 
     def carry(self, keys: list[str], progress: bool) -> int:
         """Copy each of ``keys`` the target lacks; how many were copied."""
         done = 0
         for key in tqdm(keys, desc=f"kvmem migrate -> format {self.format}", unit="entry", disable=not progress):
-            if self.disk.area_path(self.target, key).exists():
+            if self.areas.path(self.target, key).exists():
                 self.report.present += 1
                 continue
             done += self._carry_one(key)
@@ -147,7 +148,7 @@ class _Copier:
         return done
 
     def _carry_one(self, key: str) -> int:
-        source = self.disk.area_path(self.source, key)
+        source = self.areas.path(self.source, key)
         try:
             buf = torch.frombuffer(bytearray(source.read_bytes()), dtype=torch.uint8)
         except FileNotFoundError:
@@ -159,12 +160,12 @@ class _Copier:
             log.warning("kvmem: migrate: entry %s is corrupt (%s); not carried over", key, exc)
             self.report.corrupt += 1
             return 0
-        inode = self.disk.put_new(self.target, key, fresh)
+        inode = self.areas.put_new(self.target, key, fresh)
         if inode is None:
             self.report.present += 1  # NOTE: a writer put a newer entry there meanwhile: it wins
             return 0
         if not source.exists():
-            _take_back(self.disk.area_path(self.target, key), inode)  # deleted while copied: never resurrect it
+            _take_back(self.areas.path(self.target, key), inode)  # deleted while copied: never resurrect it
             self.report.vanished += 1
             return 0
         self._crcs.append((key, blobfmt.stored_crc(buf), fresh.crc))

@@ -28,7 +28,7 @@ from kvmem.doctor_snapshot import take_snapshot
 from kvmem.errors import ConfigError
 from kvmem.migrate import _hottest_first
 from kvmem.stores import DiskTier
-from kvmem.stores.areas import AreaState, read_state, write_state
+from kvmem.stores.areas import AreaState, DiskAreas, read_state, write_state
 from tests.workers import check_value, make_value
 
 SETTINGS: dict[str, object] = {"cpu_bytes": "4KiB", "disk_bytes": "1GiB", "fsync": "never"}  # loads read the disk
@@ -75,7 +75,7 @@ def test_every_entry_is_rewritten_hottest_first_then_the_areas_switch(legacy: kv
     legacy.flush()
     root = disk_of(legacy).root
     assert formats(root, "blobs") == {(1, 64)}
-    order = _hottest_first(disk_of(legacy), legacy.catalog, "blobs")
+    order = _hottest_first(DiskAreas(disk_of(legacy)), legacy.catalog, "blobs")
     skeys = {legacy.storage_key(f"k{i}"): i for i in range(40)}
     hits = [legacy.catalog.get(k).hits for k in order]  # type: ignore[union-attr]
     assert hits == sorted(hits, reverse=True) and [skeys.get(k) for k in order[:3]] == [21, 7, 3]
@@ -197,11 +197,11 @@ def test_a_writer_that_missed_the_switch_moves_its_file_into_the_new_area(tmp_pa
     key = "ab" * 32
     blob_v1, _ = encode_value({"x": 1}, parse_codec("none"), info={"storage_key": key}, blob_format=1)
     assert stale.blob_format == 1
-    migrator.set_areas(read_state(root).migrating_to(2))  # the stale tier has not looked since
+    DiskAreas(migrator).set_state(read_state(root).migrating_to(2))  # the stale tier has not looked since
     stale.put(key, blob_v1)
     assert not (root / "blobs" / key[:2] / f"{key}.kvb").exists()
     assert formats(root, "blobs.f2") == {(2, 64)} and stale.blob_format == 2
-    assert stale.get_verified(key) is not None and migrator.get_verified(key) is not None
+    assert stale.read_verified(key) is not None and migrator.read_verified(key) is not None
 
 
 def test_refusals_and_legacy_detection(tmp_path: Path) -> None:

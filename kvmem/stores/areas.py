@@ -7,6 +7,10 @@ target area and format, with a sha256 of them. Every process sharing the root
 reads it; it is replaced atomically (temporary file, fsync, rename, directory
 fsync), so a crash leaves the old state or the new one. A file that fails its
 checksum is set aside and rebuilt from the directories (see :mod:`kvmem.recovery`).
+
+:class:`DiskAreas` is what a format migration (:mod:`kvmem.migrate`) does with a
+disk tier's areas beyond serving entries: list one, write into one without
+overwriting, switch the state.
 """
 
 from __future__ import annotations
@@ -17,19 +21,27 @@ import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kvmem import blob as blobfmt
+from kvmem.blob import EncodedBlob
 from kvmem.errors import ConfigError, IntegrityError
+from kvmem.keys import is_storage_key
 from kvmem.recovery import Damaged, OnRecovered, set_aside
+from kvmem.stores import files
 
-__all__ = ["AreaState", "read_state", "state_from_directories", "write_state", "STATE_FILE"]
+if TYPE_CHECKING:
+    from kvmem.stores.disk import DiskTier
+
+__all__ = ["AreaState", "DiskAreas", "entry_file", "read_state", "scan_area", "state_from_directories",
+           "write_state", "STATE_FILE", "SUFFIX"]
 
 STATE_FILE = "areas.json"
 _FIRST_AREA = "blobs"
 _AREA_NAME = re.compile(r"blobs(\.f[0-9]+)?")
-_SUFFIX = ".kvb"
+SUFFIX = ".kvb"
 _CHECKSUM = "sha256"  # NOTE: of the other fields, as sorted JSON: a flipped byte is found, not trusted
 
 
@@ -169,7 +181,7 @@ def _areas(root: Path) -> dict[str, int]:
     areas: dict[str, int] = {}
     for area in root.iterdir() if root.is_dir() else []:
         if _AREA_NAME.fullmatch(area.name) and area.is_dir():
-            times = [f.stat().st_mtime_ns for f in area.glob(f"*/*{_SUFFIX}")]
+            times = [f.stat().st_mtime_ns for f in area.glob(f"*/*{SUFFIX}")]
             if times:
                 areas[area.name] = max(times)
     return areas
@@ -183,7 +195,7 @@ def _area_format(area: Path) -> int:
     """
     if area.name != _FIRST_AREA:
         return int(area.name.removeprefix(f"{_FIRST_AREA}.f"))
-    for blob in area.glob(f"*/*{_SUFFIX}"):
+    for blob in area.glob(f"*/*{SUFFIX}"):
         try:
             with open(blob, "rb") as f:
                 return blobfmt.format_of(np.frombuffer(f.read(blobfmt.HEAD_PROBE), dtype=np.uint8))[0]
@@ -211,3 +223,83 @@ def write_state(root: Path, state: AreaState) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def entry_file(directory: str, key: str) -> str:
+    """``key``'s file in the area ``directory`` (ending in a separator; a string join costs less than pathlib
+    on the read path). Only storage keys map to a file.
+
+    Raises:
+        ValueError: ``key`` is not a storage key (64 hex digits).
+    """
+    if not is_storage_key(key):
+        raise ValueError(f"DiskTier key {key[:80]!r}: expected a storage key of 64 hex digits")
+    return f"{directory}{key[:2]}{os.sep}{key}{SUFFIX}"
+
+
+def scan_area(area: Path, clean_tmp: bool) -> list[tuple[int, str, int]]:
+    """``(mtime, key, size)`` of every entry file in ``area``, oldest first; with ``clean_tmp``, temporary files
+    left by crashed writers are removed on the way."""
+    found: list[tuple[int, str, int]] = []
+    if not area.is_dir():
+        return found
+    for shard in area.iterdir():
+        if not shard.is_dir():
+            continue
+        for entry in os.scandir(shard):
+            if entry.name.endswith(".tmp"):
+                if clean_tmp:
+                    files.remove_stray_tmp(entry)
+            elif entry.name.endswith(SUFFIX) and is_storage_key(entry.name[:-len(SUFFIX)]):
+                try:
+                    st = entry.stat()
+                except FileNotFoundError:
+                    continue  # deleted by another process while we scanned
+                found.append((st.st_mtime_ns, entry.name[:-len(SUFFIX)], st.st_size))
+    return sorted(found)
+
+
+class DiskAreas:
+    """A disk tier's areas as a format migration works on them (the tier itself serves entries from them).
+
+    Args:
+        disk: the disk tier; other processes may share its root.
+    """
+
+    def __init__(self, disk: DiskTier) -> None:
+        self.disk = disk
+        self.root = disk.root
+
+    @property
+    def state(self) -> AreaState:
+        """The areas as the disk tier last read them."""
+        return self.disk.areas
+
+    def set_state(self, state: AreaState) -> None:
+        """Record ``state`` for every process sharing the root (atomically), and make the disk tier follow it."""
+        write_state(self.root, state)
+        self.disk.refresh_areas()
+
+    def keys(self, area: str) -> list[str]:
+        """Keys with a file in ``area``, least recently used first."""
+        return [key for _mtime, key, _size in scan_area(self.root / area, clean_tmp=False)]
+
+    def path(self, area: str, key: str) -> Path:
+        """Where ``key``'s file lives in ``area``."""
+        return Path(entry_file(os.fspath(self.root / area) + os.sep, key))
+
+    def put_new(self, area: str, key: str, blob: EncodedBlob) -> int | None:
+        """Write ``blob`` as ``key``'s file in ``area`` unless it has one; the new file's inode, or ``None``.
+
+        NOTE: ``link`` commits the file only if the name is free, atomically: a migration
+        never overwrites an entry a writer put into the target area meanwhile.
+        """
+        path = self.path(area, key)
+        tmp = files.write_tmp(path, key, blob, fsync=self.disk.fsync == "always")
+        try:
+            os.link(tmp, path)
+            return os.stat(tmp).st_ino
+        except FileExistsError:
+            return None
+        finally:
+            tmp.unlink(missing_ok=True)

@@ -1,76 +1,83 @@
-"""The storage-tier seam: one narrow protocol, and a base with the batched defaults."""
+"""The storage-tier seam: a narrow core every tier implements, and small capabilities a tier opts into.
+
+The core (:class:`StorageTier`) is what a tier must do: ``get/put/contains/delete/
+keys/usage/close``, with ``name``, ``capacity`` and ``persistent``. Anything more
+is a capability, a small ``Protocol`` (one or two methods) or a marker class,
+which a tier opts into by implementing it (the tiers here also name it among
+their bases). The tiered store checks capabilities by type, once per tier
+(:class:`Capabilities`), and gives a tier that lacks one a plain fallback built on
+the core:
+
+==========================  ===================  ===============================================
+capability                  tiers here           without it
+==========================  ===================  ===============================================
+:class:`VerifiedReads`      cpu, disk, redis     ``get``, its CRCs then checked (not if Trusted)
+:class:`OpensBlobs`         cpu, disk, gpu,      the whole blob read as above, then read in
+                            redis                parts from memory
+:class:`AdvisesReads`       disk                 nothing (reads do not wait on a device)
+:class:`Quarantine`         disk, redis          ``delete``; nothing to purge
+:class:`Durable`            disk                 nothing to flush
+:class:`LendsBlobs`         cpu                  tiers below are written from the caller's blob
+:class:`BatchWrites`        disk                 one ``put`` per entry
+:class:`BatchLookups`       redis                one ``contains`` per key
+:class:`PinsFormat`         disk                 new blobs in the newest format
+:class:`SharesBuffers`      cpu                  ``get`` returns a buffer the caller owns
+:class:`SelfEvicting`       redis                the store evicts in the LRU order of ``keys()``
+:class:`Trusted`            gpu                  loads and scrubs check CRCs
+==========================  ===================  ===============================================
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
 
 from kvmem import blob as blobfmt
 from kvmem.blob import EncodedBlob
-from kvmem.stores.readers import BlobReader, RangeReader
+from kvmem.stores.readers import BlobReader
 
-__all__ = ["StorageTier", "TierBase"]
+__all__ = [
+    "StorageTier",
+    "TierBase",
+    "Capabilities",
+    "VerifiedReads",
+    "OpensBlobs",
+    "AdvisesReads",
+    "Quarantine",
+    "Durable",
+    "LendsBlobs",
+    "BatchWrites",
+    "BatchLookups",
+    "PinsFormat",
+    "SharesBuffers",
+    "SelfEvicting",
+    "Trusted",
+]
 
 
 @runtime_checkable
 class StorageTier(Protocol):
     """Where blobs live: keyed by storage key (64 hex digits), valued by blob bytes.
 
-    Capabilities are class flags, not methods:
+    Attributes:
+        name: the tier's name in metrics and the catalog (``cpu``, ``disk``...).
+        capacity: bytes it may hold.
+        persistent: entries survive the process (disk, remote): every new entry is written through to it.
 
-    - ``shares_buffers``: ``get`` returns the tier's own buffer, which callers copy
-      before handing it out (memory tiers); otherwise ``get`` returns a fresh buffer.
-    - ``checks_crc``: loads from this tier are CRC-checked (every tier below the GPU).
-    - ``persistent``: entries survive the process (disk, remote): write-through targets.
-    - ``self_evicting``: the tier makes room by itself (Redis's ``maxmemory-policy``);
-      the tiered store never sheds it.
-
-    Tiers do not evict by themselves; :class:`~kvmem.stores.tiered.TieredStore`
-    demotes and evicts, in the LRU order ``keys()`` gives.
+    Tiers do not evict by themselves (unless :class:`SelfEvicting`);
+    :class:`~kvmem.stores.tiered.TieredStore` demotes and evicts, in the LRU order ``keys()`` gives.
     """
 
     name: str
     capacity: int
-    shares_buffers: bool
-    checks_crc: bool
     persistent: bool
-    self_evicting: bool
 
     def get(self, key: str) -> torch.Tensor | None:
-        """The blob stored under ``key`` as a contiguous uint8 tensor, or ``None``; marks it recently used."""
-        ...
-
-    def get_verified(self, key: str) -> torch.Tensor | None:
-        """``get``, its CRC32C checked when ``checks_crc`` (in the same pass as the read where the tier can).
-
-        Raises:
-            IntegrityError: the blob does not match its CRC.
-        """
-        ...
-
-    def read_verified(self, key: str) -> blobfmt.Verified | None:
-        """``get_verified``, with the header its check parsed where it parsed one (a load then parses it once).
-
-        Raises:
-            IntegrityError: the blob does not match its CRC.
-        """
-        ...
-
-    def read_range(self, key: str, start: int, stop: int) -> torch.Tensor | None:
-        """Bytes ``[start, stop)`` of ``key``'s blob (fewer past its end; not CRC-checked), or ``None``.
-
-        For partial reads such as one layer of a KV chunk; the caller checks the
-        segment CRCs of what it uses. The returned bytes must not be modified.
-        """
-        ...
-
-    def advise_range(self, key: str, start: int, stop: int) -> None:
-        """A hint: bytes ``[start, stop)`` of ``key``'s blob will be read soon; start fetching them.
-
-        Where reads do not wait on a device this does nothing; it never fails.
-        """
+        """The blob stored under ``key`` as a contiguous uint8 tensor (not CRC-checked), or ``None``; marks it
+        recently used."""
         ...
 
     def put(self, key: str, blob: EncodedBlob) -> None:
@@ -79,12 +86,10 @@ class StorageTier(Protocol):
         ``blob`` may be unsealed (its CRCs not computed yet): a tier that writes its bytes
         out seals it (in the same pass as the write where it can); a memory tier copies it
         and keeps it unsealed, to be sealed when first needed.
-        """
-        ...
 
-    def blob(self, key: str) -> EncodedBlob | None:
-        """``key``'s blob as this tier holds it, to be written to another tier without a copy, or ``None``
-        (not held, or the tier cannot lend its bytes)."""
+        Raises:
+            CapacityError: this value alone cannot be stored here (too large for one entry, or no pages free).
+        """
         ...
 
     def contains(self, key: str) -> bool:
@@ -95,10 +100,6 @@ class StorageTier(Protocol):
         """Remove ``key``; whether it was there."""
         ...
 
-    def quarantine(self, key: str) -> None:
-        """Take a corrupt entry out of service (moved aside where the tier can keep it)."""
-        ...
-
     def keys(self) -> Iterator[str]:
         """Stored keys, least recently used first."""
         ...
@@ -107,93 +108,162 @@ class StorageTier(Protocol):
         """Bytes held."""
         ...
 
-    def get_many(self, keys: Sequence[str]) -> list[torch.Tensor | None]:
-        """``get`` for several keys (one round trip where the tier can)."""
+    def close(self) -> None:
+        """Flush and release resources."""
         ...
 
+
+@runtime_checkable
+class VerifiedReads(Protocol):
+    """Loads checked in the same pass as the read (a file, a socket reply), or trusted where the tier says why."""
+
+    def read_verified(self, key: str) -> blobfmt.Verified | None:
+        """``key``'s blob, CRC-checked where this tier's bytes need it, with the header the check parsed.
+
+        Raises:
+            IntegrityError: the blob does not match its CRC.
+        """
+        ...
+
+
+@runtime_checkable
+class OpensBlobs(Protocol):
+    """Partial reads: a blob opened once, its parts read straight into the caller's tensors."""
+
     def open_blob(self, key: str) -> BlobReader | None:
-        """``key``'s blob, one version of it, for reading parts straight into tensors; ``None`` when absent.
+        """``key``'s blob, one version of it, for reading parts into tensors; ``None`` when absent.
 
         Raises:
             IntegrityError: its header is not intact.
         """
         ...
 
-    def put_many(self, items: Sequence[tuple[str, EncodedBlob]]) -> None:
-        """``put`` for several entries (written in parallel, made durable together where the tier can)."""
+
+@runtime_checkable
+class AdvisesReads(Protocol):
+    """Reads that wait on a device, which a hint can start early."""
+
+    def advise_range(self, key: str, start: int, stop: int) -> None:
+        """A hint: bytes ``[start, stop)`` of ``key``'s blob will be read soon. Never fails."""
         ...
 
-    def contains_many(self, keys: Sequence[str]) -> list[bool]:
-        """``contains`` for several keys (one round trip where the tier can)."""
+
+@runtime_checkable
+class Quarantine(Protocol):
+    """Corrupt entries moved aside for inspection rather than deleted."""
+
+    def quarantine(self, key: str) -> None:
+        """Take a corrupt entry out of service, kept aside."""
         ...
 
     def purge_quarantine(self) -> int:
         """Delete entries moved aside by :meth:`quarantine`; bytes freed."""
         ...
 
-    def close(self) -> None:
-        """Flush and release resources."""
+
+@runtime_checkable
+class Durable(Protocol):
+    """Writes made durable in batches (``fsync="batch"``)."""
+
+    def flush(self) -> None:
+        """Make every write so far durable."""
         ...
 
 
-class TierBase:
-    """Defaults shared by tiers: batched calls loop over single calls; quarantine deletes."""
-
-    shares_buffers = False
-    checks_crc = True
-    persistent = False
-    self_evicting = False
-
-    def get(self, key: str) -> torch.Tensor | None:  # pragma: no cover - overridden
-        raise NotImplementedError
-
-    def contains(self, key: str) -> bool:  # pragma: no cover - overridden
-        raise NotImplementedError
-
-    def delete(self, key: str) -> bool:  # pragma: no cover - overridden
-        raise NotImplementedError
-
-    def get_verified(self, key: str) -> torch.Tensor | None:
-        buf = self.get(key)
-        if buf is not None and self.checks_crc:
-            blobfmt.verify(buf if buf.device.type == "cpu" else buf.cpu())
-        return buf
-
-    def read_verified(self, key: str) -> blobfmt.Verified | None:
-        buf = self.get_verified(key)
-        return None if buf is None else blobfmt.Verified(buf)
-
-    def read_range(self, key: str, start: int, stop: int) -> torch.Tensor | None:
-        buf = self.get(key)
-        return None if buf is None else buf[start:stop]
+@runtime_checkable
+class LendsBlobs(Protocol):
+    """Entries lent as blobs, so that the tiers below are written from this tier's copy, not the caller's."""
 
     def blob(self, key: str) -> EncodedBlob | None:
-        return None
+        """``key``'s blob as this tier holds it (views of its memory), or ``None``."""
+        ...
 
-    def advise_range(self, key: str, start: int, stop: int) -> None:
-        return None
 
-    def get_many(self, keys: Sequence[str]) -> list[torch.Tensor | None]:
-        return [self.get(k) for k in keys]
-
-    def open_blob(self, key: str) -> BlobReader | None:
-        head = self.read_range(key, 0, blobfmt.HEAD_PROBE)
-        if head is None:
-            return None
-        return RangeReader(lambda lo, hi: self.read_range(key, lo, hi), self.name, self.checks_crc, head)
+@runtime_checkable
+class BatchWrites(Protocol):
+    """Several entries written together (in parallel, made durable together)."""
 
     def put_many(self, items: Sequence[tuple[str, EncodedBlob]]) -> None:
-        for key, blob in items:
-            self.put(key, blob)  # type: ignore[attr-defined]
+        """``put`` for every ``(key, blob)``."""
+        ...
+
+
+@runtime_checkable
+class BatchLookups(Protocol):
+    """Several keys looked up in one round trip."""
 
     def contains_many(self, keys: Sequence[str]) -> list[bool]:
-        return [self.contains(k) for k in keys]
+        """``contains`` for every key."""
+        ...
 
-    def quarantine(self, key: str) -> None:
-        self.delete(key)
 
-    def purge_quarantine(self) -> int:
-        return 0
+@runtime_checkable
+class PinsFormat(Protocol):
+    """A tier whose blobs must be in one format (the disk tier while a format migration runs)."""
+
+    @property
+    def blob_format(self) -> int:
+        """The blob format new entries are written in."""
+        ...
+
+
+class SharesBuffers:
+    """Marker: ``get`` and ``read_verified`` return views of the tier's own memory, which a load copies out of
+    (never written while they live); puts into it are serialized with the room made for them."""
+
+
+class SelfEvicting:
+    """Marker: the tier makes room by itself (Redis's ``maxmemory-policy``): the tiered store never sheds it,
+    and its ``keys()`` are in no LRU order."""
+
+
+class Trusted:
+    """Marker: the tier's bytes never leave the memory they were copied into (device memory), so loads from it
+    and scrubs of it skip the CRC check."""
+
+
+class TierBase:
+    """What the tiers here share by default: not persistent, nothing to release on close."""
+
+    persistent = False
 
     def close(self) -> None:
         return None
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """One tier's capabilities, checked by type once (an ``isinstance`` against a protocol costs microseconds,
+    and the data path asks per call). Each protocol field is the tier itself, typed as that capability, or
+    ``None``; methods are looked up on it when called, so a method replaced on the tier is the one called."""
+
+    verified_reads: VerifiedReads | None
+    opens_blobs: OpensBlobs | None
+    advises_reads: AdvisesReads | None
+    quarantine: Quarantine | None
+    durable: Durable | None
+    lends_blobs: LendsBlobs | None
+    batch_writes: BatchWrites | None
+    batch_lookups: BatchLookups | None
+    pins_format: PinsFormat | None
+    shares_buffers: bool
+    self_evicting: bool
+    trusted: bool
+
+    @classmethod
+    def of(cls, tier: StorageTier) -> Capabilities:
+        """The capabilities ``tier`` implements."""
+        return cls(
+            verified_reads=tier if isinstance(tier, VerifiedReads) else None,
+            opens_blobs=tier if isinstance(tier, OpensBlobs) else None,
+            advises_reads=tier if isinstance(tier, AdvisesReads) else None,
+            quarantine=tier if isinstance(tier, Quarantine) else None,
+            durable=tier if isinstance(tier, Durable) else None,
+            lends_blobs=tier if isinstance(tier, LendsBlobs) else None,
+            batch_writes=tier if isinstance(tier, BatchWrites) else None,
+            batch_lookups=tier if isinstance(tier, BatchLookups) else None,
+            pins_format=tier if isinstance(tier, PinsFormat) else None,
+            shares_buffers=isinstance(tier, SharesBuffers),
+            self_evicting=isinstance(tier, SelfEvicting),
+            trusted=isinstance(tier, Trusted),
+        )

@@ -26,6 +26,7 @@ from kvmem.blob import EncodedBlob, Piece
 from kvmem.errors import CapacityError, IntegrityError
 from kvmem.pool import Allocation, HostPool
 from kvmem.rows import TORCH_COPY_FROM, byte_rows, copy_rows, nbytes_of, writable_rows
+from kvmem.stores.base import LendsBlobs, OpensBlobs, SharesBuffers, VerifiedReads
 from kvmem.stores.memory import LruTier
 from kvmem.stores.readers import BlobReader, check_size, copy_part
 
@@ -48,12 +49,18 @@ class _Entry:
         return self.alloc.nbytes
 
 
-class CpuTier(LruTier[_Entry]):
+class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBlobs):
     """Host-memory tier on a :class:`~kvmem.pool.HostPool` (pinned when CUDA is present).
+
+    Its loads lend views of its pages (:class:`~kvmem.stores.base.SharesBuffers`); the tiers
+    below are written from its copy of a new entry (:class:`~kvmem.stores.base.LendsBlobs`).
 
     Args:
         capacity: bytes of pages this tier may use (``usage`` counts the pool's pages in use).
         verify: CRC-check every load (default: trust the pages; see the module docstring).
+
+    Attributes:
+        checks_crc: ``verify``: whether loads from this tier check CRCs.
 
     NOTE: pages are 4 KiB, smaller for a small tier (at least 1024 pages, 64 B at least),
     so that the unused tail of each entry's last page wastes little. The pool holds 1/16
@@ -62,8 +69,6 @@ class CpuTier(LruTier[_Entry]):
     :class:`~kvmem.errors.CapacityError`, which the tiered store answers by making room
     and trying once more, then by treating the value as refused here.
     """
-
-    shares_buffers = True
 
     def __init__(self, capacity: int, verify: bool = False) -> None:
         super().__init__()

@@ -23,7 +23,6 @@ itself rather than trusting this process's index.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import threading
@@ -37,25 +36,36 @@ import torch
 from kvmem import blob as blobfmt
 from kvmem.blob import EncodedBlob, empty_buffer
 from kvmem.errors import IntegrityError
-from kvmem.keys import is_storage_key
 from kvmem.recovery import OnRecovered
 from kvmem.stores import files
-from kvmem.stores.areas import STATE_FILE, AreaState, read_state, write_state
-from kvmem.stores.base import TierBase
+from kvmem.stores.areas import STATE_FILE, SUFFIX, AreaState, entry_file, read_state, scan_area
+from kvmem.stores.base import (
+    AdvisesReads,
+    BatchWrites,
+    Durable,
+    OpensBlobs,
+    PinsFormat,
+    Quarantine,
+    TierBase,
+    VerifiedReads,
+)
 from kvmem.stores.readers import BlobReader, FileReader
 
 __all__ = ["DiskTier"]
 
 log = logging.getLogger(__name__)
 
-_SUFFIX = ".kvb"
 _BATCH_FSYNC_EVERY = 64  # with fsync="batch", fsync pending files after this many writes
 _BATCH_FSYNC_SECONDS = 1.0
 _STATE_RECHECK = 0.2  # seconds between checks of areas.json when nothing forces one
 
 
-class DiskTier(TierBase):
+class DiskTier(TierBase, VerifiedReads, OpensBlobs, AdvisesReads, Quarantine, Durable, BatchWrites, PinsFormat):
     """Blob files under ``root``, at most ``capacity`` bytes.
+
+    Loads are CRC-checked as the file is read; corrupt files are moved aside; with
+    ``fsync="batch"`` writes are made durable by :meth:`flush`. What a format migration
+    does with its areas is :class:`~kvmem.stores.areas.DiskAreas`'s.
 
     Args:
         root: directory (created if missing).
@@ -83,7 +93,6 @@ class DiskTier(TierBase):
         # NOTE: key -> size; order is the LRU order (first = least recently used).
         self._index: OrderedDict[str, int] = OrderedDict()
         self._bytes = 0
-        self._tmp_ids = itertools.count()
         self._unsynced: set[Path] = set()
         self._last_sync = time.monotonic()
         self._rebuild_index()
@@ -98,13 +107,8 @@ class DiskTier(TierBase):
     def blob_format(self) -> int:
         """The blob format entries are written in now (the target's during a migration)."""
         if time.monotonic() - self._checked > _STATE_RECHECK:
-            self._refresh()
+            self.refresh_areas()
         return self._state.write_format
-
-    def set_areas(self, state: AreaState) -> None:
-        """Record ``state`` for every process sharing ``root`` (atomically), and follow it here."""
-        write_state(self.root, state)
-        self._refresh()
 
     def _use_state(self, state: AreaState, stamp: tuple[int, int]) -> None:
         """Follow ``state``, read from ``areas.json`` as it was at ``stamp``."""
@@ -115,7 +119,7 @@ class DiskTier(TierBase):
         self._stamp = stamp
         self._checked = time.monotonic()
 
-    def _refresh(self) -> bool:
+    def refresh_areas(self) -> bool:
         """Follow ``areas.json`` if another process changed it; whether it had changed."""
         stamp = self._state_stamp()
         self._checked = time.monotonic()
@@ -132,72 +136,22 @@ class DiskTier(TierBase):
             return (0, 0)
         return (st.st_mtime_ns, st.st_ino)
 
-    def area_keys(self, area: str) -> list[str]:
-        """Keys with a file in ``area``, least recently used first."""
-        return [key for _mtime, key, _size in self._scan(self.root / area, clean_tmp=False)]
-
-    def area_path(self, area: str, key: str) -> Path:
-        """Where ``key``'s file lives in ``area``."""
-        return Path(self._file(key, os.fspath(self.root / area) + os.sep))
-
-    def put_new(self, area: str, key: str, blob: EncodedBlob) -> int | None:
-        """Write ``blob`` as ``key``'s file in ``area`` unless it has one; the new file's inode, or ``None``.
-
-        NOTE: ``link`` commits the file only if the name is free, atomically: a migration
-        never overwrites an entry a writer put into the target area meanwhile.
-        """
-        path = self.area_path(area, key)
-        tmp = self._write_tmp(path, key, blob)
-        try:
-            os.link(tmp, path)
-            return os.stat(tmp).st_ino
-        except FileExistsError:
-            return None
-        finally:
-            tmp.unlink(missing_ok=True)
-
     # -- paths --------------------------------------------------------------
     def path(self, key: str) -> Path:
         """The file of ``key``: where it is now, or where a put would write it. Only storage keys map to a path."""
         found = next((f for f in self._files(key) if os.path.exists(f)), None)
-        return Path(found or self._file(key, self._write_dir))
-
-    def _file(self, key: str, directory: str) -> str:
-        """``key``'s file in the area ``directory`` (a string join costs less than pathlib on the read path)."""
-        if not is_storage_key(key):
-            raise ValueError(f"DiskTier key {key[:80]!r}: expected a storage key of 64 hex digits")
-        return f"{directory}{key[:2]}{os.sep}{key}{_SUFFIX}"
+        return Path(found or entry_file(self._write_dir, key))
 
     def _files(self, key: str) -> list[str]:
         """``key``'s files in reading order (the migration target first)."""
-        return [self._file(key, d) for d in self._dirs]
+        return [entry_file(d, key) for d in self._dirs]
 
     def _rebuild_index(self, clean_tmp: bool = True) -> None:
-        found = [hit for d in self._dirs for hit in self._scan(Path(d), clean_tmp)]
+        found = [hit for d in self._dirs for hit in scan_area(Path(d), clean_tmp)]
         index = OrderedDict((key, size) for _mtime, key, size in sorted(found))
         with self._lock:
             self._index = index
             self._bytes = sum(index.values())
-
-    def _scan(self, area: Path, clean_tmp: bool) -> list[tuple[int, str, int]]:
-        """``(mtime, key, size)`` of every entry file in ``area``, oldest first."""
-        found: list[tuple[int, str, int]] = []
-        if not area.is_dir():
-            return found
-        for shard in area.iterdir():
-            if not shard.is_dir():
-                continue
-            for entry in os.scandir(shard):
-                if entry.name.endswith(".tmp"):
-                    if clean_tmp:
-                        self._remove_stray_tmp(entry)
-                elif entry.name.endswith(_SUFFIX) and is_storage_key(entry.name[:-len(_SUFFIX)]):
-                    try:
-                        st = entry.stat()
-                    except FileNotFoundError:
-                        continue  # deleted by another process while we scanned
-                    found.append((st.st_mtime_ns, entry.name[:-len(_SUFFIX)], st.st_size))
-        return sorted(found)
 
     def rescan(self) -> None:
         """Re-read the index from the files, to see what other processes sharing ``root`` wrote or removed.
@@ -207,26 +161,12 @@ class DiskTier(TierBase):
         """
         self._rebuild_index(clean_tmp=False)
 
-    def _remove_stray_tmp(self, entry: os.DirEntry[str]) -> None:
-        """Delete a temporary file left by a crashed writer (never one of a live process)."""
-        parts = entry.name.split(".")
-        pid = int(parts[1]) if len(parts) == 4 and parts[1].isdigit() else None
-        if pid is not None and pid != os.getpid() and files.pid_alive(pid):
-            return
-        try:
-            os.unlink(entry.path)
-            log.info("kvmem: removed %s left by an interrupted write", entry.path)
-        except FileNotFoundError:
-            pass
-
     # -- StorageTier --------------------------------------------------------
     def get(self, key: str) -> torch.Tensor | None:
         return self._read(key, None)
 
-    def get_verified(self, key: str, checker: blobfmt.StreamVerifier | None = None) -> torch.Tensor | None:
-        """``get`` with the CRCs checked during the read, one 1 MiB step at a time.
-
-        ``checker``: a fresh verifier to check with (its ``header`` is then the blob's).
+    def read_verified(self, key: str) -> blobfmt.Verified | None:
+        """``get`` with the CRCs checked during the read, one 1 MiB step at a time, and the header the check parsed.
 
         NOTE: each step is checked right after ``readv`` brought it into cache, so the
         check adds no second pass over memory (measured: 0.89 of a plain read, vs 0.82
@@ -236,11 +176,8 @@ class DiskTier(TierBase):
         Raises:
             IntegrityError: the file is truncated or does not match its CRCs.
         """
-        return self._read(key, checker if checker is not None else blobfmt.StreamVerifier())
-
-    def read_verified(self, key: str) -> blobfmt.Verified | None:
         checker = blobfmt.StreamVerifier()
-        buf = self.get_verified(key, checker)
+        buf = self._read(key, checker)
         return None if buf is None else blobfmt.Verified(buf, (checker.header, checker.start))
 
     def read_range(self, key: str, start: int, stop: int) -> torch.Tensor | None:
@@ -303,30 +240,14 @@ class DiskTier(TierBase):
                 fd = files.open_or_none(path)
                 if fd is not None:
                     return fd, path
-            if attempt or not self._refresh():
+            if attempt or not self.refresh_areas():
                 break
         self._forget(key)
         return None
 
     def _write_tmp(self, path: Path, key: str, blob: EncodedBlob) -> Path:
         """``blob`` written (and fsynced per ``fsync``) to a new temporary file beside ``path``."""
-        tmp = path.with_name(f"{key}.{os.getpid()}.{next(self._tmp_ids)}.tmp")
-        try:
-            fd = os.open(tmp, files.CREATE, 0o644)
-        except FileNotFoundError:  # the first entry of its shard: make the directory (once, not per put)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, files.CREATE, 0o644)
-        try:
-            files.write_blob(fd, blob)
-            if self.fsync == "always":
-                os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            tmp.unlink(missing_ok=True)
-            raise
-        os.close(fd)
-        files.stamp(tmp)
-        return tmp
+        return files.write_tmp(path, key, blob, fsync=self.fsync == "always")
 
     def put(self, key: str, blob: EncodedBlob) -> None:
         self.put_many([(key, blob)])
@@ -340,7 +261,7 @@ class DiskTier(TierBase):
         """
         area = self._write_dir
         fmt = self._state.write_format
-        jobs = [(key, Path(self._file(key, area)), _in_format(blob, fmt)) for key, blob in items]
+        jobs = [(key, Path(entry_file(area, key)), _in_format(blob, fmt)) for key, blob in items]
         if len(jobs) == 1:
             tmps = [self._write_tmp(jobs[0][1], jobs[0][0], jobs[0][2])]
         else:
@@ -353,7 +274,7 @@ class DiskTier(TierBase):
         for (_key, path, _blob), tmp in zip(jobs, tmps):
             os.replace(tmp, path)
             paths.append(path)
-        if self._refresh() and self._write_dir != area:
+        if self.refresh_areas() and self._write_dir != area:
             # NOTE: a migration began or switched while these files were written: move them where entries go now
             paths = [self._move_to_write_area(key, path) for (key, _p, _b), path in zip(jobs, paths)]
         if self.fsync == "always":
@@ -384,7 +305,7 @@ class DiskTier(TierBase):
 
     def _move_to_write_area(self, key: str, path: Path) -> Path:
         """Move ``key``'s file at ``path`` into the current write area (in its format); the new path."""
-        target = Path(self._file(key, self._write_dir))
+        target = Path(entry_file(self._write_dir, key))
         target.parent.mkdir(parents=True, exist_ok=True)
         original = EncodedBlob.from_buffer(torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8))
         blob = _in_format(original, self._state.write_format)
@@ -412,7 +333,7 @@ class DiskTier(TierBase):
 
     def quarantine(self, key: str) -> None:
         for path in self._files(key):
-            target = self._quarantine / f"{key}.{time.time_ns()}{_SUFFIX}"
+            target = self._quarantine / f"{key}.{time.time_ns()}{SUFFIX}"
             try:
                 os.replace(path, target)
                 log.warning("kvmem: quarantined corrupt entry %s to %s", key, target)
@@ -430,7 +351,7 @@ class DiskTier(TierBase):
 
     def quarantined(self) -> list[Path]:
         """Files moved aside by :meth:`quarantine`."""
-        return sorted(self._quarantine.glob(f"*{_SUFFIX}"))
+        return sorted(self._quarantine.glob(f"*{SUFFIX}"))
 
     def purge_quarantine(self) -> int:
         freed = 0

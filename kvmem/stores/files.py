@@ -1,7 +1,10 @@
-"""File I/O of the disk tier: vectored reads and writes, mtime stamps, directory fsync. No kvmem state."""
+"""File I/O of the disk tier: vectored reads and writes, temporary files, mtime stamps, directory fsync.
+No kvmem state."""
 
 from __future__ import annotations
 
+import itertools
+import logging
 import os
 import threading
 import time
@@ -15,13 +18,16 @@ from kvmem import blob as blobfmt
 from kvmem.rows import steps
 
 __all__ = ["CREATE", "IOV_MAX", "advance", "fsync_dir", "io_pool", "open_or_none", "pid_alive", "preadv_all",
-           "pwrite_all", "read_into", "stamp", "write_blob"]
+           "pwrite_all", "read_into", "remove_stray_tmp", "stamp", "write_blob", "write_tmp"]
+
+log = logging.getLogger(__name__)
 
 CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL
 IOV_MAX = 512
 _READ_STEP = 1 << 20  # verified reads go in 1 MiB steps, each checked while it is still in cache
 
 
+_tmp_ids = itertools.count()  # NOTE: per process: a temporary file is named <key>.<pid>.<n>.tmp
 _IO_THREADS = 4  # NOTE: enough queue depth for a virtual disk's cold reads; file copies release the GIL
 _io_pool: ThreadPoolExecutor | None = None
 _io_lock = threading.Lock()
@@ -72,6 +78,40 @@ def stamp(path: str | Path) -> None:
     """
     now = time.time_ns()
     os.utime(path, ns=(now, now))
+
+
+def write_tmp(path: Path, key: str, blob: blobfmt.EncodedBlob, fsync: bool) -> Path:
+    """``blob`` written (and fsynced with ``fsync``) to a new temporary file beside ``path``; the file."""
+    tmp = path.with_name(f"{key}.{os.getpid()}.{next(_tmp_ids)}.tmp")
+    try:
+        fd = os.open(tmp, CREATE, 0o644)
+    except FileNotFoundError:  # the first entry of its shard: make the directory (once, not per put)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, CREATE, 0o644)
+    try:
+        write_blob(fd, blob)
+        if fsync:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    stamp(tmp)
+    return tmp
+
+
+def remove_stray_tmp(entry: os.DirEntry[str]) -> None:
+    """Delete a temporary file (from :func:`write_tmp`) left by a crashed writer (never one of a live process)."""
+    parts = entry.name.split(".")
+    pid = int(parts[1]) if len(parts) == 4 and parts[1].isdigit() else None
+    if pid is not None and pid != os.getpid() and pid_alive(pid):
+        return
+    try:
+        os.unlink(entry.path)
+        log.info("kvmem: removed %s left by an interrupted write", entry.path)
+    except FileNotFoundError:
+        pass
 
 
 def read_into(fd: int, dst: np.ndarray, checker: blobfmt.StreamVerifier | None) -> int:

@@ -18,7 +18,8 @@ import torch
 from kvmem.blob import EncodedBlob
 from kvmem.errors import CapacityError, ConfigError
 from kvmem.paged import PagedBuffer
-from kvmem.stores.base import TierBase
+from kvmem.stores.base import OpensBlobs, TierBase, Trusted
+from kvmem.stores.readers import BlobReader, open_by_ranges
 
 __all__ = ["LruTier", "GpuTier"]
 
@@ -57,7 +58,7 @@ class LruTier(TierBase, Generic[E]):
         return self._bytes
 
 
-class GpuTier(LruTier["_Entry"]):
+class GpuTier(LruTier["_Entry"], Trusted, OpensBlobs):
     """Device-memory tier on a paged pool: blobs live in fixed-size pages of one preallocated buffer.
 
     No allocation per entry and no fragmentation: a blob takes ``ceil(nbytes / page_bytes)``
@@ -65,11 +66,11 @@ class GpuTier(LruTier["_Entry"]):
     when deleted or replaced. Writes go through a preallocated staging buffer (pinned on
     CUDA) in runs of at least ``transfer_bytes``: one host-to-device copy and one scatter
     kernel per run rather than one copy per page. Loads from it are not CRC-checked (the
-    bytes never left the device).
+    bytes never left the device: :class:`~kvmem.stores.base.Trusted`).
 
-    ``get`` gathers the pages into a new buffer the caller owns (``shares_buffers`` is
-    false), so a later write that reuses freed pages never changes bytes handed out
-    (copy-on-write); ``read_range`` gathers only the pages a range covers.
+    ``get`` gathers the pages into a new buffer the caller owns (it does not share its
+    buffers), so a later write that reuses freed pages never changes bytes handed out
+    (copy-on-write); ``read_range`` and ``open_blob`` gather only the pages a range covers.
 
     Args:
         capacity: bytes of blobs this tier may hold (``usage`` counts blob bytes).
@@ -83,9 +84,6 @@ class GpuTier(LruTier["_Entry"]):
     entries) raises :class:`~kvmem.errors.CapacityError`, which the tiered store treats
     as this value refused (it goes to the tiers below).
     """
-
-    checks_crc = False
-    shares_buffers = False
 
     def __init__(self, capacity: int, device: torch.device | str = "cuda", page_bytes: int | None = None,
                  transfer_bytes: int = 1 << 20) -> None:
@@ -124,6 +122,10 @@ class GpuTier(LruTier["_Entry"]):
             first, last = start // self.page_bytes, -(-stop // self.page_bytes)
             got = self._buffer.read(entry.blocks[first:last])[0]
             return got[start - first * self.page_bytes:stop - first * self.page_bytes]
+
+    def open_blob(self, key: str) -> BlobReader | None:
+        """``key``'s blob read by ranges (each a gather of the pages it covers), not CRC-checked."""
+        return open_by_ranges(lambda lo, hi: self.read_range(key, lo, hi), self.name, checks_crc=False)
 
     def put(self, key: str, blob: EncodedBlob) -> None:
         with self._lock:

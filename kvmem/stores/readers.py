@@ -34,7 +34,8 @@ from kvmem.errors import IntegrityError
 from kvmem.rows import TORCH_COPY_FROM, copy_rows, steps, writable_rows
 from kvmem.stores.files import preadv_all
 
-__all__ = ["BlobReader", "FileReader", "Guard", "GuardedReader", "RangeReader", "check_size", "copy_part"]
+__all__ = ["BlobReader", "FileReader", "Guard", "GuardedReader", "RangeReader", "check_size", "copy_part",
+           "open_by_ranges"]
 
 Header = dict[str, Any]
 T = TypeVar("T")
@@ -156,6 +157,18 @@ class RangeReader(BlobReader):
         if got is None:
             raise IntegrityError(f"blob went from tier {self.tier} while it was being read")
         return got
+
+
+def open_by_ranges(read_range: Callable[[int, int], torch.Tensor | None], tier: str,
+                   checks_crc: bool) -> RangeReader | None:
+    """A :class:`RangeReader` over ``read_range`` (one blob's ``(start, stop) -> bytes or None``), or ``None``
+    when the blob is absent.
+
+    Raises:
+        IntegrityError: the head is not an intact blob header.
+    """
+    head = read_range(0, blobfmt.HEAD_PROBE)
+    return None if head is None else RangeReader(read_range, tier, checks_crc, head)
 
 
 class Guard(Protocol):

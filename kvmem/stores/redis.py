@@ -15,8 +15,8 @@ tenant salt already makes two tenants' storage keys disjoint, a prefix keeps two
 deployments apart on one server.
 
 NOTE: Redis evicts by itself (``maxmemory-policy``, and ``ttl`` when set), so the
-tier is ``self_evicting``: :class:`~kvmem.stores.tiered.TieredStore` never sheds
-it by scanning keys, whose order Redis does not keep. ``usage()`` is the
+tier is :class:`~kvmem.stores.base.SelfEvicting`: :class:`~kvmem.stores.tiered.TieredStore`
+never sheds it by scanning keys, whose order Redis does not keep. ``usage()`` is the
 server's ``used_memory``; ``capacity`` its ``maxmemory`` (or ``?capacity=``).
 
 In cluster mode (``redis+cluster://``) the hosts are startup nodes: redis-py's
@@ -77,7 +77,8 @@ from kvmem.config import Config, parse_size
 from kvmem.errors import CapacityError, ConfigError, TierUnavailable
 from kvmem.keys import is_storage_key
 from kvmem.redaction import redact, url_password
-from kvmem.stores.base import TierBase
+from kvmem.stores.base import BatchLookups, OpensBlobs, Quarantine, SelfEvicting, TierBase, VerifiedReads
+from kvmem.stores.readers import BlobReader, open_by_ranges
 from kvmem.stores.resp import Gathered, GatherPacker
 
 __all__ = ["RedisTier"]
@@ -153,8 +154,11 @@ def _misconfiguration(exc: BaseException) -> str | None:
     return None
 
 
-class RedisTier(TierBase):
+class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, BatchLookups):
     """Blobs on a Redis server, one string value per entry.
+
+    Loads are CRC-checked as the reply is copied out; a blob is read in parts with
+    ``GETRANGE``; corrupt values are renamed aside; lookups are pipelined.
 
     Args:
         client: a redis-py client, ``Redis`` or ``RedisCluster`` (``decode_responses`` off).
@@ -170,7 +174,6 @@ class RedisTier(TierBase):
     """
 
     persistent = True
-    self_evicting = True
 
     def __init__(self, client: Client | None = None, *, prefix: str = "kvmem:", ttl: int | None = None,
                  max_value: int = REDIS_MAX_VALUE, capacity: int | None = None, url: str = "redis://",
@@ -326,23 +329,19 @@ class RedisTier(TierBase):
         out.numpy()[:] = np.frombuffer(data, dtype=np.uint8)
         return out
 
-    def get_verified(self, key: str) -> torch.Tensor | None:
-        """``get`` with the CRCs checked while the reply is copied into the returned buffer.
+    def read_verified(self, key: str) -> blobfmt.Verified | None:
+        """``get`` with the CRCs checked while the reply is copied into the returned buffer, and the header the
+        check parsed (a load through ``Memory`` then parses it once).
 
         Raises:
             IntegrityError: the value is not a whole blob matching its CRCs.
         """
-        return self._copy_verified(key, None)
-
-    def read_verified(self, key: str) -> blobfmt.Verified | None:
-        """``get_verified`` with the header its check parsed (a load through ``Memory`` then parses it once)."""
-        checker = blobfmt.StreamVerifier()
-        buf = self._copy_verified(key, checker)
-        return None if buf is None else blobfmt.Verified(buf, (checker.header, checker.start))
-
-    def _copy_verified(self, key: str, checker: blobfmt.StreamVerifier | None) -> torch.Tensor | None:
         data = self._fetch(key)
-        return None if data is None else blobfmt.copy_verified(np.frombuffer(data, dtype=np.uint8), checker=checker)
+        if data is None:
+            return None
+        checker = blobfmt.StreamVerifier()
+        buf = blobfmt.copy_verified(np.frombuffer(data, dtype=np.uint8), checker=checker)
+        return blobfmt.Verified(buf, (checker.header, checker.start))
 
     def get_many(self, keys: Sequence[str]) -> list[torch.Tensor | None]:
         """``get`` for several keys in one round trip (``MGET``, or pipelined ``GETEX`` with a TTL)."""
@@ -376,6 +375,14 @@ class RedisTier(TierBase):
         if not exists:
             return None
         return torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())
+
+    def open_blob(self, key: str) -> BlobReader | None:
+        """``key``'s value read in parts, one ``GETRANGE`` each, every part CRC-checked.
+
+        Raises:
+            IntegrityError: its header is not intact.
+        """
+        return open_by_ranges(lambda lo, hi: self.read_range(key, lo, hi), self.name, checks_crc=True)
 
     def put(self, key: str, blob: EncodedBlob) -> None:
         """``SET`` the blob (with ``EX ttl``); one value, replaced atomically, sent from its parts without a copy.

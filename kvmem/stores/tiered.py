@@ -13,6 +13,9 @@ Invariants:
 - A tier whose operation raises ``OSError`` or ``TierUnavailable`` is skipped for
   ``retry_seconds`` and counted; the caller never sees that error (a reader from
   ``open_blob`` raises ``TierUnavailable`` instead: it was counted already).
+- What a tier can do beyond the core protocol is looked up by type once, when the
+  store opens (:class:`~kvmem.stores.base.Capabilities`); a tier without a capability
+  gets the plain fallback (see :mod:`kvmem.stores.base`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, TypeVarTuple
 
 import torch
 
@@ -33,14 +36,14 @@ from kvmem import blob as blobfmt
 from kvmem.blob import EncodedBlob
 from kvmem.errors import CapacityError, IntegrityError, TierUnavailable
 from kvmem.metrics import Metrics
-from kvmem.stores.base import StorageTier
-from kvmem.stores.readers import BlobReader, GuardedReader
+from kvmem.stores.base import Capabilities, StorageTier
+from kvmem.stores.readers import BlobReader, GuardedReader, RangeReader
 
 __all__ = ["TieredStore", "Fetched", "Stored"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_FAILED = object()
+Ts = TypeVarTuple("Ts")
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class TieredStore:
         self.retry_seconds = retry_seconds
         self.on_removed = on_removed
         self._health = {t.name: _Health() for t in self.tiers}
+        self._caps = {t.name: Capabilities.of(t) for t in self.tiers}
         self._room_lock = threading.RLock()
         # NOTE: write-back entries by key; a newer put replaces an older pending one,
         # and a delete drops it, so the writer never resurrects a deleted key.
@@ -117,30 +121,46 @@ class TieredStore:
             metrics.memory_usage.labels(tier=t.name).set_function(t.usage)
 
     # -- fault isolation ----------------------------------------------------
-    def _call(self, tier: StorageTier, fn: Callable[[], T]) -> T | object:
-        """Run ``fn`` against ``tier``; a failure marks the tier down and returns ``_FAILED``."""
+    def _call_or_raise(self, tier: StorageTier, fn: Callable[[*Ts], T], *args: *Ts) -> T:
+        """``fn(*args)``, an operation of ``tier``, under its failure handling.
+
+        Raises:
+            TierUnavailable: ``tier`` raised ``OSError`` or ``TierUnavailable`` (now marked down for
+                ``retry_seconds``, counted and logged, once: the caller must not count it), or is skipped.
+        """
         health = self._health[tier.name]
         if not health.usable():
-            return _FAILED
+            raise TierUnavailable(f"tier {tier.name} is skipped for up to {self.retry_seconds:.1f}s after a "
+                                  "failure (see kvmem_tier_errors_total)")
         try:
-            return fn()
+            return fn(*args)
         except (OSError, TierUnavailable) as exc:
             health.down_until = time.monotonic() + self.retry_seconds
             self.metrics.tier_errors.labels(tier=tier.name).inc()
             log.warning("kvmem: tier %s failed (%s: %s); skipping it for %.1fs",
                         tier.name, type(exc).__name__, exc, self.retry_seconds)
-            return _FAILED
+            raise TierUnavailable(f"tier {tier.name} failed ({type(exc).__name__}: {exc}); skipped for "
+                                  f"{self.retry_seconds:.1f}s (see kvmem_tier_errors_total)") from exc
 
-    def _call_or_raise(self, tier: StorageTier, fn: Callable[[], T]) -> T:
-        """:meth:`_call`, for a caller that needs a value: a failing or skipped tier raises ``TierUnavailable``.
+    def _call(self, tier: StorageTier, fn: Callable[[*Ts], T | None], *args: *Ts) -> T | None:
+        """:meth:`_call_or_raise` for a caller that goes on without ``tier``: ``None`` when it failed or is
+        skipped (as when ``fn`` found nothing)."""
+        try:
+            return self._call_or_raise(tier, fn, *args)
+        except TierUnavailable:
+            return None
 
-        NOTE: the failure is counted and the tier backed off once, in ``_call``; the caller must not count it.
-        """
-        got = self._call(tier, fn)
-        if got is _FAILED:
-            raise TierUnavailable(f"tier {tier.name} failed, or is skipped for up to {self.retry_seconds:.1f}s "
-                                  "after a failure (see kvmem_tier_errors_total)")
-        return got  # type: ignore[return-value]
+    def _ran(self, tier: StorageTier, fn: Callable[[*Ts], object], *args: *Ts) -> bool:
+        """:meth:`_call` for an operation run for its effect: whether it ran (``False``: failed or skipped)."""
+        try:
+            self._call_or_raise(tier, fn, *args)
+        except TierUnavailable:
+            return False
+        return True
+
+    def capabilities(self, tier: StorageTier) -> Capabilities:
+        """What ``tier`` does beyond the core protocol (looked up once, when this store opened)."""
+        return self._caps[tier.name]
 
     def healthy(self, tier: StorageTier) -> bool:
         """Whether ``tier`` is currently used (not skipped after a failure)."""
@@ -150,17 +170,16 @@ class TieredStore:
     def blob_format(self) -> int:
         """The blob format new entries are written in: the disk tier's (a migration may be under way), else
         the newest."""
-        return next((fmt for fmt in (getattr(t, "blob_format", None) for t in self.tiers) if fmt is not None),
-                    blobfmt.FORMAT_VERSION)
+        pinned = (self._caps[t.name].pins_format for t in self.tiers)
+        return next((p.blob_format for p in pinned if p is not None), blobfmt.FORMAT_VERSION)
 
     def holders(self, key: str) -> list[str]:
         """Names of the usable tiers that hold ``key`` (a failing tier is skipped and counted, never raised)."""
-        return [t.name for t in self.tiers if self._call(t, lambda t=t: t.contains(key)) is True]
+        return [t.name for t in self.tiers if self._call(t, t.contains, key)]
 
     def entry_count(self, tier: StorageTier) -> int:
         """Entries ``tier`` holds; 0 while it fails (skipped and counted, never raised)."""
-        n = self._call(tier, lambda: sum(1 for _ in tier.keys()))
-        return 0 if n is _FAILED else int(n)  # type: ignore[call-overload]
+        return self._call(tier, _count_keys, tier) or 0
 
     # -- reads --------------------------------------------------------------
     def get(self, key: str) -> tuple[Fetched | None, int]:
@@ -172,17 +191,16 @@ class TieredStore:
         corrupt = 0
         for i, tier in enumerate(self.tiers):
             try:
-                got = self._call(tier, lambda t=tier: self._read_owned(t, key))
+                got = self._call(tier, self._read_owned, tier, key)
             except IntegrityError as exc:
                 corrupt += 1
                 self._corrupt(tier, key, exc)
                 continue
-            if got is _FAILED or got is None:
+            if got is None:
                 continue
-            assert isinstance(got, blobfmt.Verified)
             if i:
                 self._promote(key, EncodedBlob.from_buffer(got.buf, got.head), self.tiers[:i])
-            return Fetched(got.buf, tier.name, got.head, owned=not tier.shares_buffers), corrupt
+            return Fetched(got.buf, tier.name, got.head, owned=not self._caps[tier.name].shares_buffers), corrupt
         return None, corrupt
 
     def read(self, key: str, fill: Callable[[BlobReader], T]) -> tuple[T | None, BlobReader | None, int]:
@@ -200,13 +218,13 @@ class TieredStore:
         corrupt = 0
         for tier in self.tiers:
             try:
-                got = self._call(tier, lambda t=tier: self._fill_from(t, key, fill))
+                got = self._call(tier, self._fill_from, tier, key, fill)
             except IntegrityError as exc:
                 corrupt += 1
                 self._corrupt(tier, key, exc)
                 continue
-            if got is not _FAILED and got is not None:
-                return got[0], got[1], corrupt  # type: ignore[index]
+            if got is not None:
+                return got[0], got[1], corrupt
         return None, None, corrupt
 
     def open_blob(self, key: str, tier: StorageTier) -> BlobReader | None:
@@ -223,25 +241,50 @@ class TieredStore:
         Raises:
             IntegrityError: the blob's header is not intact (the caller quarantines it).
         """
-        reader = self._call(tier, lambda: tier.open_blob(key))
-        if reader is _FAILED or reader is None:
+        reader = self._call(tier, self._open, tier, key)
+        if reader is None:
             return None
-        assert isinstance(reader, BlobReader)
         return GuardedReader(reader, functools.partial(self._call_or_raise, tier))
 
     def advise(self, key: str, tier: StorageTier, lo: int, hi: int) -> None:
-        """A hint to ``tier``: bytes ``[lo, hi)`` of ``key``'s blob will be read soon (nothing while it is skipped)."""
-        self._call(tier, lambda: tier.advise_range(key, lo, hi))
+        """A hint to ``tier``: bytes ``[lo, hi)`` of ``key``'s blob will be read soon (nothing while it is skipped,
+        nothing where its reads do not wait on a device)."""
+        advises = self._caps[tier.name].advises_reads
+        if advises is not None:
+            self._call(tier, advises.advise_range, key, lo, hi)
 
     def _corrupt(self, tier: StorageTier, key: str, reason: IntegrityError) -> None:
         """Count, log and quarantine ``tier``'s copy of ``key``, which failed its check."""
         self.metrics.crc_failures.labels(tier=tier.name).inc()
         log.warning("kvmem: entry %s in tier %s is corrupt (%s); quarantined", key, tier.name, reason)
-        self._call(tier, lambda: tier.quarantine(key))
+        self.quarantine_copy(tier, key)
 
-    @staticmethod
-    def _fill_from(tier: StorageTier, key: str, fill: Callable[[BlobReader], T]) -> tuple[T, BlobReader] | None:
-        reader = tier.open_blob(key)
+    def quarantine_copy(self, tier: StorageTier, key: str) -> None:
+        """Take ``tier``'s copy of ``key`` out of service: moved aside where the tier keeps a quarantine, else
+        deleted (a failing tier is skipped and counted, never raised)."""
+        aside = self._caps[tier.name].quarantine
+        self._ran(tier, aside.quarantine if aside is not None else tier.delete, key)
+
+    def purge_quarantine(self, tier: StorageTier) -> int:
+        """Delete the entries ``tier`` moved aside; bytes freed (0 while it fails: skipped and counted)."""
+        aside = self._caps[tier.name].quarantine
+        return (self._call(tier, aside.purge_quarantine) or 0) if aside is not None else 0
+
+    def _open(self, tier: StorageTier, key: str) -> BlobReader | None:
+        """``key``'s blob in ``tier`` opened for partial reads; a tier that cannot open blobs has the whole blob
+        read (checked as :meth:`_read_owned` does) and its parts read from that buffer.
+
+        Raises:
+            IntegrityError: the blob's header (or, read whole, the blob) is not intact.
+        """
+        opens = self._caps[tier.name].opens_blobs
+        if opens is not None:
+            return opens.open_blob(key)
+        got = self._read_owned(tier, key)
+        return None if got is None else RangeReader(lambda lo, hi: got.buf[lo:hi], tier.name, False, got.buf)
+
+    def _fill_from(self, tier: StorageTier, key: str, fill: Callable[[BlobReader], T]) -> tuple[T, BlobReader] | None:
+        reader = self._open(tier, key)
         if reader is None:
             return None
         with reader:
@@ -263,19 +306,26 @@ class TieredStore:
         log.warning("kvmem: entry %s from tier %s is unusable (%s); quarantined", key, tier, reason)
         upto = next(i for i, t in enumerate(self.tiers) if t.name == tier)
         for t in self.tiers[:upto + 1]:
-            self._call(t, lambda t=t: t.quarantine(key))
+            self.quarantine_copy(t, key)
 
-    @staticmethod
-    def _read_owned(tier: StorageTier, key: str) -> blobfmt.Verified | None:
+    def _read_owned(self, tier: StorageTier, key: str) -> blobfmt.Verified | None:
         """``key``'s blob in ``tier``, CRC-checked where ``tier`` needs it, with its header if the tier had it.
 
-        NOTE: the check runs in the same pass as the read (``read_verified``); a memory
-        tier lends a view of its pages (``shares_buffers``), which a load copies out of.
+        NOTE: the check runs in the same pass as the read where the tier can (``read_verified``); a
+        memory tier lends a view of its pages (``SharesBuffers``), which a load copies out of.
 
         Raises:
             IntegrityError: the blob does not match its CRC.
         """
-        return tier.read_verified(key)
+        caps = self._caps[tier.name]
+        if caps.verified_reads is not None:
+            return caps.verified_reads.read_verified(key)
+        buf = tier.get(key)
+        if buf is None:
+            return None
+        if caps.trusted:
+            return blobfmt.Verified(buf)
+        return blobfmt.Verified(buf, blobfmt.verify(buf if buf.device.type == "cpu" else buf.cpu()))
 
     def _promote(self, key: str, encoded: EncodedBlob, upper: list[StorageTier]) -> None:
         for tier in upper:
@@ -286,14 +336,14 @@ class TieredStore:
     def warm(self, key: str) -> bool:
         """Make sure ``key`` sits in the top tier (promoting it from below); whether it exists."""
         top = self.tiers[0] if self.tiers else None
-        if top is not None and self._call(top, lambda: top.contains(key)) is True:
+        if top is not None and self._call(top, top.contains, key):
             return True
         fetched, _ = self.get(key)
         return fetched is not None
 
     def locate(self, key: str) -> StorageTier | None:
         """The fastest usable tier holding ``key`` (no CRC check), or ``None``."""
-        return next((t for t in self.tiers if self._call(t, lambda t=t: t.contains(key)) is True), None)
+        return next((t for t in self.tiers if self._call(t, t.contains, key)), None)
 
     def drop_upper_copies(self, key: str) -> int:
         """Delete ``key`` from every tier above the lowest one holding it; how many copies went.
@@ -304,8 +354,8 @@ class TieredStore:
         with self._pending_cv:
             if key in self._pending:  # NOTE: the upper copy is newer than the lower ones until written back
                 return 0
-        held = [t for t in self.tiers if self._call(t, lambda t=t: t.contains(key)) is True]
-        return sum(self._call(t, lambda t=t: t.delete(key)) is True for t in held[:-1])
+        held = [t for t in self.tiers if self._call(t, t.contains, key)]
+        return sum(bool(self._call(t, t.delete, key)) for t in held[:-1])
 
     def contains(self, key: str) -> bool:
         """Whether any usable tier holds ``key`` (no CRC check)."""
@@ -318,11 +368,16 @@ class TieredStore:
             todo = [i for i, f in enumerate(found) if not f]
             if not todo:
                 break
-            res = self._call(tier, lambda t=tier: t.contains_many([keys[i] for i in todo]))
-            if res is not _FAILED:
-                for i, hit in zip(todo, res):  # type: ignore[call-overload]
+            res = self._call(tier, self._contains_each, tier, [keys[i] for i in todo])
+            if res is not None:
+                for i, hit in zip(todo, res):
                     found[i] = bool(hit)
         return found
+
+    def _contains_each(self, tier: StorageTier, keys: list[str]) -> list[bool]:
+        """``tier.contains`` of each key: in one round trip where the tier batches lookups."""
+        batch = self._caps[tier.name].batch_lookups
+        return batch.contains_many(keys) if batch is not None else [tier.contains(k) for k in keys]
 
     # -- writes -------------------------------------------------------------
     def put(self, key: str, encoded: EncodedBlob) -> Stored:
@@ -367,9 +422,9 @@ class TieredStore:
                     refused[i] = done
                 elif done:
                     written[i].append(tier.name)
-                    if sources[i] is items[i][1]:
-                        lent = self._call(tier, lambda t=tier, k=items[i][0]: t.blob(k))
-                        sources[i] = lent if isinstance(lent, EncodedBlob) else sources[i]
+                    lender = self._caps[tier.name].lends_blobs
+                    if sources[i] is items[i][1] and lender is not None:
+                        sources[i] = self._call(tier, lender.blob, items[i][0]) or sources[i]
         for i, (key, blob) in enumerate(items):
             if later[i]:
                 self._enqueue(key, sources[i] if sources[i] is not blob else _owned(blob, written[i]), later[i])
@@ -384,26 +439,27 @@ class TieredStore:
 
     def _put_into(self, tier: StorageTier, batch: list[tuple[str, EncodedBlob]]) -> list[bool | CapacityError]:
         """Put ``batch`` into ``tier``: per entry, whether it was written (or the refusal)."""
-        if len(batch) > 1 and tier.persistent:
+        batch_writes = self._caps[tier.name].batch_writes
+        if len(batch) > 1 and batch_writes is not None:
             self._make_room(tier, sum(blob.nbytes for _key, blob in batch))
             try:
-                done = self._call(tier, lambda: tier.put_many(batch))
+                done = self._ran(tier, batch_writes.put_many, batch)
             except CapacityError:  # NOTE: one of them is too large for this tier: one at a time, below
                 pass
             else:
-                if done is not _FAILED:
+                if done:
                     self._offload(tier)
-                return [done is not _FAILED] * len(batch)
+                return [done] * len(batch)
         return [self._put_one(tier, key, blob) for key, blob in batch]
 
     def _put_one(self, tier: StorageTier, key: str, blob: EncodedBlob) -> bool | CapacityError:
         # NOTE: a memory tier is filled under the room lock: room made for a put is not taken by another
         # thread's put before it lands (the copy is memory-bound: serialized copies lose nothing)
-        with self._room_lock if tier.shares_buffers else contextlib.nullcontext():
+        with self._room_lock if self._caps[tier.name].shares_buffers else contextlib.nullcontext():
             for attempt in range(2):
                 self._make_room(tier, blob.nbytes)
                 try:
-                    done = self._call(tier, lambda: tier.put(key, blob))
+                    done = self._ran(tier, tier.put, key, blob)
                     break
                 except CapacityError as exc:
                     # NOTE: a per-value limit (Redis's 512 MiB), or a memory tier whose pages views took
@@ -411,7 +467,7 @@ class TieredStore:
                     if attempt:
                         log.warning("kvmem: tier %s refused key %s: %s", tier.name, key, exc)
                         return exc
-        if done is _FAILED:
+        if not done:
             return False
         self._offload(tier)
         return True
@@ -422,7 +478,7 @@ class TieredStore:
             pending = self._pending.pop(key, None) is not None
             while self._writing == key:  # NOTE: let an in-flight write-back land, then delete it too
                 self._pending_cv.wait()
-        found = [self._call(t, lambda t=t: t.delete(key)) is True for t in self.tiers]
+        found = [bool(self._call(t, t.delete, key)) for t in self.tiers]
         return pending or any(found)
 
     # -- offload ------------------------------------------------------------
@@ -445,7 +501,7 @@ class TieredStore:
                 self._shed(tier, int(tier.capacity * self.offload_threshold))
 
     def _shed(self, tier: StorageTier, limit: int) -> None:
-        if tier.self_evicting or tier.usage() <= limit:
+        if self._caps[tier.name].self_evicting or tier.usage() <= limit:
             return
         lower = self.tiers[self.tiers.index(tier) + 1:]
         for victim in tier.keys():
@@ -453,9 +509,8 @@ class TieredStore:
                 break
             if self._demote(victim, tier, lower):
                 continue
-            elsewhere = any(self._call(t, lambda t=t: t.contains(victim)) is True
-                            for t in self.tiers if t is not tier)
-            if self._call(tier, lambda: tier.delete(victim)) is True:
+            elsewhere = any(self._call(t, t.contains, victim) for t in self.tiers if t is not tier)
+            if self._call(tier, tier.delete, victim):
                 self.metrics.evictions.labels(tier=tier.name).inc()
                 if not elsewhere and self.on_removed is not None:
                     self.on_removed(victim)
@@ -464,30 +519,35 @@ class TieredStore:
         """Move ``key`` to the first usable lower tier (a drop if it is already there)."""
         with self._pending_cv:
             pending = key in self._pending
-        raw: object = None
+        encoded: EncodedBlob | None = None
         for target in lower:
             if not self.healthy(target):
                 continue
-            if not pending and self._call(target, lambda: target.contains(key)) is True:
+            if not pending and self._call(target, target.contains, key):
                 break
-            if raw is None:
-                raw = self._call(tier, lambda: tier.blob(key) or _wrapped(tier.get(key)))
-                if raw is _FAILED or raw is None:
+            if encoded is None:
+                encoded = self._call(tier, self._lend, tier, key)
+                if encoded is None:
                     return False
-            encoded: EncodedBlob = raw  # type: ignore[assignment]
             if encoded.nbytes > target.capacity:
                 continue
             self._shed(target, target.capacity - encoded.nbytes)
             try:
-                if self._call(target, lambda: target.put(key, encoded)) is not _FAILED:
+                if self._ran(target, target.put, key, encoded):
                     break
             except CapacityError:  # NOTE: no room below after all (its pages are held): try the next tier down
                 continue
         else:
             return False
-        self._call(tier, lambda: tier.delete(key))
+        self._call(tier, tier.delete, key)
         self.metrics.demotions.labels(tier=tier.name).inc()
         return True
+
+    def _lend(self, tier: StorageTier, key: str) -> EncodedBlob | None:
+        """``key``'s blob in ``tier``, to be written to another: lent without a copy where the tier can."""
+        lender = self._caps[tier.name].lends_blobs
+        lent = lender.blob(key) if lender is not None else None
+        return lent or _wrapped(tier.get(key))
 
     # -- write-back ---------------------------------------------------------
     def _enqueue(self, key: str, encoded: EncodedBlob, targets: list[StorageTier]) -> None:
@@ -523,9 +583,9 @@ class TieredStore:
             while self._pending and self._writer is not None and self._writer.is_alive():
                 self._pending_cv.wait(timeout=0.1)
         for tier in self.tiers:
-            flush = getattr(tier, "flush", None)
-            if flush is not None:
-                self._call(tier, flush)
+            durable = self._caps[tier.name].durable
+            if durable is not None:
+                self._ran(tier, durable.flush)
 
     def close(self) -> None:
         """Flush, stop the writer, close every tier."""
@@ -536,7 +596,11 @@ class TieredStore:
         if self._writer is not None:
             self._writer.join()
         for tier in self.tiers:
-            self._call(tier, tier.close)
+            self._ran(tier, tier.close)
+
+
+def _count_keys(tier: StorageTier) -> int:
+    return sum(1 for _ in tier.keys())
 
 
 def _wrapped(buf: torch.Tensor | None) -> EncodedBlob | None:

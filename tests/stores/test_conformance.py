@@ -1,9 +1,12 @@
 """One conformance suite over every tier and every codec.
 
-Two levels, both on real components (real files, real SQLite):
+Two levels, both on real components (real files, real SQLite, a real Redis):
 
 - the ``StorageTier`` contract, on each tier object alone (``CpuTier``, ``DiskTier``,
-  ``GpuTier`` on device ``cpu``);
+  ``GpuTier`` on device ``cpu``, ``RedisTier`` on the session's throwaway server), and
+  on a tier that implements the core protocol only, through a ``TieredStore`` (which
+  gives it every capability's fallback). Redis evicts by itself, in no LRU order, and
+  its ``usage()`` is the server's memory: those checks are skipped for it alone;
 - the store contract through a :class:`kvmem.Memory` whose tier stack is one of
   those tiers or a ``TieredStore`` of cpu + disk: round trip (bit-exact for lossless
   codecs, bounded for lossy ones), miss, overwrite -> new version, delete, LRU
@@ -13,6 +16,7 @@ Two levels, both on real components (real files, real SQLite):
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,9 +27,12 @@ import kvmem
 from kvmem import blob as blobfmt
 from kvmem.codecs import parse_codec
 from kvmem.errors import IntegrityError
-from kvmem.stores import CpuTier, DiskTier, GpuTier, StorageTier, TieredStore
+from kvmem.metrics import Metrics
+from kvmem.stores import Capabilities, CpuTier, DiskTier, GpuTier, StorageTier, TieredStore
+from kvmem.stores.redis import RedisTier
 from tests.bounds import assert_bit_exact, error_bound
 from tests.stores.blobs import blob_of
+from tests.stores.redis_helpers import unique_prefix, with_options
 
 SPECS = ["none", "fp16", "bf16", "int8", "int4", "lz4", "int8+lz4", "int4+lz4"]
 STACKS = ["cpu", "disk", "gpu", "cpu+disk"]
@@ -39,16 +46,64 @@ MISSING = object()
 # =================================================================================================
 # Level 1: the StorageTier contract on each tier alone
 # =================================================================================================
-@pytest.fixture(params=["cpu", "disk", "gpu"])
+class CoreTier:
+    """A tier with the core protocol only, no capability: the tiered store's fallbacks serve the rest."""
+
+    persistent = False
+
+    def __init__(self, capacity: int) -> None:
+        self.name = "core"
+        self.capacity = capacity
+        self.blobs: OrderedDict[str, torch.Tensor] = OrderedDict()
+
+    def get(self, key: str) -> torch.Tensor | None:
+        buf = self.blobs.get(key)
+        if buf is not None:
+            self.blobs.move_to_end(key)
+        return None if buf is None else buf.clone()
+
+    def put(self, key: str, blob: blobfmt.EncodedBlob) -> None:
+        blob.seal()
+        self.blobs.pop(key, None)
+        self.blobs[key] = blob.to_tensor()
+
+    def contains(self, key: str) -> bool:
+        return key in self.blobs
+
+    def delete(self, key: str) -> bool:
+        return self.blobs.pop(key, None) is not None
+
+    def keys(self) -> Iterator[str]:
+        return iter(list(self.blobs))
+
+    def usage(self) -> int:
+        return sum(b.numel() for b in self.blobs.values())
+
+    def close(self) -> None:
+        return None
+
+
+@pytest.fixture(params=["cpu", "disk", "gpu", "redis", "core"])
 def tier(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StorageTier]:
     made: StorageTier = {
         "cpu": lambda: CpuTier(1 << 20),
         "disk": lambda: DiskTier(tmp_path / "disk", 1 << 20, fsync="never"),
         "gpu": lambda: GpuTier(1 << 20, device="cpu"),
+        "redis": lambda: RedisTier.from_url(with_options(request.getfixturevalue("redis_url"),
+                                                         prefix=unique_prefix(request))),
+        "core": lambda: CoreTier(1 << 20),
     }[request.param]()
     yield made
+    if isinstance(made, RedisTier):
+        made.client.delete(*made.client.keys(made.prefix + "*") or ["-"])
     made.close()
 
+
+
+@pytest.fixture
+def store(tier: StorageTier) -> TieredStore:
+    """A tiered store of ``tier`` alone: its capabilities, or the store's fallbacks where it has none."""
+    return TieredStore([tier], Metrics())
 
 
 def key(i: int) -> str:
@@ -61,10 +116,28 @@ def footprint(tier: StorageTier, nbytes: int) -> int:
     return -(-nbytes // page) * page
 
 
+def assert_usage(tier: StorageTier, nbytes: int) -> None:
+    """``tier.usage()`` counts ``nbytes`` of blobs (a self-evicting tier's is its server's memory: not checked)."""
+    if not Capabilities.of(tier).self_evicting:
+        assert tier.usage() == footprint(tier, nbytes)
+
+
+def lru_order_kept(tier: StorageTier) -> None:
+    """Skip an LRU-order check for a tier that evicts by itself, in an order of its own."""
+    if Capabilities.of(tier).self_evicting:
+        pytest.skip(f"tier {tier.name} evicts by itself: its keys() are in no LRU order")
+
+
 def test_tier_satisfies_protocol(tier: StorageTier) -> None:
     assert isinstance(tier, StorageTier)
-    assert tier.checks_crc == (tier.name == "disk")  # the CPU tier trusts its pages unless verify=True
-    assert tier.persistent == (tier.name == "disk")
+    caps = Capabilities.of(tier)
+    # loads from the CPU tier trust its pages unless verify=True; the GPU tier's bytes never left the device
+    assert caps.trusted == (tier.name == "gpu") and caps.shares_buffers == (tier.name == "cpu")
+    assert (caps.verified_reads is tier) == (tier.name not in ("gpu", "core"))
+    assert (caps.opens_blobs is tier) == (tier.name != "core")
+    assert (caps.quarantine is tier) == (tier.name in ("disk", "redis"))
+    assert caps.self_evicting == (tier.name == "redis")
+    assert tier.persistent == (tier.name in ("disk", "redis"))
 
 
 def test_tier_put_get_miss(tier: StorageTier) -> None:
@@ -77,7 +150,7 @@ def test_tier_put_get_miss(tier: StorageTier) -> None:
     assert got is not None and got.dtype == torch.uint8
     assert got.cpu().numpy().tobytes() == b"".join(p.tobytes() for p in enc.parts)
     blobfmt.verify(got.cpu())
-    assert tier.usage() == footprint(tier, enc.nbytes)
+    assert_usage(tier, enc.nbytes)
     assert list(tier.keys()) == [key(0)]
 
 
@@ -87,7 +160,7 @@ def test_tier_overwrite_replaces_and_accounts_once(tier: StorageTier) -> None:
     tier.put(key(0), new)
     got = tier.get(key(0))
     assert got is not None and got.cpu().numpy().tobytes() == b"".join(p.tobytes() for p in new.parts)
-    assert tier.usage() == footprint(tier, new.nbytes)
+    assert_usage(tier, new.nbytes)
     assert list(tier.keys()) == [key(0)]
 
 
@@ -98,10 +171,11 @@ def test_tier_delete(tier: StorageTier) -> None:
     assert tier.delete(key(0)) is False
     assert tier.get(key(0)) is None and not tier.contains(key(0))
     assert list(tier.keys()) == [key(1)]
-    assert tier.usage() == footprint(tier, blob_of(b"y" * 10).nbytes)
+    assert_usage(tier, blob_of(b"y" * 10).nbytes)
 
 
 def test_tier_keys_in_lru_order(tier: StorageTier) -> None:
+    lru_order_kept(tier)
     for i in range(4):
         tier.put(key(i), blob_of(bytes([i]) * 50))
     assert list(tier.keys()) == [key(0), key(1), key(2), key(3)]
@@ -113,22 +187,48 @@ def test_tier_keys_in_lru_order(tier: StorageTier) -> None:
     assert list(tier.keys()) == [key(3), key(1), key(0), key(2)]
 
 
-def test_tier_batched_calls_match_single_calls(tier: StorageTier) -> None:
+def test_tier_batched_lookups_match_single_calls(tier: StorageTier, store: TieredStore) -> None:
     tier.put(key(0), blob_of(b"zero"))
     keys = [key(0), key(1)]
-    assert tier.contains_many(keys) == [True, False]
-    got = tier.get_many(keys)
-    assert got[1] is None and got[0] is not None and torch.equal(got[0], tier.get(key(0)))
+    assert store.contains_many(keys) == [True, False]  # the tier's own batch, or one contains per key
 
 
-def test_tier_quarantine_takes_entry_out_of_service(tier: StorageTier) -> None:
+def test_tier_reads_verified_and_in_parts(tier: StorageTier, store: TieredStore) -> None:
+    enc = blob_of(b"parts" * 300)
+    tier.put(key(0), enc)
+    fetched, corrupt = store.get(key(0))
+    assert fetched is not None and corrupt == 0 and fetched.tier == tier.name
+    assert fetched.buf.cpu().numpy().tobytes() == enc.to_tensor().numpy().tobytes()
+    reader = store.open_blob(key(0), tier)
+    assert reader is not None
+    with reader:
+        assert reader.header == blobfmt.parse(enc.to_tensor())[0]
+        assert reader.read(0, int(reader.header["payload_nbytes"])).cpu().numpy().tobytes() == b"parts" * 300
+    assert store.open_blob(key(1), tier) is None and store.get(key(1)) == (None, 0)
+
+
+def test_tier_quarantine_takes_entry_out_of_service(tier: StorageTier, store: TieredStore) -> None:
     tier.put(key(0), blob_of(b"bad" * 30))
-    tier.quarantine(key(0))
-    assert tier.get(key(0)) is None and not tier.contains(key(0)) and tier.usage() == 0
-    if isinstance(tier, DiskTier):
+    store.quarantine_copy(tier, key(0))
+    assert tier.get(key(0)) is None and not tier.contains(key(0))
+    assert_usage(tier, 0)
+    if isinstance(tier, DiskTier | RedisTier):
         assert len(tier.quarantined()) == 1
-        assert tier.purge_quarantine() == blob_of(b"bad" * 30).nbytes
+        freed = store.purge_quarantine(tier)
+        assert freed == blob_of(b"bad" * 30).nbytes
         assert tier.quarantined() == []
+    else:
+        assert store.purge_quarantine(tier) == 0
+
+
+def test_store_checks_a_core_tier_and_takes_a_corrupt_copy_out() -> None:
+    core = CoreTier(1 << 20)
+    checked = TieredStore([core], Metrics())
+    core.put(key(0), blob_of(b"flip" * 50))
+    core.blobs[key(0)][-10] ^= 0x01  # NOTE: a byte flips where the tier keeps it
+    assert checked.get(key(0)) == (None, 1)
+    assert not core.contains(key(0)), "quarantined: deleted, as the tier keeps no quarantine"
+    assert checked.metrics.total("kvmem_crc_failures_total") == 1
 
 
 def test_memory_tiers_store_immutable_copies() -> None:
@@ -267,7 +367,7 @@ def corrupt(mem: kvmem.Memory, tier_name: str, skey: str, where: str) -> None:
         data[_position(torch.frombuffer(bytearray(data), dtype=torch.uint8), where)] ^= 0xFF
         path.write_bytes(bytes(data))
     else:
-        assert tier.shares_buffers
+        assert Capabilities.of(tier).shares_buffers
         buf = tier.get(skey)  # the tier's own buffer
         assert buf is not None
         buf[_position(buf, where)] ^= 0xFF

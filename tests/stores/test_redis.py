@@ -21,7 +21,7 @@ import kvmem
 from kvmem import blob as blobfmt
 from kvmem.errors import CapacityError, ConfigError, IntegrityError
 from kvmem.redaction import redact
-from kvmem.stores import StorageTier, build_tiers
+from kvmem.stores import Capabilities, StorageTier, build_tiers
 from kvmem.stores.redis import RedisTier
 from tests.servers import RedisServer
 from tests.stores.blobs import blob_of
@@ -65,12 +65,16 @@ def commands(client: redis.Redis) -> int:
 
 # -- the tier alone --------------------------------------------------------------------------------
 def test_tier_contract(tier: RedisTier) -> None:
-    assert isinstance(tier, StorageTier) and tier.persistent and tier.checks_crc and tier.self_evicting
+    assert isinstance(tier, StorageTier) and tier.persistent
+    caps = Capabilities.of(tier)
+    assert caps.self_evicting and caps.verified_reads is tier and not caps.trusted
     enc = blob_of(b"hello redis" * 100)
     assert tier.get(key(0)) is None and not tier.contains(key(0))
     tier.put(key(0), enc)
-    got = tier.get_verified(key(0))
-    assert got is not None and got.numpy().tobytes() == enc.to_tensor().numpy().tobytes()
+    verified = tier.read_verified(key(0))
+    assert verified is not None
+    got = verified.buf
+    assert got.numpy().tobytes() == enc.to_tensor().numpy().tobytes()
     got[0] ^= 0xFF  # the caller owns (and may write) the buffer
     assert tier.client.get(tier.prefix + key(0)) == enc.to_tensor().numpy().tobytes()
     assert list(tier.keys()) == [key(0)]
@@ -134,7 +138,7 @@ def test_put_sends_large_parts_from_where_they_lie(redis_url: str, request: pyte
         assert sum(len(item) for item in sent) < enc.nbytes + 1000  # nothing sent twice
         assert tier.client.get(tier._key(key(0))) == enc.to_tensor().numpy().tobytes()
         assert 0 < tier.client.ttl(tier._key(key(0))) <= 60
-        assert tier.get_verified(key(0)) is not None
+        assert tier.read_verified(key(0)) is not None
     finally:
         tier.client.delete(tier._key(key(0)))
         tier.close()
@@ -157,7 +161,7 @@ def test_ttl_expires_entries_and_reads_extend_them(redis_url: str, request: pyte
         tier.put(key(0), blob_of(b"short-lived"))
         assert 0 < tier.client.pttl(tier.prefix + key(0)) <= 1000
         time.sleep(0.6)
-        assert tier.get_verified(key(0)) is not None  # a read restarts the clock
+        assert tier.read_verified(key(0)) is not None  # a read restarts the clock
         time.sleep(0.6)
         assert tier.contains(key(0))
         time.sleep(1.2)

@@ -90,8 +90,8 @@ def test_cluster_url_builds_a_cluster_tier(cluster: RedisCluster, tier: RedisTie
     tier.put(key(0), enc)
     raw = enc.to_tensor().numpy().tobytes()
     assert tier.client.get(tier.prefix + "{" + key(0) + "}") == raw  # hash-tagged by the storage key
-    got = tier.get_verified(key(0))
-    assert got is not None and got.numpy().tobytes() == raw
+    got = tier.read_verified(key(0))
+    assert got is not None and got.buf.numpy().tobytes() == raw
     assert list(tier.keys()) == [key(0)] and tier.contains(key(0))
     assert tier.read_range(key(0), 4, 12).numpy().tobytes() == raw[4:12]
     many = tier.get_many([key(i) for i in range(6)])
@@ -336,7 +336,7 @@ def test_loads_and_stores_follow_ask_during_a_live_slot_migration(tmp_path: Path
                         assert raw is None
                         continue
                     assert raw is not None
-                    assert torch.equal(blobfmt.copy_verified(raw), tier.get_verified(skey))  # CRC-checked, whole
+                    assert torch.equal(blobfmt.copy_verified(raw), tier.read_verified(skey).buf)  # type: ignore[union-attr]  # CRC-checked, whole
 
             # the migration ends: the slot and all its keys are on the target, every master says so
             assert own.finish_migration(slot, dst) == 2  # kept, kept2

@@ -283,7 +283,7 @@ def test_value_that_is_not_a_blob_is_refused_never_deserialized(redis_url: str, 
         strict.load("x")
     tier.client.set(tier.prefix + skey, payload)  # (the strict load quarantined it too)
     with pytest.raises(IntegrityError, match="not a kvmem blob"):
-        tier.get_verified(skey)
+        tier.read_verified(skey)
     assert not marker.exists()
     tier.client.delete(*[tier.prefix + skey, *tier.quarantined()])
     tier.close()

@@ -151,7 +151,7 @@ def test_failing_disk_reads_are_a_miss_and_the_cpu_still_serves(tmp_path: Path,
     with kvmem.Memory(tmp_path / "kvmem", **SETTINGS) as m:
         m.store("on-disk", _value(0))
     with kvmem.Memory(tmp_path / "kvmem", **SETTINGS) as m:  # CPU tier empty: "on-disk" is on disk only
-        fault = Fault(monkeypatch, _disk(m), ("get", "get_verified"), errno.EIO)
+        fault = Fault(monkeypatch, _disk(m), ("get", "read_verified"), errno.EIO)
         assert m.load("on-disk", default="miss") == "miss"
         m.store("in-cpu", _value(1))  # the disk is skipped while down; the CPU takes it
         assert _errors(m, "disk") == 1 and not m.tiers.healthy(_disk(m))
