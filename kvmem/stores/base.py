@@ -139,6 +139,7 @@ class StorageTier(Protocol):
 class TierBase:
     """Defaults shared by tiers: batched calls loop over single calls; quarantine deletes."""
 
+    name: str
     shares_buffers = False
     checks_crc = True
     persistent = False

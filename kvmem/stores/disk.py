@@ -241,7 +241,7 @@ class DiskTier(TierBase):
     def read_verified(self, key: str) -> blobfmt.Verified | None:
         checker = blobfmt.StreamVerifier()
         buf = self.get_verified(key, checker)
-        return None if buf is None else blobfmt.Verified(buf, (checker.header, checker.start))
+        return None if buf is None else blobfmt.Verified(buf, checker.parsed)
 
     def read_range(self, key: str, start: int, stop: int) -> torch.Tensor | None:
         """Bytes ``[start, stop)`` of ``key``'s file (fewer at its end), read with one ``pread``."""
@@ -251,7 +251,7 @@ class DiskTier(TierBase):
         fd, _path = found
         try:
             buf = empty_buffer(max(0, stop - start))
-            got = os.preadv(fd, [buf.numpy()], start) if buf.numel() else 0
+            got = os.preadv(fd, [buf.numpy().data], start) if buf.numel() else 0
         finally:
             os.close(fd)
         return buf[:got]

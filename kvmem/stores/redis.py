@@ -338,7 +338,7 @@ class RedisTier(TierBase):
         """``get_verified`` with the header its check parsed (a load through ``Memory`` then parses it once)."""
         checker = blobfmt.StreamVerifier()
         buf = self._copy_verified(key, checker)
-        return None if buf is None else blobfmt.Verified(buf, (checker.header, checker.start))
+        return None if buf is None else blobfmt.Verified(buf, checker.parsed)
 
     def _copy_verified(self, key: str, checker: blobfmt.StreamVerifier | None) -> torch.Tensor | None:
         data = self._fetch(key)
@@ -361,8 +361,9 @@ class RedisTier(TierBase):
                 for k in keys:
                     pipe.getex(self._key(k), ex=self.ttl)
                 found = pipe.execute()
-        return [None if d is None else torch.from_numpy(np.frombuffer(d, dtype=np.uint8).copy())
-                for d in found]  # type: ignore[union-attr]
+        # NOTE: redis-py types a reply as bytes | str; this client never decodes replies (bytes only)
+        return [None if d is None else torch.from_numpy(np.frombuffer(d, dtype=np.uint8).copy())  # type: ignore[arg-type]
+                for d in found]
 
     def read_range(self, key: str, start: int, stop: int) -> torch.Tensor | None:
         """Bytes ``[start, stop)`` of ``key``'s value with one ``GETRANGE`` (not CRC-checked)."""
@@ -392,9 +393,9 @@ class RedisTier(TierBase):
         if self._gather:
             data = Gathered(blob.parts, blob.nbytes)
         else:  # NOTE: a single part goes out as a memoryview without a copy; several are joined once
-            data = memoryview(blob.parts[0]) if len(blob.parts) == 1 else memoryview(blob.to_tensor().numpy())
+            data = blob.parts[0].data if len(blob.parts) == 1 else blob.to_tensor().numpy().data
         with self._errors():
-            self.client.set(self._key(key), data, ex=self.ttl)
+            self.client.set(self._key(key), data, ex=self.ttl)  # type: ignore[arg-type]  # NOTE: GatherPacker frames it
 
     def contains(self, key: str) -> bool:
         with self._errors():

@@ -155,7 +155,7 @@ class TieredStore:
 
     def holders(self, key: str) -> list[str]:
         """Names of the usable tiers that hold ``key`` (a failing tier is skipped and counted, never raised)."""
-        return [t.name for t in self.tiers if self._call(t, lambda t=t: t.contains(key)) is True]
+        return [t.name for t in self.tiers if self._call(t, lambda: t.contains(key)) is True]
 
     def entry_count(self, tier: StorageTier) -> int:
         """Entries ``tier`` holds; 0 while it fails (skipped and counted, never raised)."""
@@ -172,7 +172,7 @@ class TieredStore:
         corrupt = 0
         for i, tier in enumerate(self.tiers):
             try:
-                got = self._call(tier, lambda t=tier: self._read_owned(t, key))
+                got = self._call(tier, lambda: self._read_owned(tier, key))
             except IntegrityError as exc:
                 corrupt += 1
                 self._corrupt(tier, key, exc)
@@ -200,7 +200,7 @@ class TieredStore:
         corrupt = 0
         for tier in self.tiers:
             try:
-                got = self._call(tier, lambda t=tier: self._fill_from(t, key, fill))
+                got = self._call(tier, lambda: self._fill_from(tier, key, fill))
             except IntegrityError as exc:
                 corrupt += 1
                 self._corrupt(tier, key, exc)
@@ -263,7 +263,7 @@ class TieredStore:
         log.warning("kvmem: entry %s from tier %s is unusable (%s); quarantined", key, tier, reason)
         upto = next(i for i, t in enumerate(self.tiers) if t.name == tier)
         for t in self.tiers[:upto + 1]:
-            self._call(t, lambda t=t: t.quarantine(key))
+            self._call(t, lambda: t.quarantine(key))
 
     @staticmethod
     def _read_owned(tier: StorageTier, key: str) -> blobfmt.Verified | None:
@@ -293,7 +293,7 @@ class TieredStore:
 
     def locate(self, key: str) -> StorageTier | None:
         """The fastest usable tier holding ``key`` (no CRC check), or ``None``."""
-        return next((t for t in self.tiers if self._call(t, lambda t=t: t.contains(key)) is True), None)
+        return next((t for t in self.tiers if self._call(t, lambda: t.contains(key)) is True), None)
 
     def drop_upper_copies(self, key: str) -> int:
         """Delete ``key`` from every tier above the lowest one holding it; how many copies went.
@@ -304,8 +304,8 @@ class TieredStore:
         with self._pending_cv:
             if key in self._pending:  # NOTE: the upper copy is newer than the lower ones until written back
                 return 0
-        held = [t for t in self.tiers if self._call(t, lambda t=t: t.contains(key)) is True]
-        return sum(self._call(t, lambda t=t: t.delete(key)) is True for t in held[:-1])
+        held = [t for t in self.tiers if self._call(t, lambda: t.contains(key)) is True]
+        return sum(self._call(t, lambda: t.delete(key)) is True for t in held[:-1])
 
     def contains(self, key: str) -> bool:
         """Whether any usable tier holds ``key`` (no CRC check)."""
@@ -318,7 +318,7 @@ class TieredStore:
             todo = [i for i, f in enumerate(found) if not f]
             if not todo:
                 break
-            res = self._call(tier, lambda t=tier: t.contains_many([keys[i] for i in todo]))
+            res = self._call(tier, lambda: tier.contains_many([keys[i] for i in todo]))
             if res is not _FAILED:
                 for i, hit in zip(todo, res):  # type: ignore[call-overload]
                     found[i] = bool(hit)
@@ -368,7 +368,7 @@ class TieredStore:
                 elif done:
                     written[i].append(tier.name)
                     if sources[i] is items[i][1]:
-                        lent = self._call(tier, lambda t=tier, k=items[i][0]: t.blob(k))
+                        lent = self._call(tier, lambda: tier.blob(items[i][0]))
                         sources[i] = lent if isinstance(lent, EncodedBlob) else sources[i]
         for i, (key, blob) in enumerate(items):
             if later[i]:
@@ -422,7 +422,7 @@ class TieredStore:
             pending = self._pending.pop(key, None) is not None
             while self._writing == key:  # NOTE: let an in-flight write-back land, then delete it too
                 self._pending_cv.wait()
-        found = [self._call(t, lambda t=t: t.delete(key)) is True for t in self.tiers]
+        found = [self._call(t, lambda: t.delete(key)) is True for t in self.tiers]
         return pending or any(found)
 
     # -- offload ------------------------------------------------------------
@@ -453,7 +453,7 @@ class TieredStore:
                 break
             if self._demote(victim, tier, lower):
                 continue
-            elsewhere = any(self._call(t, lambda t=t: t.contains(victim)) is True
+            elsewhere = any(self._call(t, lambda: t.contains(victim)) is True
                             for t in self.tiers if t is not tier)
             if self._call(tier, lambda: tier.delete(victim)) is True:
                 self.metrics.evictions.labels(tier=tier.name).inc()
