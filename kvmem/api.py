@@ -351,7 +351,7 @@ class Memory:
         skey = self.storage_key(key, namespace)
         if out is not None:
             hit, corrupt = self._fetch_into(skey, check_out(out))
-            value = out
+            value: Any = out
         else:
             loaded, corrupt = self._fetch(skey, device)
             hit, value = loaded is not None, loaded.value if loaded is not None else None

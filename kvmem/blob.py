@@ -175,6 +175,11 @@ class EncodedBlob:
         return self.head.size
 
     @property
+    def parsed(self) -> tuple[Header, int] | None:
+        """``(header, payload start)``; ``None`` for a blob wrapped from bytes unparsed (:meth:`from_buffer`)."""
+        return None if self.header is None else (self.header, self.start)
+
+    @property
     def sealed(self) -> bool:
         """Whether the CRCs are in place."""
         return self._sealed
@@ -255,7 +260,7 @@ def chain_crc(rows: Sequence[np.ndarray]) -> int:
     """CRC32C of the concatenation of ``rows``."""
     crc = 0
     for row in rows:
-        crc = crc32c.crc32c(row, crc)
+        crc = crc32c.crc32c(row.data, crc)
     return crc
 
 
@@ -306,7 +311,7 @@ def encode(header: Header, segments: Sequence[Source], blob_format: int = FORMAT
 
 def _header_crc(head: np.ndarray) -> int:
     """CRC32C of a blob's head (prefix + header + padding), its own CRC field skipped."""
-    return crc32c.crc32c(head[_PREFIX.size:], crc32c.crc32c(head[:_CRC_AT]))
+    return crc32c.crc32c(head[_PREFIX.size:].data, crc32c.crc32c(head[:_CRC_AT].data))
 
 
 def segment_offsets(sizes: list[int], align: int = ALIGN) -> list[int]:
@@ -371,7 +376,7 @@ def _parse_head(arr: np.ndarray) -> tuple[Header, int]:
     start, hlen, stored = _extent(prefix)
     if arr.size < start:
         raise IntegrityError(f"blob truncated: header ends at byte {start}, got {arr.size} bytes")
-    actual = crc32c.crc32c(arr[_PREFIX.size:start], crc32c.crc32c(prefix[:_CRC_AT]))
+    actual = crc32c.crc32c(arr[_PREFIX.size:start].data, crc32c.crc32c(prefix[:_CRC_AT]))
     if actual != stored:
         raise IntegrityError(f"header CRC32C mismatch: stored {stored:#010x}, computed {actual:#010x}")
     try:
@@ -447,6 +452,11 @@ class StreamVerifier:
         self._seg = 0
         self._crc = 0
 
+    @property
+    def parsed(self) -> tuple[Header, int] | None:
+        """``(header, payload start)`` once the header has been checked, else ``None``."""
+        return None if self.header is None else (self.header, self.start)
+
     def feed(self, data: np.ndarray, upto: int) -> None:
         """Bytes ``[0, upto)`` of ``data`` are in place: check what they complete.
 
@@ -464,7 +474,7 @@ class StreamVerifier:
             if self._pos >= upto and self.start + end > upto:
                 break  # NOTE: an empty segment completes without new bytes; others wait for theirs
             stop = min(upto, self.start + end)
-            self._crc = crc32c.crc32c(data[self._pos:stop], self._crc)
+            self._crc = crc32c.crc32c(data[self._pos:stop].data, self._crc)
             self._pos = stop
             if stop == self.start + end:
                 if self._crc != crc:
@@ -567,7 +577,7 @@ def verify_range(header: Header, data: torch.Tensor, lo: int, check: bool = True
     prev = 0
     for i, (end, crc) in enumerate(header["segments"]):
         if prev >= lo and end <= lo + data.numel():
-            actual = crc32c.crc32c(arr[prev - lo:end - lo])
+            actual = crc32c.crc32c(arr[prev - lo:end - lo].data)
             if actual != crc:
                 raise IntegrityError(f"segment {i} CRC32C mismatch: stored {crc:#010x}, computed {actual:#010x}")
         prev = end

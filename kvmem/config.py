@@ -124,7 +124,7 @@ class Config:
 
     def replace(self, **changes: object) -> Config:
         """A copy with ``changes`` applied (validated, sources marked ``argument``)."""
-        return load_config(base=self, **changes)
+        return _overridden({name: getattr(self, name) for name in _field_types()}, dict(self.sources), changes)
 
 
 _SIZE_FIELDS = ("gpu_bytes", "cpu_bytes", "disk_bytes")
@@ -232,31 +232,42 @@ def load_config(config_file: str | os.PathLike[str] | None = None, *, base: Conf
     Raises:
         ConfigError: an unknown field, or a value outside its accepted range.
     """
+    if base is not None:
+        return base.replace(**kwargs)
+    values, sources = _layered(config_file, os.environ if environ is None else environ)
+    return _overridden(values, sources, kwargs)
+
+
+def _layered(config_file: str | os.PathLike[str] | None,
+             env: Mapping[str, str]) -> tuple[dict[str, object], dict[str, str]]:
+    """The values (and their sources) the YAML file and then the ``KVMEM_*`` environment set."""
     types = _field_types()
     values: dict[str, object] = {}
     sources: dict[str, str] = {}
-    if base is not None:
-        values = {k: getattr(base, k) for k in types}
-        sources = dict(base.sources)
-    else:
-        env = os.environ if environ is None else environ
-        yaml_path = config_file if config_file is not None else env.get("KVMEM_CONFIG")
-        if yaml_path:
-            for name, raw in _read_yaml(Path(yaml_path), types).items():
-                values[name] = _coerce(name, raw, types[name])
-                sources[name] = str(yaml_path)
-        for name in types:
-            raw = env.get(f"KVMEM_{name.upper()}")
-            if raw is not None:
-                values[name] = _coerce(name, raw, types[name])
-                sources[name] = f"env KVMEM_{name.upper()}"
-    for name, raw in kwargs.items():
+    yaml_path = config_file if config_file is not None else env.get("KVMEM_CONFIG")
+    if yaml_path:
+        for name, raw in _read_yaml(Path(yaml_path), types).items():
+            values[name] = _coerce(name, raw, types[name])
+            sources[name] = str(yaml_path)
+    for name in types:
+        raw = env.get(f"KVMEM_{name.upper()}")
+        if raw is not None:
+            values[name] = _coerce(name, raw, types[name])
+            sources[name] = f"env KVMEM_{name.upper()}"
+    return values, sources
+
+
+def _overridden(values: dict[str, object], sources: dict[str, str], changes: Mapping[str, object]) -> Config:
+    """A validated :class:`Config` of ``values`` with ``changes`` (source ``argument``) on top."""
+    types = _field_types()
+    for name, raw in changes.items():
         if name not in types:
             raise ConfigError(f"unknown setting {name!r}: accepted {', '.join(sorted(types))}")
         values[name] = _coerce(name, raw, types[name])
         sources[name] = "argument"
-    if isinstance(values.get("path"), os.PathLike):
-        values["path"] = os.fspath(values["path"])  # type: ignore[arg-type]
+    path = values.get("path")
+    if isinstance(path, os.PathLike):
+        values["path"] = os.fspath(path)
     for name in types:
         sources.setdefault(name, "default")
     try:

@@ -50,7 +50,7 @@ def _digest(domain: bytes, parts: Iterable[bytes]) -> str:
 def _token_bytes(token_ids: object) -> bytes:
     """Token ids as little-endian int64 bytes (a torch tensor, numpy array or sequence)."""
     if hasattr(token_ids, "detach"):  # torch.Tensor, without importing torch here
-        token_ids = token_ids.detach().cpu().numpy()  # type: ignore[union-attr]
+        token_ids = token_ids.detach().cpu().numpy()
     arr = np.asarray(token_ids)
     if arr.dtype.kind not in "iu" and arr.size:
         raise InvalidKeyError(f"token_ids of dtype {arr.dtype}: expected integer token ids")

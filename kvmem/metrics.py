@@ -122,7 +122,7 @@ class Exporter:
 
     def __init__(self, collector: Collector | RestrictedRegistry, host: str, port: int) -> None:
         try:
-            server, thread = start_http_server(port, addr=host, registry=collector)  # type: ignore[arg-type]
+            server, thread = start_http_server(port, addr=host, registry=collector)
         except OSError as exc:
             raise ConfigError(f"cannot listen on {host}:{port} for /metrics ({exc.strerror or exc}): accepted a "
                               "free port (0: any free one) on an address of this machine") from None

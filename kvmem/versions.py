@@ -149,8 +149,9 @@ class Versions:
             # NOTE: no match yet. The write of these bytes has not upserted its row (wait for it); or the
             # row moved on past them, two versions or more (read the bytes again); or they are a stale copy
             # this process's upper tiers kept while another process rewrote the key below (drop them).
-            first = first if first is not None or row is None else row.version
-            if row is not None and row.version >= first + 2:
+            if row is not None and first is None:
+                first = row.version
+            if row is not None and first is not None and row.version >= first + 2:
                 fetched = None
             elif attempt % _STALE_AFTER == _STALE_AFTER - 1:
                 self._tiers.drop_upper_copies(key)

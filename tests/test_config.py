@@ -122,6 +122,8 @@ def test_replace_validates_and_marks_arguments() -> None:
     assert d.sources["block_size"] == "env KVMEM_BLOCK_SIZE" and d.sources["prefetch_depth"] == "argument"
     with pytest.raises(ConfigError, match="prefetch_depth"):
         c.replace(prefetch_depth=-1)
+    with pytest.raises(ConfigError, match="unknown setting 'config_file'"):  # load_config's, not a setting
+        c.replace(config_file="other.yaml")
 
 
 def test_describe_lists_every_field_with_its_source(tmp_path: Path) -> None:

@@ -178,7 +178,9 @@ class AgentSession:
         if cut == 0:
             return
         folded, kept = steps[:cut], steps[cut:]
-        rows, chain, parent = [], [], None
+        rows: list[tuple[str, str | None, bytes]] = []
+        chain: list[Step] = []
+        parent: str | None = None
         if self.summarize is not None:
             step, body = make_step(0, None, self.summarize(folded), "", "", kind="summary", created=self.clock())
             rows.append((step.key, None, body))

@@ -20,13 +20,13 @@ import inspect
 from typing import Any
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, PretrainedConfig
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from kvmem.errors import UnsupportedModelError
 
 __all__ = ["ChunkValue", "cache_argument", "new_cache", "record_full_past", "trim_sliding_layers",
-           "chunk_value", "install_prefix", "kept_range"]
+           "chunk_value", "install_prefix", "kept_range", "kv_layer", "held"]
 
 ChunkValue = list[dict[str, torch.Tensor]]
 
@@ -47,7 +47,11 @@ def cache_argument(model: torch.nn.Module) -> str:
 
 def new_cache(model: torch.nn.Module, cls: type[DynamicCache] = DynamicCache) -> DynamicCache:
     """An empty cache (of ``cls``) with the model's layer types, recording the full past of sliding layers."""
-    cache = cls(config=model.config)
+    config = model.config
+    if not isinstance(config, PretrainedConfig):
+        raise UnsupportedModelError(f"{type(model).__name__}.config is a {type(config).__name__}: "
+                                    "expected a transformers PretrainedConfig")
+    cache = cls(config=config)
     for layer in cache.layers:
         if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
             raise UnsupportedModelError(f"{type(model).__name__} uses cache layers of type {type(layer).__name__}; "
@@ -68,8 +72,8 @@ def trim_sliding_layers(cache: DynamicCache) -> None:
     for layer in cache.layers:
         if isinstance(layer, DynamicSlidingWindowLayer) and layer.is_initialized:
             keep = layer.sliding_window - 1
-            layer.keys = layer.keys[:, :, -keep:, :]
-            layer.values = layer.values[:, :, -keep:, :]
+            keys, values = held(layer)
+            layer.keys, layer.values = keys[:, :, -keep:, :], values[:, :, -keep:, :]
             layer.record_past = False
 
 
@@ -81,21 +85,41 @@ def kept_range(layer: Any) -> tuple[int, int]:
     return end - layer.keys.shape[-2], end
 
 
+def kv_layer(cache: DynamicCache, layer_idx: int) -> DynamicLayer:
+    """Layer ``layer_idx`` of ``cache``: one that holds keys and values (full attention or a sliding window).
+
+    Raises:
+        UnsupportedModelError: a layer of another kind (linear attention, a placeholder).
+    """
+    layer = cache.layers[layer_idx]
+    if not isinstance(layer, DynamicLayer):
+        raise UnsupportedModelError(f"cache layer {layer_idx} is a {type(layer).__name__}: kvmem handles "
+                                    "DynamicLayer and DynamicSlidingWindowLayer")
+    return layer
+
+
+def held(layer: DynamicLayer) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values ``layer`` holds (``[B, H, T, D]``); the layer must be initialized."""
+    assert layer.keys is not None and layer.values is not None, "the layer holds no tokens yet"
+    return layer.keys, layer.values
+
+
 def chunk_value(cache: DynamicCache, start: int, stop: int) -> ChunkValue:
     """Views of every layer's K and V for absolute tokens ``[start, stop)``.
 
     Raises:
         UnsupportedModelError: a layer no longer holds those tokens (a sliding layer
-            trimmed before the chunk was taken).
+            trimmed before the chunk was taken), or holds no keys and values (:func:`kv_layer`).
     """
     out: ChunkValue = []
-    for i, layer in enumerate(cache.layers):
+    for i in range(len(cache.layers)):
+        layer = kv_layer(cache, i)
         first, end = kept_range(layer)
         if start < first or stop > end:
             raise UnsupportedModelError(f"layer {i} holds tokens [{first}, {end}), not [{start}, {stop}): "
                                         "its sliding window dropped them before they were stored")
-        out.append({"k": layer.keys[:, :, start - first:stop - first, :],
-                    "v": layer.values[:, :, start - first:stop - first, :]})
+        keys, values = held(layer)
+        out.append({"k": keys[:, :, start - first:stop - first, :], "v": values[:, :, start - first:stop - first, :]})
     return out
 
 
@@ -104,8 +128,11 @@ def install_prefix(cache: DynamicCache, layer_idx: int, keys: torch.Tensor, valu
     """Set layer ``layer_idx`` to hold ``keys``/``values`` ([B, H, T, D]) of prefix tokens ``first..first+T-1``.
 
     ``first`` > 0 only for a sliding layer, which needs just the prefix's last window.
+
+    Raises:
+        UnsupportedModelError: the layer holds no keys and values (:func:`kv_layer`).
     """
-    layer = cache.layers[layer_idx]
+    layer = kv_layer(cache, layer_idx)
     if first and not isinstance(layer, DynamicSlidingWindowLayer):
         raise ValueError(f"layer {layer_idx} attends to every token: its prefix must start at 0, not {first}")
     layer.lazy_initialization(keys, values)

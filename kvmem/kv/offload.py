@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import DynamicCache, PretrainedConfig
@@ -34,6 +34,7 @@ from transformers.cache_utils import DynamicLayer
 from kvmem.api import Memory
 from kvmem.cuda.transfer import SideStream
 from kvmem.errors import ConfigError, UnsupportedModelError
+from kvmem.kv.layout import held
 from kvmem.paged import BlockTable, PagedBuffer
 
 __all__ = ["OffloadPointers", "OffloadingCache"]
@@ -57,6 +58,19 @@ class _WindowLayer(DynamicLayer):
 
     def get_seq_length(self) -> int:
         return self.offset + super().get_seq_length()
+
+    def window(self, first: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of the keys and values of absolute tokens ``[first, stop)``, which the layer holds."""
+        keys, values = held(self)
+        lo, hi = first - self.offset, stop - self.offset
+        return keys[..., lo:hi, :], values[..., lo:hi, :]
+
+    def drop_before(self, start: int) -> None:
+        """Free the device copies of the tokens before ``start``: the layer holds ``[start, seq)``."""
+        keys, values = held(self)
+        cut = start - self.offset
+        self.keys, self.values = keys[..., cut:, :].clone(), values[..., cut:, :].clone()
+        self.offset = start
 
 
 class OffloadingCache(DynamicCache):
@@ -113,7 +127,7 @@ class OffloadingCache(DynamicCache):
         if self._host is None:
             self._setup(key_states)
         prefix = self._take_prefix(layer_idx)
-        keys, values = self.layers[layer_idx].update(key_states, value_states)
+        keys, values = self._windows[layer_idx].update(key_states, value_states)
         if layer_idx + 1 < len(self.layers):
             self._prefetch(layer_idx + 1)
         if prefix is not None:
@@ -126,7 +140,7 @@ class OffloadingCache(DynamicCache):
 
     def resident_bytes(self) -> int:
         """Bytes of K/V the cache holds on its device now (windows, not counting a prefix being used)."""
-        return sum(_nbytes(layer.keys, layer.values) for layer in self.layers if layer.is_initialized)
+        return sum(_nbytes(*held(layer)) for layer in self._windows if layer.is_initialized)
 
     def close(self) -> None:
         """Finish copies in flight and stop the worker threads."""
@@ -134,6 +148,11 @@ class OffloadingCache(DynamicCache):
         self._prefetcher.shutdown(wait=True)
 
     # -- internals -----------------------------------------------------------------
+    @property
+    def _windows(self) -> list[_WindowLayer]:
+        """``self.layers``: ``__init__`` made every one a :class:`_WindowLayer`."""
+        return cast("list[_WindowLayer]", self.layers)
+
     def _setup(self, key_states: torch.Tensor) -> None:
         batch, heads, _, dim = key_states.shape
         if batch != 1:
@@ -171,8 +190,7 @@ class OffloadingCache(DynamicCache):
             table.grow(self._host.pool, n * self.block_size)
             blocks.append(table.blocks[-n:])
         # NOTE: views of the window as it is now; a later update makes new tensors, these stay valid.
-        sources = [(layer.keys[..., first - layer.offset:stop - layer.offset, :],
-                    layer.values[..., first - layer.offset:stop - layer.offset, :]) for layer in self.layers]
+        sources = [layer.window(first, stop) for layer in self._windows]
         with self._side.after_producer():
             staged = [self._side.to_host(_pages_of(k, v)) for k, v in sources]
             done = self._side.done_event()
@@ -189,10 +207,8 @@ class OffloadingCache(DynamicCache):
     def _drop_offloaded(self) -> None:
         """Free the device copies of tokens ``[start, current)``: ``start`` moves up to ``current``."""
         p = self.pointers
-        for layer in self.layers:
-            cut = p.current - layer.offset
-            layer.keys, layer.values = layer.keys[..., cut:, :].clone(), layer.values[..., cut:, :].clone()
-            layer.offset = p.current
+        for layer in self._windows:
+            layer.drop_before(p.current)
         p.start = p.current
         self._prefetched.clear()
 

@@ -25,10 +25,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any, TypeVar, cast
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, GenerationMixin
 
 from kvmem.api import Memory, default_memory
 from kvmem.codecs import parse_codec
@@ -192,7 +193,9 @@ class PrefixCache:
         keys = self.chunk_keys(ids, scope=scope)
 
         def run(cache: DynamicCache, reused: int) -> Any:
-            return self.model.generate(ids, use_cache=True, **{self._cache_arg: cache}, **generate_kwargs)
+            # NOTE: a causal LM (the class's model) mixes in GenerationMixin; nn.Module types it as Tensor | Module
+            model = cast(GenerationMixin, self.model)
+            return model.generate(ids, use_cache=True, **{self._cache_arg: cache}, **generate_kwargs)
 
         out, cache, reused, loaded = self._with_prefix(keys, ids.shape[1], run)
         self._count_tokens(ids.shape[1], reused)
@@ -330,7 +333,7 @@ class PrefixCache:
         if trim:
             trim_sliding_layers(cache)
         for key, value in jobs:
-            self._writer.submit(lambda key=key, value=value: self._store_chunk(key, value))
+            self._writer.submit(partial(self._store_chunk, key, value))
         return len(jobs)
 
     def _store_chunk(self, key: str, value: list[dict[str, torch.Tensor]]) -> None:

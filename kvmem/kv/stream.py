@@ -47,7 +47,7 @@ from kvmem.codecs.pipeline import check_owner, decode_tensor_range, tensor_parts
 from kvmem.codecs.quant import QuantCodec
 from kvmem.cuda.kvquant import dequantize_kv_into
 from kvmem.errors import CodecError, IntegrityError, KVMemError, TierUnavailable
-from kvmem.kv.layout import install_prefix
+from kvmem.kv.layout import install_prefix, kv_layer
 from kvmem.loads import stored_as_is
 from kvmem.stores.base import StorageTier
 from kvmem.stores.tiered import TieredStore
@@ -439,9 +439,10 @@ class LayerwiseLoader:
         if self.error is not None:
             raise self.error
         if install:
-            for layer_idx, layer in enumerate(self._cache.layers):
+            for layer_idx in range(len(self._cache.layers)):
                 parts = self.take(layer_idx)
                 if parts is not None:
+                    layer = kv_layer(self._cache, layer_idx)
                     layer.keys, layer.values = parts.whole()
 
 
@@ -459,7 +460,7 @@ class StreamingCache(DynamicCache):
             if layer_idx == len(self.layers) - 1:
                 self.loader = None  # fully loaded: later updates need not wait
             if parts is not None:
-                layer = self.layers[layer_idx]
+                layer = kv_layer(self, layer_idx)
                 if type(layer) is DynamicLayer:
                     # NOTE: what DynamicLayer.update does, with the prefix still in pieces (one copy in all)
                     # or filled in place with room for these tokens (no copy of the prefix)

@@ -75,7 +75,7 @@ def upgrade_schema(engine: Engine, attempts: int = 3) -> str:
 
 
 def _upgrade(engine: Engine) -> str:
-    head = _scripts(SCRIPTS).get_current_head()
+    head = _head()
     with engine.connect() as conn:
         if schema_revision(conn) == head:
             return head
@@ -92,6 +92,15 @@ def _upgrade(engine: Engine) -> str:
 @functools.cache
 def _scripts(location: Path) -> ScriptDirectory:
     return ScriptDirectory(str(location))
+
+
+def _head() -> str:
+    """The newest revision shipped with this kvmem."""
+    head = _scripts(SCRIPTS).get_current_head()
+    if head is None:  # NOTE: only an install that lost versions/ has none
+        raise SchemaError(f"no schema revision under {SCRIPTS}/versions: this kvmem install is incomplete; "
+                          "reinstall kvmem")
+    return head
 
 
 def _lock(conn: Connection) -> None:

@@ -35,15 +35,23 @@ def text_hash(text: str) -> str:
 class Embedder(Protocol):
     """Turns texts into unit-length float32 vectors.
 
-    Attributes:
-        name: identity of the model; vectors of two names are never compared.
-        dim: vector length.
-        threshold: cosine score at or above which a candidate may hit (calibrated).
+    ``name``, ``dim`` and ``threshold`` are only read: plain attributes or read-only properties both do.
     """
 
-    name: str
-    dim: int
-    threshold: float
+    @property
+    def name(self) -> str:
+        """Identity of the model; vectors of two names are never compared."""
+        ...
+
+    @property
+    def dim(self) -> int:
+        """Vector length."""
+        ...
+
+    @property
+    def threshold(self) -> float:
+        """Cosine score at or above which a candidate may hit (calibrated)."""
+        ...
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """Embed ``texts``.

@@ -32,7 +32,7 @@ def content_digest(ids: Sequence[str], vectors: np.ndarray) -> str:
     vectors = np.asarray(vectors, dtype="<f4")
     order = sorted(range(len(ids)), key=ids.__getitem__)
     h = hashlib.sha256(json.dumps([list(vectors.shape), [ids[i] for i in order]]).encode())
-    h.update(np.ascontiguousarray(vectors[np.asarray(order, dtype=np.int64)]))
+    h.update(np.ascontiguousarray(vectors[np.asarray(order, dtype=np.int64)]).data)
     return h.hexdigest()
 
 
@@ -192,9 +192,10 @@ class HnswIndex:
             keep = np.packbits(mask, bitorder="little")
         want = min(k, eligible)
         fetch = min(eligible, k + 8)  # NOTE: a few extra so ties at the k-th score resolve by id
-        params = faiss.SearchParametersHNSW(efSearch=max(self.ef_search, fetch))
+        # NOTE: the ignores: faiss 1.15's stubs lack SearchParametersHNSW and the one-argument IDSelectorBitmap
+        params = faiss.SearchParametersHNSW(efSearch=max(self.ef_search, fetch))  # type: ignore[attr-defined]
         if keep is not None:
-            selector = faiss.IDSelectorBitmap(keep)  # NOTE: bound to a name: params only borrows it
+            selector = faiss.IDSelectorBitmap(keep)  # type: ignore[call-arg, arg-type]  # NOTE: params borrows it
             params.sel = selector
         scores, labels_found = self._graph.search(query, fetch, params=params)
         found: list[tuple[float, str]] = []
@@ -222,9 +223,9 @@ class HnswIndex:
         path = Path(path)
         graph = faiss.serialize_index(self._graph)  # same bytes as faiss.write_index
         meta = _Sidecar(self.dim, self.m, self.ef_construction, self.ef_search, self.rebuild_at,
-                        graph_sha256=hashlib.sha256(graph).hexdigest(),
+                        graph_sha256=hashlib.sha256(graph.data).hexdigest(),
                         digest=content_digest(self._live.ids, self._live.vectors), labels=list(self._owner))
-        _write_atomic(path, memoryview(graph))
+        _write_atomic(path, graph.data)
         _write_atomic(_sidecar(path), json.dumps({"format": _FORMAT, **asdict(meta)}).encode())
 
     @staticmethod

@@ -225,6 +225,7 @@ class Trusted:
 class TierBase:
     """What the tiers here share by default: not persistent, nothing to release on close."""
 
+    name: str
     persistent = False
 
     def close(self) -> None:

@@ -151,7 +151,7 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
         if entry is None:
             return None
         buf = self._sealed(entry)
-        head = blobfmt.verify(buf) if self.checks_crc else (entry.blob.header, entry.blob.start)
+        head = blobfmt.verify(buf) if self.checks_crc else entry.blob.parsed
         return blobfmt.Verified(buf, head)
 
     @staticmethod

@@ -178,7 +178,7 @@ class DiskTier(TierBase, VerifiedReads, OpensBlobs, AdvisesReads, Quarantine, Du
         """
         checker = blobfmt.StreamVerifier()
         buf = self._read(key, checker)
-        return None if buf is None else blobfmt.Verified(buf, (checker.header, checker.start))
+        return None if buf is None else blobfmt.Verified(buf, checker.parsed)
 
     def read_range(self, key: str, start: int, stop: int) -> torch.Tensor | None:
         """Bytes ``[start, stop)`` of ``key``'s file (fewer at its end), read with one ``pread``."""
@@ -188,7 +188,7 @@ class DiskTier(TierBase, VerifiedReads, OpensBlobs, AdvisesReads, Quarantine, Du
         fd, _path = found
         try:
             buf = empty_buffer(max(0, stop - start))
-            got = os.preadv(fd, [buf.numpy()], start) if buf.numel() else 0
+            got = os.preadv(fd, [buf.numpy().data], start) if buf.numel() else 0
         finally:
             os.close(fd)
         return buf[:got]

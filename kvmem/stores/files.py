@@ -120,7 +120,7 @@ def read_into(fd: int, dst: np.ndarray, checker: blobfmt.StreamVerifier | None) 
     A file that shrank under us yields fewer bytes than ``dst`` holds; the checker
     then fails it like any other truncation.
     """
-    view, size = memoryview(dst), dst.size
+    view, size = dst.data, dst.size
     step = _READ_STEP if checker is not None else size
     got = 0
     while got < size:
@@ -151,7 +151,7 @@ def write_blob(fd: int, blob: blobfmt.EncodedBlob) -> None:
         crc = 0
         for group in steps(blob.segment_rows(i), _READ_STEP):
             for row in group:
-                crc = crc32c.crc32c(row, crc)
+                crc = crc32c.crc32c(row.data, crc)
             offset += pwrite_all(fd, group, offset)
         crcs.append(crc)
     blob.seal(crcs)
@@ -160,7 +160,7 @@ def write_blob(fd: int, blob: blobfmt.EncodedBlob) -> None:
 
 def pwrite_all(fd: int, parts: list[np.ndarray], offset: int) -> int:
     """Write every byte of ``parts`` at ``offset`` with ``pwritev``, resuming after short writes; bytes written."""
-    views = [memoryview(p).cast("B") for p in parts if p.size]
+    views = [p.data.cast("B") for p in parts if p.size]
     total = sum(len(v) for v in views)
     while views:  # NOTE: at most IOV_MAX buffers per call
         n = os.pwritev(fd, views[:IOV_MAX], offset)
@@ -172,7 +172,7 @@ def pwrite_all(fd: int, parts: list[np.ndarray], offset: int) -> int:
 def preadv_all(fd: int, rows: list[np.ndarray], offset: int) -> int:
     """Fill ``rows`` from ``fd`` at ``offset`` with ``preadv``, resuming after short reads; bytes read
     (fewer only at the end of the file)."""
-    views = [memoryview(r) for r in rows if r.size]
+    views = [r.data for r in rows if r.size]
     total = 0
     while views:
         n = os.preadv(fd, views[:IOV_MAX], offset)

@@ -258,7 +258,7 @@ class FileReader(BlobReader):
             n = preadv_all(self._fd, group, at)
             at += n
             for row in group:
-                got = crc32c.crc32c(row, got)
+                got = crc32c.crc32c(row.data, got)
         if got != crc:
             raise IntegrityError(f"segment {i} CRC32C mismatch: stored {crc:#010x}, computed {got:#010x}")
 

@@ -341,7 +341,7 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
             return None
         checker = blobfmt.StreamVerifier()
         buf = blobfmt.copy_verified(np.frombuffer(data, dtype=np.uint8), checker=checker)
-        return blobfmt.Verified(buf, (checker.header, checker.start))
+        return blobfmt.Verified(buf, checker.parsed)
 
     def get_many(self, keys: Sequence[str]) -> list[torch.Tensor | None]:
         """``get`` for several keys in one round trip (``MGET``, or pipelined ``GETEX`` with a TTL)."""
@@ -360,8 +360,9 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
                 for k in keys:
                     pipe.getex(self._key(k), ex=self.ttl)
                 found = pipe.execute()
-        return [None if d is None else torch.from_numpy(np.frombuffer(d, dtype=np.uint8).copy())
-                for d in found]  # type: ignore[union-attr]
+        # NOTE: redis-py types a reply as bytes | str; this client never decodes replies (bytes only)
+        return [None if d is None else torch.from_numpy(np.frombuffer(d, dtype=np.uint8).copy())  # type: ignore[arg-type]
+                for d in found]
 
     def read_range(self, key: str, start: int, stop: int) -> torch.Tensor | None:
         """Bytes ``[start, stop)`` of ``key``'s value with one ``GETRANGE`` (not CRC-checked)."""
@@ -399,9 +400,9 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
         if self._gather:
             data = Gathered(blob.parts, blob.nbytes)
         else:  # NOTE: a single part goes out as a memoryview without a copy; several are joined once
-            data = memoryview(blob.parts[0]) if len(blob.parts) == 1 else memoryview(blob.to_tensor().numpy())
+            data = blob.parts[0].data if len(blob.parts) == 1 else blob.to_tensor().numpy().data
         with self._errors():
-            self.client.set(self._key(key), data, ex=self.ttl)
+            self.client.set(self._key(key), data, ex=self.ttl)  # type: ignore[arg-type]  # NOTE: GatherPacker frames it
 
     def contains(self, key: str) -> bool:
         with self._errors():

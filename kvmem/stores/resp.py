@@ -48,7 +48,7 @@ class GatherPacker(PythonRespSerializer):
                 if part.size < GATHER_FROM:
                     buff += part.tobytes()
                 else:
-                    out += [buff, memoryview(part)]
+                    out += [buff, part.data]
                     buff = b""
             buff += b"\r\n"
         out.append(buff)

@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import LinearAttentionLayer
 
 import kvmem
-from kvmem.kv.layout import cache_argument, new_cache
+from kvmem.errors import UnsupportedModelError
+from kvmem.kv.layout import cache_argument, chunk_value, install_prefix, new_cache
 from kvmem.kv.stream import ChunkLoadError, ChunkSource, LayerwiseLoader, StreamingCache
 from tests.kv.workers import BLOCK, PROMPT_B, WINDOW, stored_sources
 
@@ -112,3 +115,14 @@ def test_corrupt_header_of_the_first_chunk_falls_back_to_a_full_prefill(tiny_mod
     assert memory.metrics.value("kvmem_crc_failures_total", tier="disk") == 1
     pc.flush()
     assert pc.lookup(PROMPT_B) == 4 * BLOCK  # stored again from the recomputed cache
+
+
+def test_a_cache_layer_without_keys_and_values_is_refused_by_name() -> None:
+    """A linear-attention layer holds states, not K/V: installing or taking a chunk names it."""
+    cache = DynamicCache()
+    cache.layers.append(LinearAttentionLayer())
+    kv = torch.zeros(1, 2, BLOCK, 8)
+    with pytest.raises(UnsupportedModelError, match="LinearAttentionLayer"):
+        install_prefix(cache, 0, kv, kv)
+    with pytest.raises(UnsupportedModelError, match="LinearAttentionLayer"):
+        chunk_value(cache, 0, BLOCK)
