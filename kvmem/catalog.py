@@ -244,7 +244,7 @@ class Catalog:
 
     def insert(self, table: Table) -> sqlite.Insert | postgresql.Insert:
         """An ``INSERT`` into ``table`` in this dialect, which has ``on_conflict_do_update``."""
-        return _INSERTS[self.dialect](table)
+        return sqlite.insert(table) if self.dialect == "sqlite" else postgresql.insert(table)
 
     # -- entry rows ------------------------------------------------------------------------------
     @property
