@@ -203,7 +203,7 @@ def run(args: argparse.Namespace, scratch: Path) -> list[Row]:
         mem.load_many(w.keys, out=w.outs)
         w.check("CPU load")
     disk.store_many(items)
-    disk_tier = next(t for t in disk.tiers.tiers if isinstance(t, DiskTier))
+    disk_tier = next(t for t in disk._tiers.tiers if isinstance(t, DiskTier))
     paths = [disk_tier.path(disk.storage_key(k)) for k in w.keys]
     disk.load_many(w.keys, out=w.outs)
     w.check("disk load")

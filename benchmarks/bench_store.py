@@ -242,7 +242,7 @@ def open_memory(root: Path, name: str, *, cpu_bytes: int, disk_bytes: int, fsync
 
 def tier(mem: Memory, kind: type) -> CpuTier | DiskTier:
     """``mem``'s tier of class ``kind``."""
-    return next(t for t in mem.tiers.tiers if isinstance(t, kind))
+    return next(t for t in mem._tiers.tiers if isinstance(t, kind))
 
 
 def fill(mem: Memory, values: Sequence[Chunk | torch.Tensor], prefix: str) -> list[str]:

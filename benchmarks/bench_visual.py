@@ -68,7 +68,7 @@ def median_seconds(fn: Callable[[], object], repeat: int, before: Callable[[], N
 
 
 def disk_files(mem: Memory, vc: VisualTokenCache, images: list[bytes]) -> list[Path]:
-    disk = next(t for t in mem.tiers.tiers if isinstance(t, DiskTier))
+    disk = next(t for t in mem._tiers.tiers if isinstance(t, DiskTier))
     return [disk.path(mem.storage_key(vc.digest(img), vc.namespace)) for img in images]
 
 

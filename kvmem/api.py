@@ -33,6 +33,7 @@ from kvmem.keys import storage_key
 from kvmem.loads import check_out, copy_into, fill, read_back
 from kvmem.maintenance import GcReport, VerifyReport, collect_garbage, register_orphans, verify_entries
 from kvmem.metrics import Exporter, Metrics
+from kvmem.ports import ChunkStore, Database
 from kvmem.records import EntryInfo, Loaded, Stats, TierStats, entry_info
 from kvmem.stores import CpuTier, DiskTier, Stored, TieredStore, build_tiers
 from kvmem.stores.files import io_pool
@@ -66,6 +67,10 @@ class Memory:
         ConfigError: a setting outside its accepted range, or ``metrics_port`` taken.
         TierUnavailable: the catalog database cannot be reached.
         SchemaError: the catalog database's schema is newer than this kvmem's, or migrating it failed.
+
+    NOTE: its tiers and catalog are private. The feature layers (``kvmem.kv``, ``kvmem.agent``,
+    ``kvmem.multimodal``, ``kvmem.semantic``, ``langchain-kvmem``) use its public operations
+    and the ports of :mod:`kvmem.ports` (:attr:`database`, :meth:`chunk_store`, :meth:`record_hits`).
     """
 
     def __init__(self, path: str | None = None, *, config: Config | None = None, config_file: str | None = None,
@@ -79,18 +84,18 @@ class Memory:
         self._semantics: dict[str, SemanticIndex] = {}  # "" -> the text layer; else an embedder's name
         self._semantic_lock = threading.Lock()
         self._recovered: set[str] = set()  # NOTE: labels of damaged metadata files set aside while opening
-        self.catalog = Catalog(self.config.resolved_catalog_url, flush_seconds=_CATALOG_FLUSH_SECONDS,
+        self._catalog = Catalog(self.config.resolved_catalog_url, flush_seconds=_CATALOG_FLUSH_SECONDS,
                                on_error=self._catalog_failed, journal=Path(self.config.path) / "catalog-pending",
                                on_recovered=self._file_recovered)
-        self.tiers = TieredStore(build_tiers(self.config, self._file_recovered), self.metrics,
+        self._tiers = TieredStore(build_tiers(self.config, self._file_recovered), self.metrics,
                                  offload_threshold=self.config.offload_threshold,
                                  write_policy=self.config.write_policy, queue_size=self.config.write_back_queue,
                                  retry_seconds=self.config.tier_retry_seconds,
                                  on_removed=self._removed)
-        self._versions = Versions(self.catalog, self.tiers, self.config.pin_lease_seconds)
+        self._versions = Versions(self._catalog, self._tiers, self.config.pin_lease_seconds)
         self._closed = False
         if self._recovered & {"catalog", "journal"}:  # NOTE: rows the damaged file held, read off the blobs
-            self._catalog_write(lambda: register_orphans(self.tiers, self.catalog))
+            self._catalog_write(lambda: register_orphans(self._tiers, self._catalog))
         self._exporter: Exporter | None = None
         if self.config.metrics_port is not None:
             try:
@@ -103,6 +108,23 @@ class Memory:
     def metrics_url(self) -> str | None:
         """Where this process serves this memory's ``/metrics`` (``metrics_port`` set), else ``None``."""
         return None if self._exporter is None else self._exporter.url
+
+    # -- ports of the feature layers (kvmem.ports) --------------------------------------
+    @property
+    def database(self) -> Database:
+        """The catalog's database, for tables kept beside the entry rows (agent steps, LangGraph items)."""
+        return self._catalog
+
+    def chunk_store(self) -> ChunkStore:
+        """This memory's tiers as the KV loader reads them: by storage key, through the tiers' failure handling."""
+        return ChunkStore(self._tiers)
+
+    def record_hits(self, skeys: Sequence[str], tier: str, kind: str = "tree") -> None:
+        """Count a hit on each of ``skeys`` (storage keys) served by tier ``tier`` outside :meth:`load`:
+        in ``kvmem_hits_total{tier, kind}`` and the entries' catalog hit counts (buffered)."""
+        for skey in skeys:
+            self.metrics.hit(tier, kind)
+            self._catalog.record_hit(skey)
 
     # -- keys -----------------------------------------------------------------
     def storage_key(self, key: str | bytes, namespace: str | None = None) -> str:
@@ -137,7 +159,7 @@ class Memory:
         start = time.perf_counter()
         spec = parse_codec(compression)
         job = self._prepare(key, value, namespace, spec, metadata)
-        stored = self.tiers.put(job.skey, job.encoded)
+        stored = self._tiers.put(job.skey, job.encoded)
         self._record(job, stored)
         if text is not None:  # NOTE: a catalog outage costs the text its index row, never the store
             index = self.semantic_index()
@@ -166,7 +188,7 @@ class Memory:
         spec = parse_codec(compression)
         pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
         jobs = [self._prepare(key, value, namespace, spec, None) for key, value in pairs]
-        for job, stored in zip(jobs, self.tiers.put_many([(job.skey, job.encoded) for job in jobs])):
+        for job, stored in zip(jobs, self._tiers.put_many([(job.skey, job.encoded) for job in jobs])):
             self._record(job, stored)
         self.metrics.store_seconds.observe(time.perf_counter() - start)
         return [job.skey for job in jobs]
@@ -179,8 +201,8 @@ class Memory:
         preview = key.encode("utf-8", "backslashreplace").decode() if isinstance(key, str) else key.hex()
         encoded, raw = encode_value(value, spec, metadata, info={"namespace": namespace or "",
                                                                  "key": preview[:256], "storage_key": skey},
-                                    blob_format=self.tiers.blob_format)
-        largest = max((t.capacity for t in self.tiers.tiers), default=0)
+                                    blob_format=self._tiers.blob_format)
+        largest = max((t.capacity for t in self._tiers.tiers), default=0)
         if encoded.nbytes > largest:
             raise CapacityError(f"value of {encoded.nbytes} bytes (encoded) under key {preview[:80]!r} is larger "
                                 f"than every tier (largest: {largest} bytes); raise cpu_bytes/disk_bytes "
@@ -196,7 +218,7 @@ class Memory:
         if not stored.tiers and not self.config.write_policy == "back":
             raise TierUnavailable(f"no tier could store key {job.preview[:80]!r}: every tier that fits "
                                   f"{job.encoded.nbytes} bytes is failing (see kvmem_tier_errors_total)")
-        self.catalog.upsert_later(job.skey, namespace=job.namespace, user_key=job.preview, kind=job.kind,
+        self._catalog.upsert_later(job.skey, namespace=job.namespace, user_key=job.preview, kind=job.kind,
                                   size=job.raw, stored_size=job.encoded.nbytes, codec=job.codec,
                                   crc=_crc_of(stored.blob), tiers=stored.tiers, metadata=job.metadata)
         self.metrics.stored(job.raw, job.encoded.nbytes)
@@ -218,8 +240,8 @@ class Memory:
                 from kvmem.semantic import SemanticIndex
 
                 index = self._semantics[slot] = SemanticIndex(
-                    self.catalog.engine, self._embedder if embedder is None else embedder,
-                    live=self.tiers.contains_many if self._sees_every_entry else None,
+                    self._catalog, self._embedder if embedder is None else embedder,
+                    live=self._tiers.contains_many if self._sees_every_entry else None,
                     directory=Path(self.config.path) / "semantic",
                     hnsw_from=self.config.semantic_hnsw_from, on_recovered=self._file_recovered)
             return index
@@ -249,14 +271,14 @@ class Memory:
 
         index = self.semantic_index()
         matches: list[Match] = []
-        self._catalog_write(self.catalog.flush_all)  # NOTE: rows of stores still queued (write-behind) are read
+        self._catalog_write(self._catalog.flush_all)  # NOTE: rows of stores still queued (write-behind) are read
         ns = namespace or ""
         for skey, score, text in index.search(query, ns, k, threshold, verify):
-            if not self.tiers.contains(skey):  # NOTE: evicted from every tier: never a dangling hit
+            if not self._tiers.contains(skey):  # NOTE: evicted from every tier: never a dangling hit
                 if self._sees_every_entry:  # NOTE: else another node may hold it: its row stays
                     index.remove(skey)
                 continue
-            row = self._catalog_write(functools.partial(self.catalog.get, skey))
+            row = self._catalog_write(functools.partial(self._catalog.get, skey))
             matches.append(Match(index.user_key(skey), score, text, row.metadata if row is not None else {},
                                  namespace=ns, storage_key=skey))
         return matches
@@ -302,7 +324,7 @@ class Memory:
         return loaded
 
     def _fetch(self, skey: str, device: torch.device | str | None) -> tuple[Loaded | None, int]:
-        fetched, corrupt = self.tiers.get(skey)
+        fetched, corrupt = self._tiers.get(skey)
         while fetched is not None:
             try:
                 value, header = decode_value(fetched.buf, device, fetched.head, copy=not fetched.owned)
@@ -310,16 +332,15 @@ class Memory:
             except IntegrityError as exc:
                 # NOTE: the copy passed its CRC, so it was written whole, but it is not this
                 # key's value (a file moved onto its name, or an unreadable header): look lower.
-                self.tiers.quarantine(skey, fetched.tier, exc)
-                fetched, more = self.tiers.get(skey)
+                self._tiers.quarantine(skey, fetched.tier, exc)
+                fetched, more = self._tiers.get(skey)
                 corrupt += 1 + more
                 continue
-            self.metrics.hit(fetched.tier, header.get("kind", "tree"))
-            self.catalog.record_hit(skey)
+            self.record_hits([skey], fetched.tier, header.get("kind", "tree"))
             return Loaded(value, fetched.tier, header.get("metadata", {})), corrupt
         self.metrics.miss("unknown")
         if corrupt:
-            self._catalog_write(lambda: self.catalog.set_state(skey, "quarantined"))
+            self._catalog_write(lambda: self._catalog.set_state(skey, "quarantined"))
         return None, corrupt
 
     def load(self, key: str | bytes, default: V | None = None, *, namespace: str | None = None,
@@ -400,7 +421,7 @@ class Memory:
             loaded = self._fetch(skeys[i], device)[0]
             return None if loaded is None else loaded.value
 
-        top = self.tiers.tiers[0] if self.tiers.tiers else None
+        top = self._tiers.tiers[0] if self._tiers.tiers else None
         near = [i for i, k in enumerate(skeys) if top is not None and not top.persistent and top.contains(k)]
         far = [i for i in range(len(skeys)) if i not in set(near)]
         values: list[Any] = [None] * len(skeys)
@@ -414,18 +435,17 @@ class Memory:
     def _fetch_into(self, skey: str, out: torch.Tensor) -> tuple[bool, int]:
         """Write ``skey``'s tensor into ``out``; ``(hit, corrupt copies found)``. A hit below the top tier is
         promoted from ``out`` (no second read)."""
-        header, reader, corrupt = self.tiers.read(skey, lambda r: fill(r, skey, out))
+        header, reader, corrupt = self._tiers.read(skey, lambda r: fill(r, skey, out))
         if header is None or reader is None:
             self.metrics.miss("unknown")
             if corrupt:
-                self._catalog_write(lambda: self.catalog.set_state(skey, "quarantined"))
+                self._catalog_write(lambda: self._catalog.set_state(skey, "quarantined"))
             return False, corrupt
-        self.metrics.hit(reader.tier, header.get("kind", "tree"))
-        self.catalog.record_hit(skey)
-        if self.tiers.tiers and reader.tier != self.tiers.tiers[0].name:
+        self.record_hits([skey], reader.tier, header.get("kind", "tree"))
+        if self._tiers.tiers and reader.tier != self._tiers.tiers[0].name:
             blob = read_back(reader, out)
             if blob is not None:
-                self.tiers.promote(skey, blob, reader.tier)
+                self._tiers.promote(skey, blob, reader.tier)
         return True, corrupt
 
     def lease_host(self, nbytes: int) -> torch.Tensor | None:
@@ -437,7 +457,7 @@ class Memory:
         Returns:
             The tensor, or ``None``: no CPU tier, or no free run of pages that long.
         """
-        cpu = next((t for t in self.tiers.tiers if isinstance(t, CpuTier)), None)
+        cpu = next((t for t in self._tiers.tiers if isinstance(t, CpuTier)), None)
         return None if cpu is None else cpu.lease(nbytes)
 
     def pin(self, key: str | bytes, *, namespace: str | None = None, lease: float | None = None) -> Pin | None:
@@ -463,33 +483,33 @@ class Memory:
 
     def contains_many(self, keys: Sequence[str | bytes], *, namespace: str | None = None) -> list[bool]:
         """:meth:`contains` for several keys, with one batched call per tier."""
-        return self.tiers.contains_many([self.storage_key(k, namespace) for k in keys])
+        return self._tiers.contains_many([self.storage_key(k, namespace) for k in keys])
 
     def contains(self, key: str | bytes, *, namespace: str | None = None) -> bool:
         """Whether ``key`` is stored in some tier (its CRC is checked only when loaded)."""
-        return self.tiers.contains(self.storage_key(key, namespace))
+        return self._tiers.contains(self.storage_key(key, namespace))
 
     def delete(self, key: str | bytes, *, namespace: str | None = None) -> bool:
         """Remove ``key`` from every tier and the catalog; whether it was there."""
         skey = self.storage_key(key, namespace)
-        found = self.tiers.delete(skey)
-        removed = self._catalog_write(lambda: self.catalog.delete(skey))
+        found = self._tiers.delete(skey)
+        removed = self._catalog_write(lambda: self._catalog.delete(skey))
         for index in self._semantic_indexes():
             index.remove(skey)
         if not self._semantics:
             from kvmem.semantic.layer import forget
 
-            self._catalog_write(lambda: forget(self.catalog.engine, skey))
+            self._catalog_write(lambda: forget(self._catalog, skey))
         return found or removed is True
 
     def info(self, key: str | bytes, *, namespace: str | None = None) -> EntryInfo | None:
         """Catalog facts about ``key`` and the tiers that hold it now, or ``None`` (also when the catalog is down)."""
         skey = self.storage_key(key, namespace)
-        self._catalog_write(self.catalog.flush_all)
-        row = self._catalog_write(lambda: self.catalog.get(skey))
+        self._catalog_write(self._catalog.flush_all)
+        row = self._catalog_write(lambda: self._catalog.get(skey))
         if row is None:
             return None
-        return entry_info(row, self.tiers.holders(skey))
+        return entry_info(row, self._tiers.holders(skey))
 
     # -- compress ---------------------------------------------------------------
     def compress(self, value: object, codec: str | None = None) -> bytes:
@@ -512,12 +532,12 @@ class Memory:
     # -- maintenance -------------------------------------------------------------
     def stats(self) -> Stats:
         """Catalog totals, tier occupancy and counters since this instance started."""
-        self._catalog_write(self.catalog.flush_all)
-        totals = self._catalog_write(self.catalog.totals) or {"entries": 0, "size": 0, "stored_size": 0, "hits": 0}
+        self._catalog_write(self._catalog.flush_all)
+        totals = self._catalog_write(self._catalog.totals) or {"entries": 0, "size": 0, "stored_size": 0, "hits": 0}
         m = self.metrics
         hits, misses = int(m.total("kvmem_hits_total")), int(m.total("kvmem_misses_total"))
-        tiers = [TierStats(t.name, t.usage(), t.capacity, self.tiers.entry_count(t), self.tiers.healthy(t))
-                 for t in self.tiers.tiers]
+        tiers = [TierStats(t.name, t.usage(), t.capacity, self._tiers.entry_count(t), self._tiers.healthy(t))
+                 for t in self._tiers.tiers]
         return Stats(entries=totals["entries"], size=totals["size"], stored_size=totals["stored_size"],
                      tiers=tiers, hits=hits, misses=misses, hit_rate=hits / (hits + misses) if hits + misses else 0.0,
                      crc_failures=int(m.total("kvmem_crc_failures_total")),
@@ -528,7 +548,7 @@ class Memory:
     def verify(self, fix: bool = False, progress: bool = True) -> VerifyReport:
         """Read every entry in every tier and check it; with ``fix``, quarantine and repair the catalog."""
         self.flush()
-        return verify_entries(self.tiers, self.catalog, self.metrics, fix=fix, progress=progress,
+        return verify_entries(self._tiers, self._catalog, self.metrics, fix=fix, progress=progress,
                               reap=self._sees_every_entry)
 
     def gc(self) -> GcReport:
@@ -539,7 +559,7 @@ class Memory:
         ``remote_url``), rows of entries not held here are left: another node may hold them.
         """
         self.flush()
-        report = collect_garbage(self.tiers, self.catalog, reap=self._sees_every_entry)
+        report = collect_garbage(self._tiers, self._catalog, reap=self._sees_every_entry)
         report.versions_reclaimed = self._catalog_write(self._versions.collect) or 0
         return report
 
@@ -554,23 +574,23 @@ class Memory:
         """
         from kvmem.migrate import migrate_disk
 
-        disk = next((t for t in self.tiers.tiers if isinstance(t, DiskTier)), None)
+        disk = next((t for t in self._tiers.tiers if isinstance(t, DiskTier)), None)
         if disk is None:
             raise ConfigError(f"migrate: {self.config.path} has no disk tier (disk_bytes=0); only disk blobs "
                               "have a format to migrate (the others are read in every format)")
         self.flush()  # NOTE: buffered hits count in the hottest-first order
-        return migrate_disk(disk, self.catalog, to_format, progress)
+        return migrate_disk(disk, self._catalog, to_format, progress)
 
     def entries(self, namespace: str | None = None, limit: int | None = None) -> Iterator[EntryInfo]:
         """Catalog entries, most recently used first (none while the catalog is down)."""
-        self._catalog_write(self.catalog.flush_all)
-        for row in self._catalog_write(lambda: self.catalog.rows(namespace, limit)) or []:
+        self._catalog_write(self._catalog.flush_all)
+        for row in self._catalog_write(lambda: self._catalog.rows(namespace, limit)) or []:
             yield entry_info(row, [])
 
     def flush(self) -> None:
         """Finish write-backs, fsync pending files, write buffered catalog updates."""
-        self.tiers.flush()
-        self._catalog_write(self.catalog.flush)
+        self._tiers.flush()
+        self._catalog_write(self._catalog.flush)
         for index in self._semantic_indexes():
             self._catalog_write(index.flush)
 
@@ -582,10 +602,10 @@ class Memory:
         if self._exporter is not None:
             self._exporter.close()
         self._versions.close()
-        self.tiers.close()
+        self._tiers.close()
         for index in self._semantic_indexes():
             self._catalog_write(index.flush)
-        self._catalog_write(self.catalog.close)
+        self._catalog_write(self._catalog.close)
 
     def __enter__(self) -> Memory:
         return self
@@ -609,7 +629,7 @@ class Memory:
     def _removed(self, skey: str) -> None:
         """An entry left its last tier (evicted): forget its catalog row (when ours alone) and its vector."""
         if self._sees_every_entry:
-            self.catalog.record_removed(skey)
+            self._catalog.record_removed(skey)
         for index in self._semantic_indexes():
             index.discard(skey)
 

@@ -21,13 +21,14 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import bindparam, create_engine, delete, event, func, select, update
+from sqlalchemy import Table, bindparam, create_engine, delete, event, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 
 from kvmem.errors import ConfigError, SchemaError, TierUnavailable
@@ -223,6 +224,30 @@ class Catalog:
                     self._queue(row)
                 self._schedule_flush()
 
+    # -- the Database port (kvmem.ports): the layers' tables beside the entry rows -----------------
+    @property
+    def dialect(self) -> str:
+        """The SQLAlchemy dialect's name: ``sqlite`` or ``postgresql``."""
+        return self.engine.dialect.name
+
+    @property
+    def shown_url(self) -> str:
+        """The database's URL with any password masked: safe to log and put in an error."""
+        return redact(self.url)
+
+    def transaction(self) -> AbstractContextManager[Connection]:
+        """A connection in a transaction, committed when the block ends (rolled back on an exception)."""
+        return self.engine.begin()
+
+    def connection(self) -> AbstractContextManager[Connection]:
+        """A connection for reads, closed (its transaction rolled back) when the block ends."""
+        return self.engine.connect()
+
+    def insert(self, table: Table) -> sqlite.Insert | postgresql.Insert:
+        """An ``INSERT`` into ``table`` in this dialect, which has ``on_conflict_do_update``."""
+        return sqlite.insert(table) if self.dialect == "sqlite" else postgresql.insert(table)
+
+    # -- entry rows ------------------------------------------------------------------------------
     @property
     def pending(self) -> int:
         """Writes waiting for the database (it failed them as unreachable); retried by :meth:`flush`."""

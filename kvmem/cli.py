@@ -32,7 +32,6 @@ from kvmem.doctor import check, render_findings
 from kvmem.doctor_snapshot import take_snapshot
 from kvmem.errors import ConfigError, KVMemError
 from kvmem.metrics import Exporter
-from kvmem.redaction import redact
 
 __all__ = ["build_parser", "main"]
 
@@ -226,7 +225,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     """``kvmem stats``: catalog totals and per-tier occupancy."""
     with _open_existing(args) as memory:
         st = memory.stats()
-        path, catalog = memory.config.path, redact(memory.catalog.url)
+        path, catalog = memory.config.path, memory.database.shown_url
     if args.json:
         _print_json({"path": path, "entries": st.entries, "size": st.size, "stored_size": st.stored_size,
                      "recorded_hits": st.recorded_hits, "tiers": [dataclasses.asdict(t) for t in st.tiers]})
@@ -388,7 +387,7 @@ def cmd_serve_metrics(args: argparse.Namespace) -> int:
 
 def _rescan(memory: Memory) -> None:
     """Re-read tiers that other processes write (``rescan``): the usage gauges read them when scraped."""
-    for tier in memory.tiers.tiers:
+    for tier in memory._tiers.tiers:  # NOTE: an operator's tool beside the core reads the tiers themselves
         rescan = getattr(tier, "rescan", None)
         if rescan is not None:
             rescan()

@@ -113,7 +113,7 @@ def run_demo(memory: Memory, chunks: int, *, layout: KVLayout = LLAMA_3_2_1B, to
     """
     token_ids = torch.randint(0, _VOCAB, (chunks * tokens,), generator=torch.Generator().manual_seed(0))
     keys = chunk_hashes(token_ids, tokens, f"{layout.name}/{layout.dtype}")
-    tier_names = [t.name for t in memory.tiers.tiers]
+    tier_names = [t.name for t in memory.stats().tiers]
     phases = [_store_phase(memory, keys, layout, tokens, progress)]
     for name, order in (("load pass 1", range(chunks - 1, -1, -1)), ("load pass 2", range(chunks))):
         phases.append(_load_phase(memory, name, keys, order, layout, tokens, progress))

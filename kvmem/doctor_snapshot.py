@@ -125,12 +125,13 @@ def take_snapshot(memory: Memory, *, live: bool = True) -> Snapshot:
         TierUnavailable: the catalog cannot be read.
     """
     stats = memory.stats()  # flushes buffered catalog hits first
-    persistent = {t.name: t.persistent for t in memory.tiers.tiers}
+    held = memory._tiers.tiers  # NOTE: an operator's tool beside the core reads the tiers themselves
+    persistent = {t.name: t.persistent for t in held}
     tiers = tuple(TierState(t.name, t.usage, t.capacity, t.entries, t.healthy, persistent.get(t.name, False))
                   for t in stats.tiers)
-    files = [p for t in memory.tiers.tiers for p in _quarantined(t)]
+    files = [p for t in held for p in _quarantined(t)]
     totals, kv = _catalog_facts(memory)
-    disk = next((t for t in memory.tiers.tiers if isinstance(t, DiskTier)), None)
+    disk = next((t for t in held if isinstance(t, DiskTier)), None)
     root = Path(memory.config.path)
     return Snapshot(config=memory.config, tiers=tiers, quarantine_files=len(files),
                     quarantine_bytes=sum(_size(p) for p in files), kv=kv,
@@ -159,7 +160,7 @@ def _catalog_facts(memory: Memory) -> tuple[dict[str, int], tuple[KVChunkGroup, 
                   func.coalesce(func.sum(entries.c.hits), 0), func.sum(case((entries.c.version > 1, 1), else_=0)),
                   func.sum(case((entries.c.state == "quarantined", 1), else_=0))).group_by(entries.c.namespace)
     try:
-        with memory.catalog.engine.connect() as conn:
+        with memory.database.connection() as conn:
             rows = [(str(r[0]), [int(v or 0) for v in r[1:]]) for r in conn.execute(stmt)]
     except SQLAlchemyError as exc:
         raise TierUnavailable(f"the catalog cannot be read: {exc.__class__.__name__}: {exc}") from None

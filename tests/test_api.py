@@ -40,7 +40,7 @@ def corrupt_every_copy(mem: kvmem.Memory, key: str, *, namespace: str | None = N
     """Flip a payload byte of every stored copy of ``key``; the number of copies."""
     skey = mem.storage_key(key, namespace)
     n = 0
-    for tier in mem.tiers.tiers:
+    for tier in mem._tiers.tiers:
         if not tier.contains(skey):
             continue
         if isinstance(tier, DiskTier):
@@ -326,7 +326,7 @@ def test_tenant_salt_separates(tmp_path: Path) -> None:
 # -- offload -------------------------------------------------------------------------------------------------
 def test_small_cpu_tier_demotes_to_disk_and_promotes_on_hit(tmp_path: Path) -> None:
     with kvmem.Memory(str(tmp_path / "m"), cpu_bytes=4 * ENTRY, disk_bytes="8MiB", fsync="never") as mem:
-        cpu, disk = mem.tiers.tiers
+        cpu, disk = mem._tiers.tiers
         for i in range(6):
             mem.store(f"e{i}", torch.full((4096,), float(i)))
             assert cpu.usage() <= 0.7 * cpu.capacity

@@ -110,7 +110,7 @@ def test_a_value_between_the_tier_sizes_goes_to_the_larger_tier(tmp_path: Path) 
     with kvmem.Memory(tmp_path / "kvmem", cpu_bytes="64KiB", disk_bytes="1MiB") as m:
         value = torch.arange(30_000, dtype=torch.int32)  # 120 KB
         skey = m.store("mid", value)
-        assert not m.tiers.tiers[0].contains(skey) and m.tiers.tiers[1].contains(skey)
+        assert not m._tiers.tiers[0].contains(skey) and m._tiers.tiers[1].contains(skey)
         assert torch.equal(m.load("mid"), value)
 
 

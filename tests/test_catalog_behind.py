@@ -55,11 +55,11 @@ def test_a_row_is_written_behind_and_info_flushes_it_first(mem: kvmem.Memory, tm
     started = time.monotonic()
     skey = mem.store("a", torch.arange(10), metadata={"n": 1})
     if time.monotonic() - started < TIMER / 2:  # NOTE: the timer cannot have written it yet
-        assert mem.catalog.get(skey) is None, "the row was written before the store returned"
+        assert mem._catalog.get(skey) is None, "the row was written before the store returned"
         assert [r["key"] for r in journal_rows(tmp_path / "kvmem")] == [skey]
     info = mem.info("a")
     assert info is not None and info.version == 1 and info.metadata == {"n": 1} and info.kind == "tensor"
-    row = mem.catalog.get(skey)
+    row = mem._catalog.get(skey)
     assert row is not None and row.version == 1
     assert journal_rows(tmp_path / "kvmem") == [], "rows the database has stay journaled"
 
@@ -68,7 +68,7 @@ def test_two_stores_before_a_flush_make_one_row_of_version_two(mem: kvmem.Memory
     mem.store("k", torch.zeros(3), metadata={"which": "first"})
     mem.store("k", torch.ones(3), metadata={"which": "second"})
     mem.flush()
-    row = mem.catalog.get(mem.storage_key("k"))
+    row = mem._catalog.get(mem.storage_key("k"))
     assert row is not None and row.version == 2 and row.metadata == {"which": "second"}
     assert row.created <= row.last_access
     mem.store("k", torch.ones(3) * 2, metadata={"which": "third"})
@@ -82,7 +82,7 @@ def test_stats_entries_and_store_many_see_queued_rows(mem: kvmem.Memory) -> None
     assert mem.stats().entries == 6
     assert {e.key for e in mem.entries()} == set(skeys) | {mem.storage_key("single")}
     for k in skeys:
-        row = mem.catalog.get(k)
+        row = mem._catalog.get(k)
         assert row is not None and row.version == 1 and row.kind == "tensor" and row.metadata == {}
 
 
@@ -91,8 +91,8 @@ def test_the_row_records_the_blob_crc_computed_at_the_flush(tmp_path: Path, stac
     with kvmem.Memory(str(tmp_path / "kvmem"), fsync="never", **stack) as m:  # type: ignore[arg-type]
         skey = m.store("c", torch.randn(2, 4, 32, 64)[:, :, 8:24])
         m.flush()
-        row = m.catalog.get(skey)
-        buf = m.tiers.tiers[0].get(skey)
+        row = m._catalog.get(skey)
+        buf = m._tiers.tiers[0].get(skey)
         assert row is not None and buf is not None
         blobfmt.verify(buf.clone())
         assert row.crc == blobfmt.stored_crc(buf) != 0
@@ -101,9 +101,9 @@ def test_the_row_records_the_blob_crc_computed_at_the_flush(tmp_path: Path, stac
 def test_the_timer_writes_the_row_without_a_flush_call(mem: kvmem.Memory) -> None:
     skey = mem.store("timed", "value")
     deadline = time.monotonic() + 10 * TIMER
-    while mem.catalog.get(skey) is None and time.monotonic() < deadline:
+    while mem._catalog.get(skey) is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    row = mem.catalog.get(skey)
+    row = mem._catalog.get(skey)
     assert row is not None and row.version == 1 and row.kind == "str"
 
 

@@ -163,7 +163,7 @@ def test_memory_takes_config_file_and_settings(tmp_path: Path) -> None:
         assert (mem.config.cpu_bytes, mem.config.disk_bytes) == (1024**2, 2 * 1024**2)
         assert mem.config.path == str(tmp_path / "data")
         assert mem.config.sources["fsync"] == "argument"
-        assert [t.capacity for t in mem.tiers.tiers] == [1024**2, 2 * 1024**2]
+        assert [t.capacity for t in mem._tiers.tiers] == [1024**2, 2 * 1024**2]
     assert (tmp_path / "data" / "catalog.sqlite3").exists()
 
 
@@ -171,7 +171,7 @@ def test_memory_from_config_object(tmp_path: Path) -> None:
     base = load_config(environ={}, path=str(tmp_path / "d"), cpu_bytes="1MiB", disk_bytes=0)
     with kvmem.Memory(config=base, prefetch_depth=0) as mem:
         assert mem.config.cpu_bytes == 1024**2 and mem.config.prefetch_depth == 0
-        assert [t.name for t in mem.tiers.tiers] == ["cpu"]
+        assert [t.name for t in mem._tiers.tiers] == ["cpu"]
 
 
 # -- refusals ----------------------------------------------------------------------------------------

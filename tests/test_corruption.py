@@ -140,7 +140,7 @@ def test_damaged_file_is_a_counted_quarantined_miss(tmp_path: Path, fault: str) 
         assert mem.metrics.value("kvmem_misses_total", kind="unknown") == 1
         assert not _file(path, keys["e1"]).exists()
         assert _quarantined(path) == [keys["e1"]]
-        row = mem.catalog.get(keys["e1"])
+        row = mem._catalog.get(keys["e1"])
         assert row is not None and row.state == "quarantined"
         # the neighbours are untouched, and the damaged key stays a miss (nothing left to read)
         assert _same(mem.load("e0"), _value(0)) and _same(mem.load("e2"), _value(2))
@@ -266,7 +266,7 @@ def test_lz4_and_lossy_entries_are_checked_too(tmp_path: Path) -> None:
 def test_corrupt_cpu_copy_falls_through_to_the_good_disk_copy(tmp_path: Path) -> None:
     with kvmem.Memory(tmp_path / "kvmem", **VERIFIED) as mem:
         skey = mem.store("e0", _value(0))
-        cpu, disk = mem.tiers.tiers
+        cpu, disk = mem._tiers.tiers
         held = cpu.get(skey)  # the CPU tier's own buffer: a bit flips in RAM
         assert held is not None
         held[held.numel() // 2] ^= 0x10
@@ -285,7 +285,7 @@ def test_corrupt_cpu_copy_falls_through_to_the_good_disk_copy(tmp_path: Path) ->
 def test_corrupt_copies_in_every_tier_are_a_miss(tmp_path: Path) -> None:
     with kvmem.Memory(tmp_path / "kvmem", **VERIFIED) as mem:
         skey = mem.store("e0", _value(0))
-        held = mem.tiers.tiers[0].get(skey)
+        held = mem._tiers.tiers[0].get(skey)
         assert held is not None
         held[100] ^= 1
         _zero(_file(tmp_path / "kvmem", skey), random.Random(0))
@@ -299,7 +299,7 @@ def test_by_default_cpu_loads_trust_the_pages_and_verify_finds_a_flip(tmp_path: 
     """The integrity decision, as built: bytes are checked as they enter RAM, CPU-tier loads trust them."""
     with kvmem.Memory(tmp_path / "kvmem", **SETTINGS) as mem:
         skey = mem.store("e0", _value(0))
-        cpu = mem.tiers.tiers[0]
+        cpu = mem._tiers.tiers[0]
         assert not cpu.checks_crc
         held = cpu.get(skey)
         assert held is not None
@@ -335,13 +335,13 @@ def test_verify_reports_then_fixes_corrupt_orphan_and_missing(tmp_path: Path) ->
         assert _crc_failures(mem) == 1
         # fix=False changed nothing
         assert _file(path, keys["e0"]).exists() and _quarantined(path) == []
-        assert mem.catalog.get(keys["e2"]) is None and mem.catalog.get(keys["e1"]) is not None
+        assert mem._catalog.get(keys["e2"]) is None and mem._catalog.get(keys["e1"]) is not None
 
         report = mem.verify(fix=True, progress=False)
         assert report.fixed and len(report.corrupt) == 1
         assert _quarantined(path) == [keys["e0"]] and not _file(path, keys["e0"]).exists()
-        assert mem.catalog.get(keys["e1"]) is None
-        row = mem.catalog.get(keys["e2"])
+        assert mem._catalog.get(keys["e1"]) is None
+        row = mem._catalog.get(keys["e2"])
         assert row is not None and row.metadata == {"i": 2} and row.user_key == "e2" and row.kind == "tree"
 
         after = mem.verify(fix=False, progress=False)
@@ -353,12 +353,12 @@ def test_verify_reports_then_fixes_corrupt_orphan_and_missing(tmp_path: Path) ->
 def test_verify_checks_the_cpu_tier_too(tmp_path: Path) -> None:
     with kvmem.Memory(tmp_path / "kvmem", **SETTINGS) as mem:
         skey = mem.store("e0", _value(0))
-        held = mem.tiers.tiers[0].get(skey)
+        held = mem._tiers.tiers[0].get(skey)
         assert held is not None
         held[-1] ^= 0xFF  # the stored CRC itself
         report = mem.verify(fix=True, progress=False)
         assert [(tier, key) for tier, key, _ in report.corrupt] == [("cpu", skey)]
-        assert not mem.tiers.tiers[0].contains(skey)
+        assert not mem._tiers.tiers[0].contains(skey)
         assert _same(mem.load("e0"), _value(0))  # from disk
 
 
@@ -388,7 +388,7 @@ def test_edited_catalog_rows_never_change_what_load_returns(tmp_path: Path) -> N
         assert report.missing == ["f" * 64]
     with kvmem.Memory(path, **SETTINGS) as mem:
         assert mem.verify(progress=False).ok
-        assert {row.user_key for row in mem.catalog.rows()} == {"e0", "e1", "e2"}
+        assert {row.user_key for row in mem._catalog.rows()} == {"e0", "e1", "e2"}
 
 
 def test_catalog_rows_deleted_wholesale_loses_no_data(tmp_path: Path) -> None:

@@ -72,7 +72,7 @@ def assert_outside_untouched(cache: torch.Tensor, a: int, b: int) -> None:
 
 
 def disk_of(mem: kvmem.Memory) -> DiskTier:
-    tier = next(t for t in mem.tiers.tiers if t.name == "disk")
+    tier = next(t for t in mem._tiers.tiers if t.name == "disk")
     assert isinstance(tier, DiskTier)
     return tier
 
@@ -135,13 +135,13 @@ def test_load_into_from_disk_promotes_to_the_cpu_tier(tmp_path: Path) -> None:
     with open_memory("cpu+disk", tmp_path / "kvmem") as mem:
         skey = mem.store("chunk", value)
     with open_memory("cpu+disk", tmp_path / "kvmem") as mem:  # reopened: the value is on disk alone
-        assert [t.name for t in mem.tiers.tiers if t.contains(skey)] == ["disk"]
+        assert [t.name for t in mem._tiers.tiers if t.contains(skey)] == ["disk"]
         cache = cache_of(torch.bfloat16)
         out = cache[:, :, 32:64]
         mem.load("chunk", out=out)
         assert_bit_exact(value, out.contiguous())
         assert mem.metrics.value("kvmem_hits_total", tier="disk", kind="tensor") == 1
-        assert [t.name for t in mem.tiers.tiers if t.contains(skey)] == ["cpu", "disk"]
+        assert [t.name for t in mem._tiers.tiers if t.contains(skey)] == ["cpu", "disk"]
         out.fill_(0)  # the promoted copy is the tier's own, not a view of out
         mem.load("chunk", out=out)
         assert_bit_exact(value, out.contiguous())

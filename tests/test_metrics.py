@@ -94,7 +94,7 @@ def worker(tmp_path: Path) -> Iterator[Worker]:
 
 # -- usage gauges -----------------------------------------------------------------------------------------
 def test_usage_gauges_follow_stores_and_deletes_without_stats(memory: kvmem.Memory) -> None:
-    cpu, disk = memory.tiers.tiers
+    cpu, disk = memory._tiers.tiers
 
     def usage(tier: str) -> float:
         return memory.metrics.value("kvmem_memory_usage_bytes", tier=tier)

@@ -41,7 +41,7 @@ def legacy_memory(path: Path, **settings: object) -> kvmem.Memory:
 
 
 def disk_of(mem: kvmem.Memory) -> DiskTier:
-    return next(t for t in mem.tiers.tiers if isinstance(t, DiskTier))
+    return next(t for t in mem._tiers.tiers if isinstance(t, DiskTier))
 
 
 def formats(root: Path, area: str) -> set[tuple[int, int]]:
@@ -75,9 +75,9 @@ def test_every_entry_is_rewritten_hottest_first_then_the_areas_switch(legacy: kv
     legacy.flush()
     root = disk_of(legacy).root
     assert formats(root, "blobs") == {(1, 64)}
-    order = _hottest_first(DiskAreas(disk_of(legacy)), legacy.catalog, "blobs")
+    order = _hottest_first(DiskAreas(disk_of(legacy)), legacy._catalog, "blobs")
     skeys = {legacy.storage_key(f"k{i}"): i for i in range(40)}
-    hits = [legacy.catalog.get(k).hits for k in order]  # type: ignore[union-attr]
+    hits = [legacy._catalog.get(k).hits for k in order]  # type: ignore[union-attr]
     assert hits == sorted(hits, reverse=True) and [skeys.get(k) for k in order[:3]] == [21, 7, 3]
 
     report = legacy.migrate(2, progress=False)

@@ -61,7 +61,7 @@ def test_bf16_nan_payload_survives_bit_exact(tmp_path: Path) -> None:
 
 
 def _disk(mem: kvmem.Memory) -> kvmem.stores.DiskTier:
-    tier = mem.tiers.tiers[-1]
+    tier = mem._tiers.tiers[-1]
     assert isinstance(tier, kvmem.stores.DiskTier)
     return tier
 
@@ -98,6 +98,6 @@ def test_reopen_after_close_in_same_process_sees_every_entry(tmp_path: Path) -> 
         for key, (value, meta) in expected.items():
             mem.store(key, value, metadata=meta)
     with kvmem.Memory(path, cpu_bytes="8MiB", disk_bytes="64MiB") as mem:
-        assert mem.tiers.tiers[0].usage() == 0  # what follows is read from the files
+        assert mem._tiers.tiers[0].usage() == 0  # what follows is read from the files
         assert all(same(mem.load(key), value) for key, (value, _) in expected.items())
         assert mem.stats().hits == len(expected)

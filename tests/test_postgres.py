@@ -52,7 +52,7 @@ def test_store_load_info_versions_delete_and_entries(tmp_path: Path, pg: str) ->
         assert [e.user_key for e in mem.entries(namespace="ns")] == ["k2"]
         assert mem.stats().entries == 3
         assert mem.delete("k1") and mem.info("k1") is None and mem.load("k1") is None
-        assert mem.catalog.engine.dialect.name == "postgresql"
+        assert mem.database.dialect == "postgresql"
     with node(tmp_path / "b", pg) as other:  # another machine sees the rows, not the bytes
         assert other.info("k2", namespace="ns").version == 1 and other.stats().entries == 2
 
@@ -100,7 +100,7 @@ def test_agent_session_compare_and_swap_race(tmp_path: Path, pg: str) -> None:
         fork.append_step("only in the fork", "", "")
         from kvmem.agent.chain import sweep
 
-        assert sweep(mem.catalog.engine) == 0  # every committed step is reachable
+        assert sweep(mem.database) == 0  # every committed step is reachable
 
 
 @pytest.mark.parametrize("credentials, options", [("kvmem:s3cret@", ""), ("kvmem@", "?password=s3cret"),
@@ -141,16 +141,16 @@ def test_outage_mid_run_keeps_serving_and_the_catalog_catches_up(tmp_path: Path,
             assert check_value(f"k{i}", mem.load(f"k{i}"), 256) == (3 if i == 5 else 1 if i == 0 else 2)
         assert mem.info("k2") is None  # the catalog is down: no facts, no exception
         assert list(mem.entries()) == []
-        assert mem.catalog.pending == 5  # k2..k5 upserts and the removal of k1
+        assert mem._catalog.pending == 5  # k2..k5 upserts and the removal of k1
         assert mem.metrics.total("kvmem_tier_errors_total") > 0
 
         postgres_server.start()
-        _wait(lambda: mem.catalog.pending == 0)  # the timer thread retried without being asked
+        _wait(lambda: mem._catalog.pending == 0)  # the timer thread retried without being asked
         mem.flush()
         versions = {e.user_key: e.version for e in mem.entries()}
         assert versions == {"k0": 1, "k2": 2, "k3": 2, "k4": 1, "k5": 2}
         assert mem.info("k0").hits == 2 and mem.info("k2").hits == 1  # hits counted during the outage too
-        assert mem.catalog.dropped == 0
+        assert mem._catalog.dropped == 0
     with node(tmp_path / "b", url) as other:  # and another node sees it all
         assert {e.user_key: e.version for e in other.entries()} == versions
 
@@ -164,7 +164,7 @@ print("READY", flush=True)
 sys.stdin.readline()  # the parent stops PostgreSQL
 for key, value in (("b", b"b1"), ("a", b"a2"), ("c", b"c1"), ("a", b"a3")):
     mem.store(key, value)
-print("STORED", mem.catalog.pending, flush=True)
+print("STORED", mem._catalog.pending, flush=True)
 sys.stdin.readline()  # killed here
 """
 
@@ -194,7 +194,7 @@ def test_a_process_killed_during_an_outage_loses_no_catalog_write(tmp_path: Path
         child.kill()
     postgres_server.start()
     with node(tmp_path / "n", postgres_server.url) as mem:  # claims the dead process's journal
-        _wait(lambda: mem.catalog.pending == 0)
+        _wait(lambda: mem._catalog.pending == 0)
         assert {e.user_key: e.version for e in mem.entries()} == {"a": 3, "b": 1, "c": 1}
         assert (mem.load("a"), mem.load("b"), mem.load("c")) == (b"a3", b"b1", b"c1")
         assert list((tmp_path / "n" / "catalog-pending").iterdir()) == []  # taken by the database: gone

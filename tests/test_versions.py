@@ -34,12 +34,12 @@ KEY = "doc"
 def kept(mem: kvmem.Memory) -> list[int]:
     """Versions of ``KEY`` kept in the catalog database."""
     skey = mem.storage_key(KEY)
-    with mem.catalog.engine.connect() as conn:
+    with mem.database.connection() as conn:
         return sorted(conn.execute(select(versions.c.version).where(versions.c.key == skey)).scalars())
 
 
 def pin_count(mem: kvmem.Memory) -> int:
-    with mem.catalog.engine.connect() as conn:
+    with mem.database.connection() as conn:
         return conn.execute(select(func.count()).select_from(pins)).scalar_one()
 
 
@@ -99,7 +99,7 @@ def test_leases_renew_while_held_and_expire_when_not(memory: kvmem.Memory, tmp_p
     assert memory.gc().versions_reclaimed == 0
     assert check_value(KEY, short.load()) == 1
     # a holder that stops renewing (here: its renewal is pushed into the past) loses the version to gc
-    with memory.catalog.engine.begin() as conn:
+    with memory.database.transaction() as conn:
         conn.execute(pins.update().values(expires=time.time() - 1))
     with memory._versions._lock:
         memory._versions._held.clear()  # NOTE: this process's renewer no longer knows the pin: as if it died

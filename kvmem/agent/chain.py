@@ -21,11 +21,12 @@ from dataclasses import dataclass
 
 import lz4.frame
 from sqlalchemy import delete, select, update
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError as SqlIntegrityError
 
 from kvmem.errors import IntegrityError
 from kvmem.keys import content_hash
+from kvmem.ports import Database
 from kvmem.schema import agent_sessions as sessions
 from kvmem.schema import agent_steps as steps
 
@@ -73,7 +74,7 @@ def make_step(index: int, parent: str | None, thought: str, action: str, observa
     return step, lz4.frame.compress(raw)
 
 
-def link(engine: Engine, name: str, old_head: str | None, rows: list[tuple[str, str | None, bytes]],
+def link(database: Database, name: str, old_head: str | None, rows: list[tuple[str, str | None, bytes]],
          new_head: str | None, length: int) -> bool:
     """In one transaction: store ``rows`` (key, parent, body) not stored yet and move ``name``'s head
     from ``old_head`` to ``new_head``; False (nothing written) when the head was no longer ``old_head``.
@@ -82,7 +83,7 @@ def link(engine: Engine, name: str, old_head: str | None, rows: list[tuple[str, 
     sweep can never take it) and a lost race leaves nothing behind.
     """
     try:
-        with engine.begin() as conn:
+        with database.transaction() as conn:
             for key, parent, body in rows:
                 if conn.execute(select(steps.c.key).where(steps.c.key == key)).first() is None:
                     conn.execute(steps.insert(), {"key": key, "parent": parent, "body": body})
@@ -148,13 +149,13 @@ def _reachable(conn: Connection) -> set[str]:
     return seen
 
 
-def sweep(engine: Engine) -> int:
+def sweep(database: Database) -> int:
     """Delete step rows no session's chain reaches; how many.
 
     Steps are inserted in the same transaction as the head that links them
     (:func:`link`), so no committed step is ever unreachable to a sweep.
     """
-    with engine.begin() as conn:
+    with database.transaction() as conn:
         live = _reachable(conn)
         dead = [k for (k,) in conn.execute(select(steps.c.key)) if k not in live]
         for i in range(0, len(dead), 500):

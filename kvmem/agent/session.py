@@ -71,14 +71,14 @@ class AgentSession:
             raise ConfigError(f"ttl={ttl!r}: expected seconds > 0, or None for no expiry")
         self.memory = memory if memory is not None else default_memory()
         self.max_steps, self.ttl, self.summarize, self.clock = max_steps, ttl, summarize, clock
-        self._engine = self.memory.catalog.engine
+        self._database = self.memory.database
         self._lock = threading.Lock()
         self._prefix: PrefixCache | None = None
         self._tokenizer: Any = None
         self._ids: dict[str, list[int]] = {}  # NOTE: token ids per prompt piece (step key, or "" for the system)
         if self._row() is None:
             try:
-                with self._engine.begin() as conn:
+                with self._database.transaction() as conn:
                     conn.execute(sessions.insert(), {"name": name, "head": None, "length": 0,
                                                      "system": system_prompt or "", "updated": clock()})
             except SqlIntegrityError:
@@ -96,18 +96,18 @@ class AgentSession:
         from kvmem.api import default_memory
 
         mem = memory if memory is not None else default_memory()
-        with mem.catalog.engine.connect() as conn:
+        with mem.database.connection() as conn:
             found = conn.execute(select(sessions.c.name).where(sessions.c.name == _check_name(name))).first()
         if found is None:
             raise SessionNotFound(f"no agent session {name!r}; AgentSession({name!r}, ...) creates it")
         return cls(name, mem, **options)
 
     def _row(self) -> Any:
-        with self._engine.connect() as conn:
+        with self._database.connection() as conn:
             return conn.execute(select(sessions).where(sessions.c.name == self.name)).first()
 
     def _reload(self, system_prompt: str | None = None) -> None:
-        with self._engine.connect() as conn:
+        with self._database.connection() as conn:
             row = conn.execute(select(sessions).where(sessions.c.name == self.name)).first()
             if row is None:
                 raise SessionNotFound(f"agent session {self.name!r} was deleted")
@@ -152,7 +152,7 @@ class AgentSession:
                 raise InvalidKeyError(f"{field} of type {type(value).__name__}: expected a str")
         with self._lock:
             step, body = make_step(len(self._steps), self._head, thought, action, observation, created=self.clock())
-            if not link(self._engine, self.name, self._head, [(step.key, step.parent_key, body)], step.key,
+            if not link(self._database, self.name, self._head, [(step.key, step.parent_key, body)], step.key,
                         len(self._steps) + 1):
                 raise self._conflict()
             self._steps.append(step)
@@ -192,10 +192,10 @@ class AgentSession:
             rows.append((step.key, parent, body))
             chain.append(step)
             parent = step.key
-        if not link(self._engine, self.name, self._head, rows, parent, len(chain)):
+        if not link(self._database, self.name, self._head, rows, parent, len(chain)):
             raise self._conflict()
         self._steps, self._head = chain, parent
-        sweep(self._engine)
+        sweep(self._database)
 
     def fork(self, name: str, at: int | None = None) -> AgentSession:
         """A new session ``name`` sharing steps ``0..at`` (default: all), stored once; the two then diverge.
@@ -208,7 +208,7 @@ class AgentSession:
             raise ConfigError(f"at={at!r}: expected a step index from -1 (no step) to {len(self._steps) - 1}")
         head = self._steps[at].key if at >= 0 else None
         try:
-            with self._engine.begin() as conn:
+            with self._database.transaction() as conn:
                 conn.execute(sessions.insert(), {"name": _check_name(name), "head": head, "length": at + 1,
                                                  "system": self.system_prompt, "updated": self.clock()})
         except SqlIntegrityError:
@@ -218,10 +218,10 @@ class AgentSession:
 
     def delete(self) -> int:
         """Delete this session; steps another session still reaches stay. How many steps went."""
-        with self._engine.begin() as conn:
+        with self._database.transaction() as conn:
             conn.execute(delete(sessions).where(sessions.c.name == self.name))
         self._steps, self._head = [], None
-        return sweep(self._engine)
+        return sweep(self._database)
 
     # -- model ---------------------------------------------------------------------------
     def attach(self, model: torch.nn.Module, tokenizer: Any, *, block_size: int | None = None,

@@ -273,18 +273,19 @@ class PrefixCache:
             stored already, so it must not be stored again.
         """
         cache = new_cache(self.model, StreamingCache)
+        store = self.memory.chunk_store()
         found = self.memory.contains_many(keys[:self._chunks_within(limit)], namespace=self.namespace)
         sources: list[ChunkSource] = []
         for key, present in zip(keys, found):
             skey = self.memory.storage_key(key, self.namespace)
-            tier = self.memory.tiers.locate(skey) if present else None
+            tier = store.locate(skey) if present else None
             if tier is None:  # not stored, or gone since the probe: reuse stops here
                 break
             sources.append(ChunkSource(skey, tier))
         reused = min(len(sources) * self.block_size, limit)
         if reused:
             assert isinstance(cache, StreamingCache)
-            cache.loader = LayerwiseLoader(self.memory.tiers, sources, cache, self.block_size, reused, self._device,
+            cache.loader = LayerwiseLoader(store, sources, cache, self.block_size, reused, self._device,
                                            room=total - reused)
             if not self.layerwise:
                 cache.loader.wait_all(install=False)
@@ -301,14 +302,13 @@ class PrefixCache:
         NOTE: a wanted chunk after the first one missing is a miss even when stored: the prompt
         computed it. So a cold and a warm run of one prompt read a hit rate of 0.5.
         """
-        top = self.memory.tiers.tiers[0]
         for src in sources:
-            self.memory.metrics.kv_chunk_hits.labels(tier=src.tier.name).inc()
-            self.memory.metrics.hit(src.tier.name, "tree")
-            self.memory.catalog.record_hit(src.key)
+            self.memory.metrics.kv_chunk_hits.labels(tier=src.tier).inc()
+            self.memory.record_hits([src.key], src.tier)
         if len(wanted) > len(sources):
             self.memory.metrics.miss("tree", len(wanted) - len(sources))
-        below = [key for key, src in zip(wanted, sources) if src.tier is not top]
+        top = self.memory.chunk_store().top
+        below = [key for key, src in zip(wanted, sources) if src.tier != top]
         if below:
             self._prefetcher.prefetch(below)
 
@@ -318,7 +318,7 @@ class PrefixCache:
         NOTE: a tier that failed to serve one was counted and backed off by the store already.
         """
         if exc.corrupt and exc.key:
-            self.memory.tiers.quarantine(exc.key, exc.tier, exc)
+            self.memory.chunk_store().quarantine(exc.key, exc.tier, exc)
 
     def _store_new_chunks(self, ids: torch.Tensor, cache: DynamicCache, keys: list[str], first: int,
                           trim: bool = True) -> int:
@@ -340,7 +340,7 @@ class PrefixCache:
         self.memory.store(key, value, namespace=self.namespace, compression=self.codec)
 
     def _warm(self, key: str) -> bool:
-        return self.memory.tiers.warm(self.memory.storage_key(key, self.namespace))
+        return self.memory.chunk_store().warm(self.memory.storage_key(key, self.namespace))
 
     def _count_tokens(self, requested: int, reused: int) -> None:
         m = self.memory.metrics

@@ -2,7 +2,7 @@
 
 A chunk blob stores its layers in order (``k0, v0, k1, v1, ...``), each in its own
 CRC segment (:mod:`kvmem.blob`). A background thread opens every chunk once
-(:meth:`~kvmem.stores.base.StorageTier.open_blob`: a file stays open, a memory tier's
+(:meth:`~kvmem.ports.ChunkStore.open_blob`: a file stays open, a memory tier's
 pages stay held, so every layer comes from the same version), then reads them layer by
 layer (the next layer's ranges requested ahead) and checks every segment before its
 bytes are used. :class:`StreamingCache` makes the model's ``update`` for layer ``i``
@@ -24,7 +24,7 @@ How a layer's prefix gets into the cache depends on its chunks' codec:
 A chunk that cannot be read or fails a check stops the load: the waiting layer
 raises :class:`ChunkLoadError` naming the chunk, and the caller retries with the
 chunks before it. No unchecked byte ever reaches the model. Every tier operation
-goes through :class:`~kvmem.stores.tiered.TieredStore` (``open_blob``, ``advise``), so a
+goes through the memory's :class:`~kvmem.ports.ChunkStore` (``open_blob``, ``advise``), so a
 tier fault (an ``OSError``, Redis gone) is handled as for ``Memory.load``: counted in
 ``kvmem_tier_errors_total``, the tier skipped for ``tier_retry_seconds``.
 """
@@ -49,8 +49,7 @@ from kvmem.cuda.kvquant import dequantize_kv_into
 from kvmem.errors import CodecError, IntegrityError, KVMemError, TierUnavailable
 from kvmem.kv.layout import install_prefix, kv_layer
 from kvmem.loads import stored_as_is
-from kvmem.stores.base import StorageTier
-from kvmem.stores.tiered import TieredStore
+from kvmem.ports import ChunkStore
 
 __all__ = ["ChunkSource", "ChunkLoadError", "LayerwiseLoader", "StreamingCache"]
 
@@ -68,10 +67,10 @@ class ChunkLoadError(KVMemError):
 
 @dataclass(frozen=True)
 class ChunkSource:
-    """Where one chunk is read from: its storage key and the tier holding it."""
+    """Where one chunk is read from: its storage key and the name of the tier holding it."""
 
     key: str
-    tier: StorageTier
+    tier: str
 
 
 @dataclass
@@ -161,7 +160,7 @@ def _packed_to(device: torch.device, parts: list[dict[str, torch.Tensor]]) -> li
 class _ChunkReader:
     """Checked reads of one chunk blob, opened once in one tier (through ``store``'s failure handling)."""
 
-    def __init__(self, store: TieredStore, source: ChunkSource, index: int) -> None:
+    def __init__(self, store: ChunkStore, source: ChunkSource, index: int) -> None:
         self.source = source
         self.index = index
         try:
@@ -169,7 +168,7 @@ class _ChunkReader:
         except IntegrityError as exc:
             raise self._error(str(exc), corrupt=True) from None
         if reader is None:
-            raise self._error(f"gone from tier {source.tier.name}, or the tier failed", corrupt=False)
+            raise self._error(f"gone from tier {source.tier}, or the tier failed", corrupt=False)
         self.blob = reader
         self.header = reader.header
         try:
@@ -179,7 +178,7 @@ class _ChunkReader:
             raise self._error(str(exc), corrupt=True) from None
 
     def _error(self, reason: str, corrupt: bool) -> ChunkLoadError:
-        return ChunkLoadError(self.index, reason, corrupt=corrupt, key=self.source.key, tier=self.source.tier.name)
+        return ChunkLoadError(self.index, reason, corrupt=corrupt, key=self.source.key, tier=self.source.tier)
 
     @contextlib.contextmanager
     def _reading(self, layer_idx: int, bad_data: tuple[type[KVMemError], ...] = (IntegrityError,)) -> Iterator[None]:
@@ -281,7 +280,7 @@ class LayerwiseLoader:
         ChunkLoadError: chunk 0's header cannot be read (its tier failed) or is corrupt.
     """
 
-    def __init__(self, store: TieredStore, sources: list[ChunkSource], cache: DynamicCache, block_size: int,
+    def __init__(self, store: ChunkStore, sources: list[ChunkSource], cache: DynamicCache, block_size: int,
                  tokens: int, device: torch.device, room: int = 0) -> None:
         self.block_size = block_size
         self.tokens = tokens

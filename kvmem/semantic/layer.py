@@ -34,9 +34,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from sqlalchemy import delete, select
-from sqlalchemy.engine import Engine
 
-from kvmem.catalog import dialect_insert
+from kvmem.ports import Database
 from kvmem.recovery import OnRecovered
 from kvmem.schema import semantic_rows
 from kvmem.semantic.auto import AutoIndex
@@ -83,7 +82,8 @@ class SemanticIndex:
     """Vectors of entry texts, per namespace, persisted beside the catalog.
 
     Args:
-        engine: the catalog's database engine (whose schema holds the side table).
+        database: the catalog's database (:attr:`Memory.database <kvmem.api.Memory.database>`), whose schema
+            holds the side table.
         embedder: default: the packaged all-MiniLM-L6-v2 (loaded here, so build lazily).
         verifier: strict second stage; default :class:`RuleVerifier`.
         live: which of the given storage keys the store still holds (rows of the others are
@@ -94,14 +94,15 @@ class SemanticIndex:
         on_recovered: told ``"hnsw"`` when a damaged saved graph is set aside (and rebuilt from the rows).
     """
 
-    def __init__(self, engine: Engine, embedder: Embedder | None = None, verifier: Verifier | None = None,
+    def __init__(self, database: Database, embedder: Embedder | None = None, verifier: Verifier | None = None,
                  live: Callable[[Sequence[str]], list[bool]] | None = None,
                  directory: str | Path | None = None, hnsw_from: int = 20_000,
                  on_recovered: OnRecovered | None = None) -> None:
         inner = embedder if embedder is not None else SentenceTransformerEmbedder()
         self.embedder = inner if isinstance(inner, CachedEmbedder) else CachedEmbedder(inner)
         self.verifier: Verifier = verifier if verifier is not None else RuleVerifier()
-        self._engine = engine
+        self._database = database
+        self._upsert = _upsert_statement(database)
         self._lock = threading.RLock()
         self._directory = Path(directory) if directory is not None else None
         self._hnsw_from = hnsw_from
@@ -115,7 +116,7 @@ class SemanticIndex:
     def _rebuild(self, live: Callable[[Sequence[str]], list[bool]] | None) -> None:
         """Load every row of this embedder whose entry is live into its namespace's index."""
         stmt = select(semantic_rows).where(semantic_rows.c.embedder == self.embedder.name)
-        with self._engine.connect() as conn:
+        with self._database.connection() as conn:
             rows = conn.execute(stmt).mappings().all()
         if live is not None and rows:
             alive = live([row["key"] for row in rows])
@@ -207,8 +208,8 @@ class SemanticIndex:
         with self._lock:
             self._stale.discard(key)
             self._purge()
-            with self._engine.begin() as conn:
-                conn.execute(_upsert(self._engine.dialect.name), row)
+            with self._database.transaction() as conn:
+                conn.execute(self._upsert, row)
             self._forget(key)  # NOTE: a storage key lives in exactly one namespace
             self._partition(namespace).add([key], vec[None, :])
             self._entries[key] = _Entry(namespace, text, user_key)
@@ -236,7 +237,7 @@ class SemanticIndex:
     def _purge(self) -> None:
         if self._stale:
             stale = sorted(self._stale)
-            with self._engine.begin() as conn:
+            with self._database.transaction() as conn:
                 conn.execute(delete(semantic_rows).where(semantic_rows.c.key.in_(stale)))
             self._stale.difference_update(stale)
 
@@ -251,7 +252,7 @@ class SemanticIndex:
     def remove(self, key: str) -> bool:
         """Forget ``key``'s vector and text; whether it was indexed."""
         with self._lock:
-            with self._engine.begin() as conn:
+            with self._database.transaction() as conn:
                 gone = conn.execute(delete(semantic_rows).where(semantic_rows.c.key == key)).rowcount > 0
             self._stale.discard(key)
             found = self._forget(key)
@@ -291,23 +292,17 @@ class SemanticIndex:
             return entry.user_key if entry is not None else None
 
 
-_UPSERTS: dict[str, Any] = {}
-
-
-def _upsert(dialect: str) -> Any:
-    """``INSERT .. ON CONFLICT (key) DO UPDATE`` of a side-table row, built once per dialect.
+def _upsert_statement(database: Database) -> Any:
+    """``INSERT .. ON CONFLICT (key) DO UPDATE`` of a side-table row in ``database``'s dialect (built once per index).
 
     NOTE: one statement, not a delete and an insert: on PostgreSQL two processes indexing the
     same key at once both delete nothing, and the second insert then fails on the primary key.
     """
-    stmt = _UPSERTS.get(dialect)
-    if stmt is None:
-        insert = dialect_insert(dialect)(semantic_rows)
-        stmt = _UPSERTS[dialect] = insert.on_conflict_do_update(
-            index_elements=[semantic_rows.c.key],
-            set_={name: insert.excluded[name]
-                  for name in ("namespace", "embedder", "text", "vector", "user_key", "user_key_is_bytes")})
-    return stmt
+    insert = database.insert(semantic_rows)
+    return insert.on_conflict_do_update(
+        index_elements=[semantic_rows.c.key],
+        set_={name: insert.excluded[name]
+              for name in ("namespace", "embedder", "text", "vector", "user_key", "user_key_is_bytes")})
 
 
 def _user_key_columns(user_key: str | bytes | None) -> dict[str, bytes | bool | None]:
@@ -332,7 +327,7 @@ def candidate_count(k: int) -> int:
     return max(4 * k, k + 8)
 
 
-def forget(engine: Engine, key: str) -> None:
+def forget(database: Database, key: str) -> None:
     """Delete ``key``'s side-table row without loading an embedder (``Memory.delete`` before any lookup)."""
-    with engine.begin() as conn:
+    with database.transaction() as conn:
         conn.execute(delete(semantic_rows).where(semantic_rows.c.key == key))

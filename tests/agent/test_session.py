@@ -33,7 +33,7 @@ def fill(s: AgentSession, n: int, tag: str = "") -> None:
 
 
 def step_count(mem: Memory) -> int:
-    with mem.catalog.engine.connect() as conn:
+    with mem.database.connection() as conn:
         return conn.execute(select(func.count()).select_from(step_rows)).scalar_one()
 
 
@@ -94,13 +94,13 @@ def test_fork_shares_steps_and_deletes_only_its_own(memory: Memory) -> None:
 
 
 def _body(mem: Memory, key: str) -> dict:
-    with mem.catalog.engine.connect() as conn:
+    with mem.database.connection() as conn:
         raw = conn.execute(select(step_rows.c.body).where(step_rows.c.key == key)).scalar_one()
     return json.loads(lz4.frame.decompress(raw))
 
 
 def _set_body(mem: Memory, key: str, body: bytes) -> None:
-    with mem.catalog.engine.begin() as conn:
+    with mem.database.transaction() as conn:
         conn.execute(update(step_rows).where(step_rows.c.key == key).values(body=body))
 
 
@@ -116,7 +116,7 @@ def test_tampered_corrupt_or_missing_steps_are_named(memory: Memory) -> None:
     _set_body(memory, key, b"\x04\x22\x4d\x18garbage")
     with pytest.raises(IntegrityError, match=r"step 2 .* is corrupt"):
         AgentSession.resume("audit", memory=memory)
-    with memory.catalog.engine.begin() as conn:
+    with memory.database.transaction() as conn:
         conn.execute(step_rows.delete().where(step_rows.c.key == key))
     with pytest.raises(IntegrityError, match=r"step 2 .* is missing"):
         AgentSession.resume("audit", memory=memory)

@@ -115,12 +115,12 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Calls]:
     yield Calls(monkeypatch)
 
 
-def _decoded_prefix(sources: list[ChunkSource], layer_idx: int, first: int, tokens: int
+def _decoded_prefix(memory: kvmem.Memory, sources: list[ChunkSource], layer_idx: int, first: int, tokens: int
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefix tokens ``[first, tokens)`` of a layer by the decode path, from the whole blobs."""
     keys, values = [], []
     for source in sources:
-        buf = source.tier.get(source.key)
+        buf = next(t for t in memory._tiers.tiers if t.name == source.tier).get(source.key)
         assert buf is not None
         chunk, header = decode_value(buf)
         assert {leaf["codec"] for leaf in header["leaves"]} <= {"int8", "int4"}
@@ -138,15 +138,15 @@ def test_fused_load_writes_the_decode_paths_values(tiny_model: Callable, open_me
     model = tiny_model(arch)
     memory = open_memory(cpu_bytes="64MiB" if tier == "cpu" else 0)
     sources = stored_sources(memory, prefix_cache(model, memory, compression=compression))[:4]
-    assert {s.tier.name for s in sources} == {tier}
+    assert {s.tier for s in sources} == {tier}
     tokens = 4 * BLOCK - 3  # the last chunk is cut; mistral's window also starts inside a chunk
     cache = new_cache(model, StreamingCache)
     calls.fused = calls.decoded = 0
-    LayerwiseLoader(memory.tiers, sources, cache, BLOCK, tokens, torch.device("cpu"), room=5).wait_all()
+    LayerwiseLoader(memory.chunk_store(), sources, cache, BLOCK, tokens, torch.device("cpu"), room=5).wait_all()
     assert calls.decoded == 0 and calls.fused > 0
     for layer_idx, layer in enumerate(cache.layers):
         first = tokens - layer.keys.shape[-2]
-        want_k, want_v = _decoded_prefix(sources, layer_idx, first, tokens)
+        want_k, want_v = _decoded_prefix(memory, sources, layer_idx, first, tokens)
         assert torch.equal(layer.keys, want_k) and torch.equal(layer.values, want_v)
 
 
@@ -220,7 +220,8 @@ def test_room_that_does_not_fit_the_update_falls_back_to_one_copy(tiny_model: Ca
     logits = []
     for room in (3, 7):  # exactly the 3 new tokens; more than them
         cache = new_cache(model, StreamingCache)
-        cache.loader = LayerwiseLoader(memory.tiers, sources, cache, BLOCK, SHARED, torch.device("cpu"), room=room)
+        cache.loader = LayerwiseLoader(memory.chunk_store(), sources, cache, BLOCK, SHARED, torch.device("cpu"),
+                                       room=room)
         with torch.no_grad():
             logits.append(model(suffix, use_cache=True, **{cache_argument(model): cache}).logits)
         assert cache.get_seq_length() == SHARED + 3 and cache.layers[0].keys.shape[-2] == SHARED + 3
@@ -242,7 +243,7 @@ def test_a_corrupt_int8_segment_is_caught_before_the_op_reads_it(tiny_model: Cal
     path.write_bytes(bytes(data))
     cache = new_cache(model, StreamingCache)
     calls.fused = 0
-    loader = LayerwiseLoader(memory.tiers, sources, cache, BLOCK, 4 * BLOCK, torch.device("cpu"))
+    loader = LayerwiseLoader(memory.chunk_store(), sources, cache, BLOCK, 4 * BLOCK, torch.device("cpu"))
     loader.wait(0)  # layer 0 of every chunk is intact and arrives: a layer waits only for its own bytes
     with pytest.raises(ChunkLoadError) as info:
         loader.wait(len(cache.layers) - 1)

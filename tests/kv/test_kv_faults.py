@@ -43,7 +43,7 @@ MODES = {"layerwise": True, "load-all": False}
 
 
 def _tier(memory: kvmem.Memory, name: str) -> StorageTier:
-    return next(t for t in memory.tiers.tiers if t.name == name)
+    return next(t for t in memory._tiers.tiers if t.name == name)
 
 
 def _skeys(memory: kvmem.Memory, pc: PrefixCache) -> list[str]:
@@ -128,13 +128,13 @@ def test_a_failed_disk_is_skipped_then_retried(
 
     _assert_exact(model, pc, 0)  # the disk is skipped from the fault on: its chunks before it too
     disk = _tier(memory, "disk")
-    assert _tier_errors(memory, "disk") == 1 and not memory.tiers.healthy(disk)
+    assert _tier_errors(memory, "disk") == 1 and not memory._tiers.healthy(disk)
     _assert_exact(model, pc, 0)  # still skipped: not read, not counted again
     assert _tier_errors(memory, "disk") == 1
 
     monkeypatch.undo()
     time.sleep(2)
-    assert memory.tiers.healthy(disk)
+    assert memory._tiers.healthy(disk)
     _assert_exact(model, pc, CHUNKS * BLOCK)
 
 
@@ -153,7 +153,7 @@ def test_a_truncated_chunk_file_stops_reuse_before_it(
 
     _assert_exact(model, pc, bad * BLOCK)
     assert memory.metrics.value("kvmem_crc_failures_total", tier="disk") == 1
-    assert _tier_errors(memory, "disk") == 0 and memory.tiers.healthy(_tier(memory, "disk"))  # the data's fault
+    assert _tier_errors(memory, "disk") == 0 and memory._tiers.healthy(_tier(memory, "disk"))  # the data's fault
 
 
 def _stop_on_read(
@@ -195,7 +195,7 @@ def test_redis_gone_while_a_chunk_is_read_stops_reuse_before_it(
     _stop_on_read(monkeypatch, redis, redis_server, skeys[bad], 0 if at == "open" else size // 2)
 
     _assert_exact(model, pc, bad * BLOCK)
-    assert _tier_errors(memory, "redis") == 1 and not memory.tiers.healthy(redis)
+    assert _tier_errors(memory, "redis") == 1 and not memory._tiers.healthy(redis)
 
 
 def test_prefetch_with_redis_gone_finds_nothing_and_counts_it(

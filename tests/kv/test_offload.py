@@ -70,7 +70,7 @@ def test_host_pages_come_from_the_cpu_tiers_pool_and_count_in_its_usage(llama: P
     plain = DynamicCache(config=llama.config)
     expected = generate(llama, plain)
     with kvmem.Memory(tmp_path / "kvmem", cpu_bytes="8MiB", disk_bytes=0) as mem:
-        cpu = mem.tiers.tiers[0]
+        cpu = mem._tiers.tiers[0]
         assert isinstance(cpu, CpuTier) and cpu.usage() == 0
         cache = OffloadingCache(llama.config, max_tokens=256, block_size=BLOCK, resident_blocks=1, memory=mem)
         try:

@@ -303,7 +303,7 @@ def test_prefetch_warms_chunks_from_disk_into_the_cpu_tier(tiny_model: ModelFact
     _store_and_close(model, ids, open_memory, prefix_cache)
 
     memory = open_memory()  # reopened: the CPU tier starts empty, the disk tier holds the chunks
-    cpu = next(t for t in memory.tiers.tiers if t.name == "cpu")
+    cpu = next(t for t in memory._tiers.tiers if t.name == "cpu")
     pc = prefix_cache(model, memory)
     skeys = [memory.storage_key(k, pc.namespace) for k in pc.chunk_keys(ids)]
     assert not any(cpu.contains(k) for k in skeys)

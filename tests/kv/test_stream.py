@@ -30,14 +30,14 @@ def test_loader_fills_each_layer_with_the_stored_prefix(tiny_model: Callable, op
     model = tiny_model(arch)
     memory = open_memory(cpu_bytes="64MiB" if tier == "cpu" else 0)
     sources = stored_sources(memory, prefix_cache(model, memory))
-    assert {s.tier.name for s in sources} == {tier}
+    assert {s.tier for s in sources} == {tier}
     full = new_cache(model)  # records every token, sliding layers included
     with torch.no_grad():
         # NOTE: the model's own cache argument: past_key_values= in transformers 5.19, cache= in 5.24
         model(PROMPT_B[:, :4 * BLOCK], use_cache=True, **{cache_argument(model): full})
     tokens = 4 * BLOCK - 3  # a prefix that ends inside the last chunk
     cache = new_cache(model, StreamingCache)
-    loader = LayerwiseLoader(memory.tiers, sources[:4], cache, BLOCK, tokens, torch.device("cpu"))
+    loader = LayerwiseLoader(memory.chunk_store(), sources[:4], cache, BLOCK, tokens, torch.device("cpu"))
     assert cache.get_seq_length() == tokens  # known before a single byte has arrived
     loader.wait_all()
     for layer, want in zip(cache.layers, full.layers):
@@ -60,7 +60,7 @@ def test_a_corrupt_layer_segment_is_reported_with_its_chunk(tiny_model: Callable
     data[-10] ^= 0xFF  # inside the last layer's V segment
     path.write_bytes(bytes(data))
     cache = new_cache(model, StreamingCache)
-    cache.loader = LayerwiseLoader(memory.tiers, sources[:4], cache, BLOCK, 4 * BLOCK, torch.device("cpu"))
+    cache.loader = LayerwiseLoader(memory.chunk_store(), sources[:4], cache, BLOCK, 4 * BLOCK, torch.device("cpu"))
     cache.loader.wait(0)  # layer 0 of every chunk is intact and arrives
     with pytest.raises(ChunkLoadError) as info:
         cache.loader.wait(len(cache.layers) - 1)
@@ -75,7 +75,7 @@ def test_a_chunk_gone_before_the_read_is_not_called_corrupt(tiny_model: Callable
     sources = stored_sources(memory, prefix_cache(model, memory))
     _chunk_file(memory, sources[1]).unlink()
     cache = new_cache(model, StreamingCache)
-    loader = LayerwiseLoader(memory.tiers, sources[:4], cache, BLOCK, 4 * BLOCK, torch.device("cpu"))
+    loader = LayerwiseLoader(memory.chunk_store(), sources[:4], cache, BLOCK, 4 * BLOCK, torch.device("cpu"))
     with pytest.raises(ChunkLoadError) as info:
         loader.wait_all()
     assert (info.value.index, info.value.corrupt) == (1, False)

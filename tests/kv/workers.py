@@ -77,7 +77,7 @@ def stored_sources(memory: kvmem.Memory, pc: PrefixCache) -> list[ChunkSource]:
     sources = []
     for key in pc.chunk_keys(PROMPT_B):
         skey = memory.storage_key(key, pc.namespace)
-        tier = memory.tiers.locate(skey)
+        tier = memory.chunk_store().locate(skey)
         assert tier is not None
         sources.append(ChunkSource(skey, tier))
     return sources

@@ -27,7 +27,7 @@ TOPICS = [
 
 
 def _row_count(mem: Memory) -> int:
-    with mem.catalog.engine.connect() as conn:
+    with mem.database.connection() as conn:
         return conn.execute(select(func.count()).select_from(semantic_rows)).scalar_one()
 
 
@@ -39,11 +39,11 @@ def _small(path, embedder: CachedEmbedder) -> Memory:
 def test_eviction_removes_the_vector_at_once(tmp_path, embedder):
     with _small(tmp_path, embedder) as mem:
         keys = [mem.store(f"faq/{i}", BLOB, text=text) for i, text in enumerate(TOPICS)]
-        gone = [k for k in keys if not mem.tiers.contains(k)]
+        gone = [k for k in keys if not mem._tiers.contains(k)]
         assert gone, "the store should have evicted something"
         index = mem.semantic_index()
         for key in keys:
-            assert (key in index) == mem.tiers.contains(key)
+            assert (key in index) == mem._tiers.contains(key)
         mem.flush()
         assert _row_count(mem) == len(keys) - len(gone)
         # the evicted entry's question finds nothing, not a dangling key
@@ -57,7 +57,7 @@ def test_reopen_drops_rows_of_entries_evicted_meanwhile(tmp_path, embedder):
             mem.store(f"faq/{i}", BLOB, text=text)
     # another run evicts faq/0 without ever loading the semantic layer
     with Memory(str(tmp_path)) as mem:
-        mem.tiers.delete(mem.storage_key("faq/0"))
+        mem._tiers.delete(mem.storage_key("faq/0"))
     with Memory(str(tmp_path), embedder=embedder) as mem:
         index = mem.semantic_index()
         assert len(index) == 2 and mem.storage_key("faq/0") not in index
@@ -77,7 +77,7 @@ def test_concurrent_upserts_keep_index_and_table_equal(tmp_path, embedder):
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(upsert, range(96)))
         index = mem.semantic_index()
-        with mem.catalog.engine.connect() as conn:
+        with mem.database.connection() as conn:
             rows = dict(conn.execute(select(semantic_rows.c.key, semantic_rows.c.text)).all())
         assert len(index) == len(rows) == 6
         for key, text in rows.items():
@@ -153,7 +153,7 @@ def test_large_namespace_gets_a_graph_that_is_saved_and_reused_on_reopen(tmp_pat
         return real_build(*args, **kwargs)
 
     with Memory(str(tmp_path)) as mem:  # another run, without the semantic layer, deletes an entry
-        mem.tiers.delete(mem.storage_key("doc/8", "big"))
+        mem._tiers.delete(mem.storage_key("doc/8", "big"))
     monkeypatch.setattr(HnswIndex, "from_exact", counted_build)
     with Memory(str(tmp_path), embedder=embedder, semantic_hnsw_from=20) as mem:
         index = mem.semantic_index()  # the saved graph holds doc/8: stale, so rebuilt from the rows

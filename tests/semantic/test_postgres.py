@@ -35,7 +35,7 @@ def test_rows_persist_on_postgres_and_come_back_on_reopen(tmp_path: Path, pg: st
     with Memory(str(tmp_path), catalog_url=pg, embedder=embedder) as mem:  # read back from the table
         hits = mem.lookup_similar("how can I reset my password", k=1)
         assert [(h.key, h.storage_key, h.text) for h in hits] == [("faq/0", mem.storage_key("faq/0"), TOPICS[0])]
-        with mem.catalog.engine.connect() as conn:
+        with mem.database.connection() as conn:
             assert len(conn.execute(select(semantic_rows.c.key)).all()) == len(TOPICS)
 
 
@@ -60,7 +60,7 @@ def test_two_nodes_indexing_the_same_keys_at_once(tmp_path: Path, pg: str, embed
     try:
         assert not errors
         assert all(m.metrics.total("kvmem_tier_errors_total") == 0 for m in nodes)  # no failed row write
-        with nodes[0].catalog.engine.connect() as conn:
+        with nodes[0].database.connection() as conn:
             assert sorted(conn.execute(select(semantic_rows.c.text)).scalars()) == sorted(TOPICS)
         assert nodes[0].info("faq/0").version == 20
     finally:

@@ -23,7 +23,7 @@ def with_options(url: str, **options: object) -> str:
 
 
 def redis_tier(mem: kvmem.Memory) -> RedisTier:
-    found = next(t for t in mem.tiers.tiers if t.name == "redis")
+    found = next(t for t in mem._tiers.tiers if t.name == "redis")
     assert isinstance(found, RedisTier)
     return found
 

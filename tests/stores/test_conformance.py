@@ -308,10 +308,10 @@ def open_memory(stack: str, path: Path, *, cpu: int = 64 << 20, disk: int = 64 <
         return kvmem.Memory(str(path), cpu_bytes=cpu, disk_bytes=disk, fsync="never", **settings)
     assert stack == "gpu"
     mem = kvmem.Memory(str(path), cpu_bytes=cpu, disk_bytes=0, fsync="never", **settings)
-    mem.tiers.close()
+    mem._tiers.close()
     # NOTE: gpu_bytes needs CUDA; the GPU tier's code path runs on any torch device, so build it by hand.
-    mem.tiers = TieredStore([GpuTier(cpu, device="cpu")], mem.metrics, offload_threshold=mem.config.offload_threshold,
-                            on_removed=mem.catalog.record_removed)
+    mem._tiers = TieredStore([GpuTier(cpu, device="cpu")], mem.metrics, offload_threshold=mem.config.offload_threshold,
+                             on_removed=mem._catalog.record_removed)
     return mem
 
 
@@ -351,7 +351,7 @@ def assert_kv_matches(expected: dict[str, torch.Tensor], got: object, spec: str)
 
 
 def tier_named(mem: kvmem.Memory, name: str) -> StorageTier:
-    return next(t for t in mem.tiers.tiers if t.name == name)
+    return next(t for t in mem._tiers.tiers if t.name == name)
 
 
 def crc_failures(mem: kvmem.Memory) -> int:
@@ -431,7 +431,7 @@ def test_delete(opened: Callable[..., kvmem.Memory], stack: str) -> None:
     assert mem.delete("a") is True
     assert mem.delete("a") is False
     assert not mem.contains("a") and mem.load("a", MISSING) is MISSING and mem.info("a") is None
-    assert not any(t.contains(skey) for t in mem.tiers.tiers)
+    assert not any(t.contains(skey) for t in mem._tiers.tiers)
     assert_kv_matches(kv(2), mem.load("b"), "none")
     assert mem.stats().entries == 1
 
@@ -466,7 +466,7 @@ def test_eviction_is_lru_and_a_recent_read_survives(opened: Callable[..., kvmem.
         assert torch.equal(mem.load(f"e{i}"), entry_value(i))
     assert mem.load("e1", MISSING) is MISSING and mem.info("e1") is None
     assert mem.stats().evictions >= 2
-    for t in mem.tiers.tiers:
+    for t in mem._tiers.tiers:
         assert t.usage() <= t.capacity
 
 
@@ -488,12 +488,12 @@ def test_corruption_is_a_miss_never_wrong_data(opened: Callable[..., kvmem.Memor
                                                where: str) -> None:
     mem = opened(stack, **VERIFY)
     skey = mem.store("chunk", kv(3), compression=spec)
-    holders = [t.name for t in mem.tiers.tiers if t.contains(skey)]
+    holders = [t.name for t in mem._tiers.tiers if t.contains(skey)]
     for name in holders:
         corrupt(mem, name, skey, where)
     assert mem.load("chunk", MISSING) is MISSING
     assert crc_failures(mem) == len(holders)
-    assert not any(t.contains(skey) for t in mem.tiers.tiers), "corrupt copies are taken out of service"
+    assert not any(t.contains(skey) for t in mem._tiers.tiers), "corrupt copies are taken out of service"
     assert mem.load("chunk", MISSING) is MISSING  # now a plain miss
     assert crc_failures(mem) == len(holders)
     if "disk" in holders:
@@ -518,13 +518,13 @@ def test_corrupt_upper_copy_falls_back_to_a_good_lower_copy(opened: Callable[...
 def test_corruption_strict_raises_and_regenerate_rebuilds(opened: Callable[..., kvmem.Memory], stack: str) -> None:
     mem = opened(stack, **VERIFY)
     skey = mem.store("chunk", kv(5))
-    for t in mem.tiers.tiers:
+    for t in mem._tiers.tiers:
         if t.contains(skey):
             corrupt(mem, t.name, skey, "payload")
     with pytest.raises(IntegrityError, match="integrity"):
         mem.load("chunk", strict=True)
     mem.store("chunk", kv(5))
-    for t in mem.tiers.tiers:
+    for t in mem._tiers.tiers:
         if t.contains(skey):
             corrupt(mem, t.name, skey, "payload")
     calls: list[int] = []
@@ -593,5 +593,5 @@ def test_stored_size_is_what_every_tier_holds(opened: Callable[..., kvmem.Memory
     mem.store("x", kv(1))
     stored = mem.info("x").stored_size  # type: ignore[union-attr]
     assert stored > sum(t.numel() * t.element_size() for t in kv(1).values())
-    assert [t.usage() for t in mem.tiers.tiers] == [footprint(t, stored) for t in mem.tiers.tiers]
+    assert [t.usage() for t in mem._tiers.tiers] == [footprint(t, stored) for t in mem._tiers.tiers]
     assert os.path.getsize(tier_named(mem, "disk").path(mem.storage_key("x"))) == stored  # type: ignore[attr-defined]

@@ -53,7 +53,7 @@ def opened(tmp_path: Path) -> Iterator[Callable[..., kvmem.Memory]]:
 
 
 def cpu_tier(mem: kvmem.Memory) -> CpuTier:
-    tier = next(t for t in mem.tiers.tiers if t.name == "cpu")
+    tier = next(t for t in mem._tiers.tiers if t.name == "cpu")
     assert isinstance(tier, CpuTier)
     return tier
 
@@ -183,7 +183,7 @@ def test_value_larger_than_the_cpu_tier_goes_to_disk(opened: Callable[..., kvmem
     big = torch.randn(128 * 1024)  # 512 KiB: more than the CPU tier and its pool
     assert big.numel() * 4 > cpu_tier(mem).pool.nbytes
     skey = mem.store("big", big)
-    assert [t.name for t in mem.tiers.tiers if t.contains(skey)] == ["disk"]
+    assert [t.name for t in mem._tiers.tiers if t.contains(skey)] == ["disk"]
     assert cpu_tier(mem).usage() == 0
     loaded = mem.fetch("big")
     assert loaded is not None and loaded.tier == "disk"

@@ -83,9 +83,9 @@ def test_a_cpu_tier_entry_feeds_the_gpu_tier_without_a_host_copy() -> None:
 def test_memory_with_a_gpu_tier_on_the_cpu_device_demotes_to_the_cpu_tier(tmp_path) -> None:  # type: ignore[no-untyped-def]
     mem = kvmem.Memory(str(tmp_path / "kvmem"), cpu_bytes="8MiB", disk_bytes=0, fsync="never")
     try:
-        mem.tiers.close()
+        mem._tiers.close()
         gpu, cpu = GpuTier(64 << 10, device="cpu"), CpuTier(8 << 20)
-        mem.tiers = kvmem.stores.TieredStore([gpu, cpu], mem.metrics, offload_threshold=0.7)
+        mem._tiers = kvmem.stores.TieredStore([gpu, cpu], mem.metrics, offload_threshold=0.7)
         values = {f"v{i}": torch.full((4096,), float(i)) for i in range(6)}  # 16 KiB each
         for name, value in values.items():
             mem.store(name, value)

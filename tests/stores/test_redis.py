@@ -194,15 +194,15 @@ def test_size_limit_is_a_clear_error(redis_url: str, request: pytest.FixtureRequ
 # -- through Memory -------------------------------------------------------------------------------
 def test_round_trip_through_memory_loads_from_redis(open_memory: MemoryFactory) -> None:
     mem = open_memory()
-    assert [t.name for t in mem.tiers.tiers] == ["cpu", "redis"]
+    assert [t.name for t in mem._tiers.tiers] == ["cpu", "redis"]
     big = {"k": torch.randn(4, 64, 1024), "v": torch.randn(4, 64, 1024)}  # 2 MiB: larger than the CPU tier
     mem.store("kv", big)
     mem.store("bytes", b"\x00payload\xff" * 1000)
-    assert mem.tiers.get(mem.storage_key("kv"))[0].tier == "redis"
+    assert mem._tiers.get(mem.storage_key("kv"))[0].tier == "redis"
     got = mem.load("kv")
     assert torch.equal(got["k"], big["k"]) and torch.equal(got["v"], big["v"])
     other = open_memory("b")  # another process's view: nothing local, all from Redis
-    assert other.tiers.get(other.storage_key("bytes"))[0].tier == "redis"  # (and promoted to cpu)
+    assert other._tiers.get(other.storage_key("bytes"))[0].tier == "redis"  # (and promoted to cpu)
     assert other.load("bytes") == b"\x00payload\xff" * 1000
 
 
@@ -254,7 +254,7 @@ def test_redis_stopped_mid_run_degrades_to_local_tiers_and_comes_back(redis_serv
         assert time.monotonic() - t0 < 10
         errors = mem.metrics.registry.get_sample_value("kvmem_tier_errors_total", {"tier": "redis"})
         assert errors is not None and errors >= 1
-        assert not mem.tiers.healthy(redis_tier(mem))
+        assert not mem._tiers.healthy(redis_tier(mem))
         info = mem.info("before")  # stats and info answer from what still works, never raise
         assert info is not None and "redis" not in info.tiers
         assert [t.healthy for t in mem.stats().tiers if t.name == "redis"] == [False]
@@ -263,7 +263,7 @@ def test_redis_stopped_mid_run_degrades_to_local_tiers_and_comes_back(redis_serv
         time.sleep(0.3)
         mem.store("after", b"a" * 100)
         assert redis_tier(mem).contains(mem.storage_key("after"))
-        assert mem.tiers.healthy(redis_tier(mem))
+        assert mem._tiers.healthy(redis_tier(mem))
     finally:
         mem.close()
 
@@ -274,7 +274,7 @@ def test_password_in_url(tmp_path: Path) -> None:
         with kvmem.Memory(str(tmp_path / "ok"), cpu_bytes=0, disk_bytes=0,
                           remote_url=server.url.replace("redis://", "redis://:s3cret@")) as mem:
             mem.store("k", b"v")
-            assert mem.load("k") == b"v" and mem.tiers.get(mem.storage_key("k"))[0].tier == "redis"
+            assert mem.load("k") == b"v" and mem._tiers.get(mem.storage_key("k"))[0].tier == "redis"
         for url in (server.url, server.url.replace("redis://", "redis://:wrong@")):
             with pytest.raises(ConfigError, match="remote_url") as info:
                 build_tiers(kvmem.Config(path=str(tmp_path / "bad"), remote_url=url))

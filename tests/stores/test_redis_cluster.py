@@ -171,7 +171,7 @@ def test_ttl_in_cluster_mode(cluster: RedisCluster, request: pytest.FixtureReque
 # -- through Memory -------------------------------------------------------------------------------
 def test_memory_over_the_cluster(open_memory: MemoryFactory, cluster: RedisCluster) -> None:
     writer = open_memory("w")
-    assert [t.name for t in writer.tiers.tiers] == ["cpu", "redis"]
+    assert [t.name for t in writer._tiers.tiers] == ["cpu", "redis"]
     skeys = [writer.store(f"entry-{i}", value(i)) for i in range(ENTRIES)]
     tier = redis_tier(writer)
     spread = per_master(tier)
@@ -181,7 +181,7 @@ def test_memory_over_the_cluster(open_memory: MemoryFactory, cluster: RedisClust
 
     reader = open_memory("r")  # another process's view: nothing local, all from the cluster, CRC-checked
     for i in range(ENTRIES):
-        assert reader.tiers.get(skeys[i])[0].tier in ("redis", "cpu")
+        assert reader._tiers.get(skeys[i])[0].tier in ("redis", "cpu")
         assert torch.equal(reader.load(f"entry-{i}"), value(i))
     assert reader.metrics.total("kvmem_crc_failures_total") == 0
     names = [f"entry-{i}" for i in range(ENTRIES)] + ["missing-1", "missing-2"]

@@ -96,7 +96,7 @@ def test_password_from_config_and_environment(acl_server: RedisServer, tmp_path:
     url = with_user(acl_server.url, "kvmem")
     with open_memory(tmp_path, "arg", url, remote_password=SECRET) as mem:
         mem.store("k", b"v")
-        assert mem.load("k") == b"v" and mem.tiers.get(mem.storage_key("k"))[0].tier == "redis"
+        assert mem.load("k") == b"v" and mem._tiers.get(mem.storage_key("k"))[0].tier == "redis"
     monkeypatch.setenv("KVMEM_REMOTE_PASSWORD", SECRET)
     with open_memory(tmp_path, "env", url) as mem:
         assert mem.load("k") == b"v"
@@ -169,14 +169,14 @@ def test_credentials_revoked_mid_run_degrade_to_local_tiers(acl_server: RedisSer
             assert mem.load(f"during-{i}") == bytes([i]) * 100
         assert mem.load("before") == b"b" * 100
         assert mem.metrics.registry.get_sample_value("kvmem_tier_errors_total", {"tier": "redis"}) >= 1
-        assert not mem.tiers.healthy(redis_tier(mem))
+        assert not mem._tiers.healthy(redis_tier(mem))
         assert any("AuthenticationError" in r.getMessage() and f"127.0.0.1:{acl_server.port}" in r.getMessage()
                    for r in caplog.records)
 
         root.acl_setuser("kvmem", enabled=True, passwords=["-rotated", f"+{SECRET}"])
         time.sleep(0.3)
         mem.store("after", b"a" * 100)
-        assert redis_tier(mem).contains(mem.storage_key("after")) and mem.tiers.healthy(redis_tier(mem))
+        assert redis_tier(mem).contains(mem.storage_key("after")) and mem._tiers.healthy(redis_tier(mem))
 
 
 # -- TLS ---------------------------------------------------------------------------------------------
@@ -195,7 +195,7 @@ def test_tls_with_client_certificate_and_acl_user(tls_server: RedisServer, tmp_p
                        ssl_keyfile=certs.client_key)
     with open_memory(tmp_path, "m", url, remote_password=SECRET) as mem:
         mem.store("k", b"over TLS")
-        assert mem.load("k") == b"over TLS" and mem.tiers.get(mem.storage_key("k"))[0].tier == "redis"
+        assert mem.load("k") == b"over TLS" and mem._tiers.get(mem.storage_key("k"))[0].tier == "redis"
         connection = redis_tier(mem).client.connection_pool.get_connection()
         try:
             assert connection._sock.version().startswith("TLS")  # type: ignore[union-attr]

@@ -74,7 +74,7 @@ def mem(tmp_path: Path) -> Iterator[kvmem.Memory]:
 
 
 def _disk(m: kvmem.Memory) -> DiskTier:
-    tier = m.tiers.tiers[-1]
+    tier = m._tiers.tiers[-1]
     assert isinstance(tier, DiskTier)
     return tier
 
@@ -102,7 +102,7 @@ def test_failing_disk_writes_are_skipped_counted_and_retried(mem: kvmem.Memory,
     mem.store("a", _value(0))  # no OSError reaches the caller
     mem.store("b", _value(1))  # within tier_retry_seconds: the disk is not even tried
     assert fault.calls == 1 and _errors(mem, "disk") == 1
-    assert not mem.tiers.healthy(disk)
+    assert not mem._tiers.healthy(disk)
     assert [t.healthy for t in mem.stats().tiers] == [True, False]
     assert torch.equal(mem.load("a"), _value(0))  # served from the CPU tier
     assert mem.metrics.value("kvmem_hits_total", tier="cpu", kind="tensor") == 1
@@ -117,7 +117,7 @@ def test_failing_disk_writes_are_skipped_counted_and_retried(mem: kvmem.Memory,
     time.sleep(RETRY * 1.5)
     mem.store("d", _value(3))  # retried, healthy again
     assert fault.calls == 3 and _errors(mem, "disk") == 2
-    assert mem.tiers.healthy(disk) and _on_disk(mem, "d")
+    assert mem._tiers.healthy(disk) and _on_disk(mem, "d")
     assert not _on_disk(mem, "a") and not _on_disk(mem, "b")
     assert mem.stats().tier_errors == 2
     for i, key in enumerate("abcd"):
@@ -154,7 +154,7 @@ def test_failing_disk_reads_are_a_miss_and_the_cpu_still_serves(tmp_path: Path,
         fault = Fault(monkeypatch, _disk(m), ("get", "read_verified"), errno.EIO)
         assert m.load("on-disk", default="miss") == "miss"
         m.store("in-cpu", _value(1))  # the disk is skipped while down; the CPU takes it
-        assert _errors(m, "disk") == 1 and not m.tiers.healthy(_disk(m))
+        assert _errors(m, "disk") == 1 and not m._tiers.healthy(_disk(m))
         assert torch.equal(m.load("in-cpu"), _value(1))
         assert not _on_disk(m, "in-cpu")
         assert m.metrics.value("kvmem_hits_total", tier="cpu", kind="tensor") == 1
@@ -169,7 +169,7 @@ def test_failing_disk_reads_are_a_miss_and_the_cpu_still_serves(tmp_path: Path,
 def test_every_tier_failing_is_a_kvmem_error_not_an_oserror(mem: kvmem.Memory,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     mem.store("kept", _value(0))
-    Fault(monkeypatch, mem.tiers.tiers[0], ("put",))
+    Fault(monkeypatch, mem._tiers.tiers[0], ("put",))
     Fault(monkeypatch, _disk(mem), ("put",))
     with pytest.raises(kvmem.TierUnavailable, match="no tier could store") as err:
         mem.store("new", _value(1))
@@ -304,7 +304,7 @@ def test_catalog_that_cannot_be_opened_any_more(tmp_path: Path) -> None:
     catalog_dir = tmp_path / "catalog"
     m = kvmem.Memory(tmp_path / "kvmem", catalog_url=f"sqlite:///{catalog_dir / 'catalog.sqlite3'}", **SETTINGS)
     m.store("before", _value(0))
-    m.catalog.engine.dispose()
+    m._catalog.engine.dispose()
     for f in catalog_dir.iterdir():
         f.unlink()
     catalog_dir.rmdir()
@@ -328,8 +328,8 @@ def test_catalog_operational_errors_do_not_reach_store_or_load(mem: kvmem.Memory
     def broken(*args: object, **kwargs: object) -> None:
         raise OperationalError("INSERT INTO kvmem_entries", {}, Exception("disk I/O error"))
 
-    monkeypatch.setattr(mem.catalog.engine, "begin", broken)
-    monkeypatch.setattr(mem.catalog.engine, "connect", broken)
+    monkeypatch.setattr(mem._catalog.engine, "begin", broken)
+    monkeypatch.setattr(mem._catalog.engine, "connect", broken)
     mem.store("during", _value(1))
     mem.store("during", _value(2))
     assert torch.equal(mem.load("during"), _value(2))

@@ -68,14 +68,12 @@ from langgraph.store.base import (
     tokenize_path,
 )
 from sqlalchemy import Row, delete, func, or_, select, true, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.sql.elements import ColumnElement
 
 import kvmem
 from kvmem.errors import ConfigError, TierUnavailable
-from kvmem.redaction import redact
 from kvmem.schema import langgraph_items as items
 from kvmem.schema import langgraph_vectors as vectors
 from langchain_kvmem._filters import does_match, matches
@@ -87,7 +85,6 @@ __all__ = ["KVMemEmbeddings", "KVMemStore"]
 
 log = logging.getLogger(__name__)
 
-_INSERTS = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
 _ItemKey = tuple[tuple[str, ...], str]
 
 
@@ -136,7 +133,7 @@ class KVMemStore(BaseStore):
             ``sweep_interval_minutes`` for :meth:`start_ttl_sweeper`.
 
     Raises:
-        ConfigError: ``index`` lacks ``dims``, or the database is not SQLite/PostgreSQL.
+        ConfigError: ``index`` lacks ``dims``.
     """
 
     supports_ttl: bool = True
@@ -144,11 +141,8 @@ class KVMemStore(BaseStore):
     def __init__(self, memory: kvmem.Memory | None = None, *, index: IndexConfig | None = None,
                  ttl: TTLConfig | None = None) -> None:
         self.memory = memory if memory is not None else kvmem.default_memory()
-        self._engine = self.memory.catalog.engine
-        insert = _INSERTS.get(self._engine.dialect.name)
-        if insert is None:
-            raise ConfigError(f"database dialect {self._engine.dialect.name!r}: accepted {', '.join(_INSERTS)}")
-        stmt = insert(items)
+        self._database = self.memory.database
+        stmt = self._database.insert(items)
         self._upsert = stmt.on_conflict_do_update(
             index_elements=[items.c.namespace, items.c.key],
             set_={name: stmt.excluded[name] for name in ("value", "updated_at", "expires_at", "ttl_minutes")},
@@ -192,7 +186,7 @@ class KVMemStore(BaseStore):
     # -- TTL ----------------------------------------------------------------------------
     def sweep_ttl(self) -> int:
         """Delete expired items (and their vectors) now; how many went."""
-        with self._engine.begin() as conn:
+        with self._database.transaction() as conn:
             return _sweep(conn, time.time())
 
     def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> concurrent.futures.Future[None]:
@@ -286,17 +280,16 @@ class KVMemStore(BaseStore):
         owned, query_vecs = self._vectors(batch, docs, queries)
         results: list[Result] = [None] * batch.size
         try:
-            with self._engine.connect() as conn:
+            with self._database.connection() as conn:
                 refresh = self._read(conn, batch, query_vecs, results)
             if refresh or batch.puts:
-                with self._engine.begin() as conn:  # NOTE: writes first in this transaction: no stale snapshot
+                with self._database.transaction() as conn:  # NOTE: writes first in this transaction: no stale snapshot
                     if refresh:
                         _refresh(conn, sorted(refresh), time.time())
                     if batch.puts:
                         self._write(conn, batch.puts, owned, time.time())
         except OperationalError as exc:
-            database = redact(self.memory.catalog.url)
-            raise TierUnavailable(f"kvmem store: database {database} failed: {exc.orig}") from exc
+            raise TierUnavailable(f"kvmem store: database {self._database.shown_url} failed: {exc.orig}") from exc
         return results
 
     def _vectors(self, batch: _Batch, docs: list[list[float]], queries: list[list[float]]

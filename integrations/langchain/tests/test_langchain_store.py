@@ -293,7 +293,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 
 def rows(store: KVMemStore) -> int:
     """Item rows in the database, expired or not."""
-    with store.memory.catalog.engine.connect() as conn:
+    with store.memory.database.connection() as conn:
         return conn.execute(select(func.count()).select_from(store_module.items)).scalar_one()
 
 
@@ -382,7 +382,7 @@ def test_async_api_and_an_async_embedding_function(mem: kvmem.Memory) -> None:
 
 def test_abatch_leaves_the_event_loop_free_while_the_database_is_locked(store: KVMemStore) -> None:
     """Another process's write lock makes a put wait; the loop goes on meanwhile (it even ends the wait)."""
-    db = store.memory.catalog.engine.url.database
+    db = store.memory._catalog.engine.url.database
     store.put(("warm",), "k", {"v": 0})
 
     async def main() -> tuple[int, float]:
