@@ -141,8 +141,8 @@ def take_snapshot(memory: Memory, *, live: bool = True) -> Snapshot:
 
 
 def _quarantined(tier: object) -> list[Path]:
-    listing = getattr(tier, "quarantined", None)  # only tiers that keep quarantined copies (disk) have it
-    return list(listing()) if listing is not None else []
+    """Quarantined copies kept as files (the disk tier's); Redis names its quarantined keys, which have no file."""
+    return list(tier.quarantined()) if isinstance(tier, DiskTier) else []
 
 
 def _size(path: Path) -> int:

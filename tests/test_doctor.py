@@ -337,3 +337,17 @@ def test_cli_doctor_warns_with_numbers_and_exits_1(tmp_path: Path, capsys: pytes
 def test_cli_doctor_on_a_missing_directory_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor", "--path", str(tmp_path / "typo")]) == 2
     assert "no kvmem data directory" in capsys.readouterr().err
+
+
+def test_a_snapshot_counts_disk_quarantine_files_beside_quarantined_redis_values(tmp_path: Path,
+                                                                                  redis_url: str) -> None:
+    """Redis names its quarantined values (keys, no file): the snapshot counts the disk tier's files only."""
+    with kvmem.Memory(tmp_path / "d", cpu_bytes=0, disk_bytes="8MiB", fsync="never", remote_url=redis_url) as mem:
+        skeys = [mem.store(f"k{i}", torch.arange(64), namespace=f"doctor-{tmp_path.name}") for i in range(2)]
+        disk, redis = (t for t in mem._tiers.tiers if t.name in ("disk", "redis"))
+        disk.quarantine(skeys[0])
+        redis.quarantine(skeys[1])
+        assert len(redis.quarantined()) == 1
+        snap = take_snapshot(mem, live=False)
+        assert snap.quarantine_files == 1 and snap.quarantine_bytes == disk.quarantined()[0].stat().st_size
+        redis.purge_quarantine()
