@@ -240,7 +240,7 @@ def check_capacity(s: Snapshot, t: Thresholds) -> list[Finding]:
                            f"offload_threshold: {c.offload_threshold} -> 0.7"))
     if not out:
         numbers: dict[str, Number] = {"hot_bytes": s.hot_bytes}
-        # NOTE: out of process, memory tiers are empty: only persistent tiers' usage means anything
+        # out of process, memory tiers are empty: only persistent tiers' usage means anything
         numbers.update({f"{x.name}_usage_share": x.usage / x.capacity for x in s.tiers
                         if x.capacity and (x.persistent or s.live is not None)})
         out.append(Finding("capacity", "ok", "tiers have room for what is reused", numbers))

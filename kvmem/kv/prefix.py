@@ -193,7 +193,7 @@ class PrefixCache:
         keys = self.chunk_keys(ids, scope=scope)
 
         def run(cache: DynamicCache, reused: int) -> Any:
-            # NOTE: a causal LM (the class's model) mixes in GenerationMixin; nn.Module types it as Tensor | Module
+            # a causal LM (the class's model) mixes in GenerationMixin; nn.Module types it as Tensor | Module
             model = cast(GenerationMixin, self.model)
             return model.generate(ids, use_cache=True, **{self._cache_arg: cache}, **generate_kwargs)
 
@@ -255,7 +255,7 @@ class PrefixCache:
                 result = run(cache, reused)
             except ChunkLoadError as exc:
                 self._chunk_failed(exc)
-                limit = min(limit, exc.index * self.block_size)  # NOTE: strictly shorter: the loop ends
+                limit = min(limit, exc.index * self.block_size)  # strictly shorter: the loop ends
                 continue
             self._count_chunks(keys[:self._chunks_within(total - 1)], sources)
             return result, cache, reused, len(sources)

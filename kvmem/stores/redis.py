@@ -127,7 +127,7 @@ def _cluster_connect(url: str, theirs: list[tuple[str, str]], password: str | No
     if parts.path.strip("/") not in ("", "0"):
         raise ValueError(f"database {parts.path.strip('/')!r}: a Redis Cluster has only database 0")
     tls = parts.scheme == "rediss+cluster"
-    # NOTE: redis-py's own URL parser converts its query options (timeouts, ssl_*) and unquotes the credentials.
+    # redis-py's own URL parser converts its query options (timeouts, ssl_*) and unquotes the credentials.
     single = urlunsplit(("rediss" if tls else "redis", (userinfo + "@" if userinfo else "") + "localhost", "",
                          urlencode(theirs), ""))
     kwargs = parse_url(single)
@@ -146,7 +146,7 @@ def _misconfiguration(exc: BaseException) -> str | None:
         return (f"the server refused the credentials ({exc}); give the user in the URL "
                 "(redis://USER@host) and the password there or in remote_password")
     seen: BaseException | None = exc
-    while seen is not None:  # NOTE: redis-py raises its ConnectionError inside the handler of the ssl error
+    while seen is not None:  # redis-py raises its ConnectionError inside the handler of the ssl error
         if isinstance(seen, ssl.SSLError) or (isinstance(seen, TimeoutError) and "handshake" in str(seen)):
             return (f"the TLS handshake failed ({type(seen).__name__}: {seen}); check that the port serves TLS "
                     "and the ssl_ca_certs, ssl_certfile, ssl_keyfile options")
@@ -195,7 +195,7 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
         self.ttl = ttl
         self.max_value = max_value
         self.url = redact(url)
-        # NOTE: a cluster client drops redis-py's command_packer option: its puts join the blob's parts once
+        # a cluster client drops redis-py's command_packer option: its puts join the blob's parts once
         self._gather = isinstance(client, redis.Redis) and isinstance(
             client.connection_pool.connection_kwargs.get("command_packer"), GatherPacker)
         self._pattern = self._glob("") + ("{" + "?" * 64 + "}" if self.cluster else "?" * 64)
@@ -228,12 +228,12 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
         except ValueError as exc:
             raise ConfigError(f"remote_url={redact(url)!r}: {exc}; accepted {_ACCEPTED}") from exc
         try:
-            # NOTE: one quick retry covers a pooled connection the server closed (restart, idle timeout);
+            # one quick retry covers a pooled connection the server closed (restart, idle timeout);
             # more would multiply what a dead server costs each call.
             if parts.scheme in _CLUSTER_SCHEMES:
                 client, connect = None, _cluster_connect(url, theirs, password)
             else:
-                # NOTE: redis-py lets a password in the URL override this one: ours goes only where it has none
+                # redis-py lets a password in the URL override this one: ours goes only where it has none
                 extra = {"password": password} if password else {}
                 client_url = urlunsplit(parts._replace(query=urlencode(theirs)))
                 client = redis.Redis.from_url(client_url, retry=Retry(NoBackoff(), 1), command_packer=GatherPacker(),
@@ -282,7 +282,7 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
         """
         try:
             infos = self._memory_infos()
-        except NoPermissionError as exc:  # NOTE: an ACL user without INFO: kvmem works, blind to memory
+        except NoPermissionError as exc:  # an ACL user without INFO: kvmem works, blind to memory
             log.warning("kvmem: redis tier at %s may not run INFO (%s); capacity unbounded, usage unknown",
                         self.url, exc)
             return _UNBOUNDED
@@ -296,14 +296,14 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
             return _UNBOUNDED
         self._usage = (sum(int(i.get("used_memory", 0)) for i in infos), time.monotonic())
         limits = [int(i.get("maxmemory", 0)) for i in infos]
-        return sum(limits) if limits and all(limits) else _UNBOUNDED  # NOTE: one master without a limit: unbounded
+        return sum(limits) if limits and all(limits) else _UNBOUNDED  # one master without a limit: unbounded
 
     def _memory_infos(self) -> list[dict]:
         """``INFO memory`` of the server, or of every master of a cluster."""
         if not self.cluster:
             return [self.client.info("memory")]
         found = self.client.info("memory", target_nodes=RedisCluster.PRIMARIES)
-        return [found] if "used_memory" in found else list(found.values())  # NOTE: one master: not keyed by node
+        return [found] if "used_memory" in found else list(found.values())  # one master: not keyed by node
 
     def _tagged(self, key: str) -> str:
         """``key`` as it appears inside Redis keys: in cluster mode, a hash tag (its slot decides the node)."""
@@ -360,7 +360,7 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
                 for k in keys:
                     pipe.getex(self._key(k), ex=self.ttl)
                 found = pipe.execute()
-        # NOTE: redis-py types a reply as bytes | str; this client never decodes replies (bytes only)
+        # redis-py types a reply as bytes | str; this client never decodes replies (bytes only)
         return [None if d is None else torch.from_numpy(np.frombuffer(d, dtype=np.uint8).copy())  # type: ignore[arg-type]
                 for d in found]
 
@@ -399,7 +399,7 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
         data: Gathered | memoryview
         if self._gather:
             data = Gathered(blob.parts, blob.nbytes)
-        else:  # NOTE: a single part goes out as a memoryview without a copy; several are joined once
+        else:  # a single part goes out as a memoryview without a copy; several are joined once
             data = blob.parts[0].data if len(blob.parts) == 1 else blob.to_tensor().numpy().data
         with self._errors():
             self.client.set(self._key(key), data, ex=self.ttl)  # type: ignore[arg-type]  # NOTE: GatherPacker frames it
@@ -430,7 +430,7 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
             # both keys share the hash tag, hence the slot.
             try:
                 renamed = self.client.eval(_QUARANTINE_SCRIPT, 2, self._key(key), aside, _QUARANTINE_TTL)
-            except ClusterError:  # NOTE: a migrating slot answers TRYAGAIN to keys not all on one node (``aside``
+            except ClusterError:  # a migrating slot answers TRYAGAIN to keys not all on one node (``aside``
                 # never is; redis-py retries, then raises this): DEL, one key, follows ASK; nothing is kept aside
                 if self.client.delete(self._key(key)):
                     log.warning("kvmem: deleted corrupt entry %s (its slot is migrating: not kept aside)", key)
@@ -476,7 +476,7 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
         try:
             used = sum(int(i.get("used_memory", 0)) for i in self._memory_infos())
         except (*_FAILURES, TierUnavailable):
-            return used  # NOTE: a gauge, not a decision: a stale reading beats failing stats()
+            return used  # a gauge, not a decision: a stale reading beats failing stats()
         self._usage = (used, time.monotonic())
         return used
 
