@@ -402,7 +402,7 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
         else:  # a single part goes out as a memoryview without a copy; several are joined once
             data = blob.parts[0].data if len(blob.parts) == 1 else blob.to_tensor().numpy().data
         with self._errors():
-            self.client.set(self._key(key), data, ex=self.ttl)  # type: ignore[arg-type]  # NOTE: GatherPacker frames it
+            self.client.set(self._key(key), data, ex=self.ttl)  # type: ignore[arg-type]  # GatherPacker frames it
 
     def contains(self, key: str) -> bool:
         with self._errors():
