@@ -1,18 +1,12 @@
 """The remote tier on Redis: blobs as plain values under ``<prefix><storage key>``.
 
-Configured by URL (``remote_url``)::
-
-    redis://[[user]:password@]host[:port][/db][?prefix=kvmem:&ttl=3600&max_value=512MiB&capacity=64GiB]
-    rediss://...                      the same over TLS (redis-py's ``ssl_*`` query options apply)
-    redis+cluster://[[user]:password@]host:port[,host:port...][/][?...]   a Redis Cluster (the same options)
-    rediss+cluster://...              a Redis Cluster over TLS
-
-kvmem's own query options are taken off the URL; the rest (``socket_timeout``,
-``ssl_cert_reqs``...) are redis-py's. Values are the blob bytes exactly as the
-other tiers hold them, so every load is CRC-checked here like on disk; nothing
-is ever unpickled. Keys are the prefix and the storage key (64 hex digits): a
-tenant salt already makes two tenants' storage keys disjoint, a prefix keeps two
-deployments apart on one server.
+Built from ``remote_url``; the URL's form, its query options and the credential and
+TLS rules are stated once, in the README ("Several nodes": *The Redis URL* and
+*Securing the shared Redis*). Values are the blob bytes exactly as the other tiers
+hold them, so every load is CRC-checked here like on disk; nothing is ever
+unpickled. Keys are the prefix and the storage key (64 hex digits): a tenant salt
+already makes two tenants' storage keys disjoint, a prefix keeps two deployments
+apart on one server.
 
 NOTE: Redis evicts by itself (``maxmemory-policy``, and ``ttl`` when set), so the
 tier is :class:`~kvmem.stores.base.SelfEvicting`: :class:`~kvmem.stores.tiered.TieredStore`
@@ -32,24 +26,13 @@ their commands by node, one round trip per node, never a cross-slot ``MGET``.
 ``usage()``, ``capacity`` and ``keys()`` cover every master. A cluster that
 cannot be reached at start is connected to on first use.
 
-Credentials: the user name comes from the URL (``redis://kvmem@host``; none:
-Redis's ``default`` user), the password from the URL or from
-``config.remote_password`` (kept out of the URL and of ``kvmem config``); a
-password in the URL wins. A password with ``@ : / ? #`` must be percent-encoded
-in the URL (``remote_password`` needs no quoting). No message or log line ever
-shows a password: URLs are shown through :func:`kvmem.redaction.redact`. TLS (``rediss://``)
-takes redis-py's ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``,
-``ssl_cert_reqs``... query options as they are.
-
-NOTE: at start, a server that refuses the credentials, or a TLS handshake that
-fails (unknown CA, missing client certificate, a plain port behind
-``rediss://``), is a :class:`~kvmem.errors.ConfigError` naming the server: it
-will not heal by retrying. A server that cannot be reached is only logged (the
-tier is skipped until it answers). After start, every redis-py failure
-(connection refused, timeout, server loading, OOM refusal, credentials revoked
-mid-run...) surfaces as :class:`~kvmem.errors.TierUnavailable`, which the
-tiered store counts and answers by skipping the tier for ``tier_retry_seconds``;
-redis-py reconnects on the next call after that.
+Failures (what an operator sees: the README's *Securing the shared Redis*): at
+start, refused credentials or a failed TLS handshake are a
+:class:`~kvmem.errors.ConfigError` (retrying will not heal them) and an unreachable
+server is only logged; after start, every redis-py failure surfaces as
+:class:`~kvmem.errors.TierUnavailable`, which the tiered store counts and answers by
+skipping the tier for ``tier_retry_seconds``. URLs reach messages only through
+:func:`kvmem.redaction.redact`.
 """
 
 from __future__ import annotations
@@ -206,8 +189,8 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
     def from_url(cls, url: str, config: Config | None = None) -> RedisTier:
         """A tier for ``url`` (``redis://``, ``rediss://``, ``redis+cluster://``, ``rediss+cluster://``).
 
-        kvmem's options are taken from the URL's query, redis-py's left. The password is the URL's, else
-        ``config.remote_password``.
+        kvmem's options are taken from the URL's query, redis-py's left; the password is the URL's, else
+        ``config.remote_password`` (the rules: README, *The Redis URL* and *Securing the shared Redis*).
 
         Raises:
             ConfigError: a bad option, credentials the server refuses, or a failed TLS handshake.
