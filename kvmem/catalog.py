@@ -258,7 +258,7 @@ class Catalog:
                codec: str, crc: int, tiers: list[str], metadata: dict[str, Any]) -> int:
         """Record a store of ``key`` now: a new row at version 1, or the next version of an existing one.
 
-        NOTE: when the database cannot be reached, the row is kept (with the count of
+        When the database cannot be reached, the row is kept (with the count of
         stores it stands for) and the error raised; the timer thread, or the next
         :meth:`flush`, writes it once the database answers, so the catalog catches up
         with every store made meanwhile, versions included.
@@ -461,7 +461,7 @@ class Catalog:
     def delete(self, key: str) -> bool:
         """Remove the row of ``key``; whether there was one.
 
-        NOTE: when the database cannot be reached, the removal is kept for :meth:`flush`.
+        When the database cannot be reached, the removal is kept for :meth:`flush`.
         """
         with self._lock:
             self._hits.pop(key, None)

@@ -363,7 +363,7 @@ def _config_value(name: str, value: object) -> str:
 def cmd_serve_metrics(args: argparse.Namespace) -> int:
     """``kvmem serve-metrics``: serve the shared tiers' usage and capacity until Ctrl-C or SIGTERM.
 
-    NOTE: hits, misses and latencies happen in the processes doing the work, and so does their
+    Hits, misses and latencies happen in the processes doing the work, and so does their
     CPU tier: each serves those itself (``metrics_port``). This process sees what they share,
     the disk tier's files (rescanned every ``--interval``) and the remote tier.
     """

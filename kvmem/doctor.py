@@ -137,7 +137,7 @@ def check_block_size(s: Snapshot, t: Thresholds) -> list[Finding]:
 def _prompt_granularity(live: LiveMetrics, block: int, t: Thresholds) -> list[Finding]:
     """Block size against the mean prompt length (requested KV tokens per TTFT observation, i.e. per prefill).
 
-    NOTE: ``PrefixCache.generate`` counts its prompt tokens but observes no TTFT, so
+    ``PrefixCache.generate`` counts its prompt tokens but observes no TTFT, so
     a process that mostly generates reads as having longer prompts than it has.
     """
     prefills = live.ttft.count

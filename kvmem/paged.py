@@ -206,7 +206,7 @@ class BlockPool:
     def match_prefix(self, hashes: Sequence[str]) -> list[int]:
         """The longest run of leading ``hashes`` that are cached, each block touched (referenced).
 
-        NOTE: prefix-chained hashes: chunk ``i`` is only usable after chunks ``0..i-1``, so the
+        Prefix-chained hashes: chunk ``i`` is only usable after chunks ``0..i-1``, so the
         run stops at the first miss.
         """
         out: list[int] = []

@@ -208,7 +208,7 @@ class Versions:
     def release(self, pin: Pin) -> None:
         """Drop ``pin``'s row and reclaim its version if no pin holds it any more.
 
-        NOTE: a catalog outage only delays this: the pin's lease is no longer renewed,
+        A catalog outage only delays this: the pin's lease is no longer renewed,
         so it expires and a later :meth:`collect` reclaims the version.
         """
         with self._lock:

@@ -350,7 +350,7 @@ def decode_value(buf: torch.Tensor, device: torch.device | str | None = None,
 def check_owner(header: dict[str, Any], key: str) -> None:
     """Check that a blob's header names ``key`` as the storage key it was written for.
 
-    NOTE: a blob renamed, copied or swapped onto another entry's name is intact
+    A blob renamed, copied or swapped onto another entry's name is intact
     (its CRC matches); only the storage key recorded in its header tells it apart.
 
     Raises:

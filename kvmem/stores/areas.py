@@ -92,7 +92,7 @@ _FIELDS = ("active", "format", "target", "target_format")
 def read_state(root: Path, on_recovered: OnRecovered | None = None) -> AreaState:
     """The areas of the disk tier at ``root``; recorded on first use, rebuilt when damaged.
 
-    NOTE: a root without ``areas.json`` (or whose ``areas.json`` fails its checksum and is
+    A root without ``areas.json`` (or whose ``areas.json`` fails its checksum and is
     set aside, see :mod:`kvmem.recovery`) is described from its directories
     (:func:`state_from_directories`).
 
@@ -163,7 +163,7 @@ def _damage(path: Path) -> str | None:
 def state_from_directories(root: Path) -> AreaState:
     """The areas ``root``'s directories show: those holding entries, each in the format its blobs are in.
 
-    NOTE: one area: the active one. Two or more: a migration was under way; the one written
+    One area: the active one. Two or more: a migration was under way; the one written
     last is taken as its target (both are read, newest first, so every entry stays served),
     and the one written before it as the active area. None: a fresh ``blobs`` in the newest format.
     """

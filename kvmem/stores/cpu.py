@@ -62,7 +62,7 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
     Attributes:
         checks_crc: ``verify``: whether loads from this tier check CRCs.
 
-    NOTE: pages are 4 KiB, smaller for a small tier (at least 1024 pages, 64 B at least),
+    Pages are 4 KiB, smaller for a small tier (at least 1024 pages, 64 B at least),
     so that the unused tail of each entry's last page wastes little. The pool holds 1/16
     more than ``capacity`` (and 16 pages), for views that outlive their entry and for
     the tail of the entry being put; a put that still finds too few pages raises
@@ -195,7 +195,7 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
     def usage(self) -> int:
         """Bytes of the pool's pages in use: by entries, by lent pages, and by views still held.
 
-        NOTE: the pool's usage is the tier's usage, so the tiered store makes room for a put
+        The pool's usage is the tier's usage, so the tiered store makes room for a put
         against the pages really free, whoever holds the others.
         """
         return self.pool.used_bytes

@@ -156,7 +156,7 @@ class DiskTier(TierBase, VerifiedReads, OpensBlobs, AdvisesReads, Quarantine, Du
     def rescan(self) -> None:
         """Re-read the index from the files, to see what other processes sharing ``root`` wrote or removed.
 
-        NOTE: meant for observers (``kvmem serve-metrics``): an entry this process
+        Meant for observers (``kvmem serve-metrics``): an entry this process
         puts while the scan runs may be left out of the index until the next rescan.
         """
         self._rebuild_index(clean_tmp=False)
@@ -232,7 +232,7 @@ class DiskTier(TierBase, VerifiedReads, OpensBlobs, AdvisesReads, Quarantine, Du
     def _open(self, key: str) -> tuple[int, str] | None:
         """An open descriptor of ``key``'s file (newest area first) and its path, or ``None``.
 
-        NOTE: on a miss, ``areas.json`` is checked: a migration may have switched areas
+        On a miss, ``areas.json`` is checked: a migration may have switched areas
         (and removed the old one) since this process last looked.
         """
         for attempt in range(2):

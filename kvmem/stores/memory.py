@@ -79,7 +79,7 @@ class GpuTier(LruTier["_Entry"], Trusted, OpensBlobs):
             pages' worth) so that rounding up to whole pages wastes little.
         transfer_bytes: bytes per staged host-to-device copy (the seed's 1 MB).
 
-    NOTE: the pool holds 1/8 more pages than ``capacity`` needs, for the unused tail of
+    The pool holds 1/8 more pages than ``capacity`` needs, for the unused tail of
     each entry's last page; a put that still finds too few pages (a great many tiny
     entries) raises :class:`~kvmem.errors.CapacityError`, which the tiered store treats
     as this value refused (it goes to the tiers below).

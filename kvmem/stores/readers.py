@@ -268,7 +268,7 @@ class FileReader(BlobReader):
     def advise(self, lo: int, hi: int) -> None:
         """Start reading payload bytes ``[lo, hi)`` into the page cache (``POSIX_FADV_WILLNEED``).
 
-        NOTE: the kernel submits the whole range at once; a cold ``pread`` instead ramps
+        The kernel submits the whole range at once; a cold ``pread`` instead ramps
         its readahead up from a few pages.
         """
         if hasattr(os, "posix_fadvise"):

@@ -8,7 +8,7 @@ unpickled. Keys are the prefix and the storage key (64 hex digits): a tenant sal
 already makes two tenants' storage keys disjoint, a prefix keeps two deployments
 apart on one server.
 
-NOTE: Redis evicts by itself (``maxmemory-policy``, and ``ttl`` when set), so the
+Redis evicts by itself (``maxmemory-policy``, and ``ttl`` when set), so the
 tier is :class:`~kvmem.stores.base.SelfEvicting`: :class:`~kvmem.stores.tiered.TieredStore`
 never sheds it by scanning keys, whose order Redis does not keep. ``usage()`` is the
 server's ``used_memory``; ``capacity`` its ``maxmemory`` (or ``?capacity=``).

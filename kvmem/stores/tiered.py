@@ -311,7 +311,7 @@ class TieredStore:
     def _read_owned(self, tier: StorageTier, key: str) -> blobfmt.Verified | None:
         """``key``'s blob in ``tier``, CRC-checked where ``tier`` needs it, with its header if the tier had it.
 
-        NOTE: the check runs in the same pass as the read where the tier can (``read_verified``); a
+        The check runs in the same pass as the read where the tier can (``read_verified``); a
         memory tier lends a view of its pages (``SharesBuffers``), which a load copies out of.
 
         Raises:
@@ -494,7 +494,7 @@ class TieredStore:
     def _offload(self, tier: StorageTier) -> None:
         """After a put: keep ``tier`` at or below ``offload_threshold`` of its capacity.
 
-        NOTE: the last tier has nowhere to offload to; it only evicts at capacity (``_make_room``).
+        The last tier has nowhere to offload to; it only evicts at capacity (``_make_room``).
         """
         if tier is not self.tiers[-1] and tier.usage() > tier.capacity * self.offload_threshold:
             with self._room_lock:
