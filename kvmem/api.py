@@ -39,7 +39,7 @@ from kvmem.stores import CpuTier, DiskTier, Stored, TieredStore, build_tiers
 from kvmem.stores.files import io_pool
 from kvmem.versions import Pin, Versions
 
-if TYPE_CHECKING:  # NOTE: kvmem.semantic loads only when a text is stored or looked up
+if TYPE_CHECKING:  # kvmem.semantic loads only when a text is stored or looked up
     from kvmem.migrate import MigrationReport
     from kvmem.semantic import Embedder, Match, SemanticIndex
 
@@ -83,7 +83,7 @@ class Memory:
         self._embedder = embedder
         self._semantics: dict[str, SemanticIndex] = {}  # "" -> the text layer; else an embedder's name
         self._semantic_lock = threading.Lock()
-        self._recovered: set[str] = set()  # NOTE: labels of damaged metadata files set aside while opening
+        self._recovered: set[str] = set()  # labels of damaged metadata files set aside while opening
         self._catalog = Catalog(self.config.resolved_catalog_url, flush_seconds=_CATALOG_FLUSH_SECONDS,
                                on_error=self._catalog_failed, journal=Path(self.config.path) / "catalog-pending",
                                on_recovered=self._file_recovered)
@@ -94,7 +94,7 @@ class Memory:
                                  on_removed=self._removed)
         self._versions = Versions(self._catalog, self._tiers, self.config.pin_lease_seconds)
         self._closed = False
-        if self._recovered & {"catalog", "journal"}:  # NOTE: rows the damaged file held, read off the blobs
+        if self._recovered & {"catalog", "journal"}:  # rows the damaged file held, read off the blobs
             self._catalog_write(lambda: register_orphans(self._tiers, self._catalog))
         self._exporter: Exporter | None = None
         if self.config.metrics_port is not None:
@@ -197,7 +197,7 @@ class Memory:
                  metadata: dict[str, Any] | None) -> _Job:
         """``value`` encoded as the blob ``key`` will be stored as (checked against the tiers' sizes)."""
         skey = self.storage_key(key, namespace)
-        # NOTE: a str key may hold lone surrogates, which no database accepts as text
+        # a str key may hold lone surrogates, which no database accepts as text
         preview = key.encode("utf-8", "backslashreplace").decode() if isinstance(key, str) else key.hex()
         encoded, raw = encode_value(value, spec, metadata, info={"namespace": namespace or "",
                                                                  "key": preview[:256], "storage_key": skey},
@@ -271,11 +271,11 @@ class Memory:
 
         index = self.semantic_index()
         matches: list[Match] = []
-        self._catalog_write(self._catalog.flush_all)  # NOTE: rows of stores still queued (write-behind) are read
+        self._catalog_write(self._catalog.flush_all)  # rows of stores still queued (write-behind) are read
         ns = namespace or ""
         for skey, score, text in index.search(query, ns, k, threshold, verify):
             if not self._tiers.contains(skey):  # NOTE: evicted from every tier: never a dangling hit
-                if self._sees_every_entry:  # NOTE: else another node may hold it: its row stays
+                if self._sees_every_entry:  # else another node may hold it: its row stays
                     index.remove(skey)
                 continue
             row = self._catalog_write(functools.partial(self._catalog.get, skey))
@@ -330,7 +330,7 @@ class Memory:
                 value, header = decode_value(fetched.buf, device, fetched.head, copy=not fetched.owned)
                 check_owner(header, skey)
             except IntegrityError as exc:
-                # NOTE: the copy passed its CRC, so it was written whole, but it is not this
+                # the copy passed its CRC, so it was written whole, but it is not this
                 # key's value (a file moved onto its name, or an unreadable header): look lower.
                 self._tiers.quarantine(skey, fetched.tier, exc)
                 fetched, more = self._tiers.get(skey)
@@ -578,7 +578,7 @@ class Memory:
         if disk is None:
             raise ConfigError(f"migrate: {self.config.path} has no disk tier (disk_bytes=0); only disk blobs "
                               "have a format to migrate (the others are read in every format)")
-        self.flush()  # NOTE: buffered hits count in the hottest-first order
+        self.flush()  # buffered hits count in the hottest-first order
         return migrate_disk(disk, self._catalog, to_format, progress)
 
     def entries(self, namespace: str | None = None, limit: int | None = None) -> Iterator[EntryInfo]:

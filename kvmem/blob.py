@@ -66,7 +66,7 @@ HEAD_PROBE = 4096
 _PREFIX = struct.Struct("<8sHHIII")
 _CRC_AT = 20
 _ZEROS = np.zeros(PAGE, dtype=np.uint8)
-_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=True, check_circular=False)  # NOTE: made once
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=True, check_circular=False)
 _CRC_WIDTH = 10  # NOTE: a u32 in decimal: the header's CRC slots are this wide, so sealing never moves a byte
 # NOTE: copy+CRC in 4 MiB steps: the CRC reads each step while it is still in (L3) cache.
 # Measured on a 33.5 MB blob (2-core EPYC VM): copy+CRC ran at 0.75-0.83 of a plain
@@ -144,8 +144,8 @@ class EncodedBlob:
         self.pieces = pieces
         self.nbytes = nbytes
         self.header = header
-        self.owner = owner  # NOTE: keeps the memory that head and pieces show alive (a tier's pages)
-        self._crc_at = crc_at  # NOTE: offsets in head of each segment's 10-digit CRC slot
+        self.owner = owner  # keeps the memory that head and pieces show alive (a tier's pages)
+        self._crc_at = crc_at  # offsets in head of each segment's 10-digit CRC slot
         self._sealed = sealed
         self._lock = threading.Lock()
 
@@ -472,7 +472,7 @@ class StreamVerifier:
         while self._seg < len(table):
             end, crc = table[self._seg]
             if self._pos >= upto and self.start + end > upto:
-                break  # NOTE: an empty segment completes without new bytes; others wait for theirs
+                break  # an empty segment completes without new bytes; others wait for theirs
             stop = min(upto, self.start + end)
             self._crc = crc32c.crc32c(data[self._pos:stop].data, self._crc)
             self._pos = stop

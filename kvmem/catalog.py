@@ -43,7 +43,7 @@ __all__ = ["Catalog", "EntryRow", "dialect_insert", "unreachable"]
 log = logging.getLogger(__name__)
 
 _INSERTS = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
-_LIVE: weakref.WeakSet[Catalog] = weakref.WeakSet()  # NOTE: this process's catalogs, for flush_all
+_LIVE: weakref.WeakSet[Catalog] = weakref.WeakSet()  # this process's catalogs, for flush_all
 _MAX_PENDING = 100_000  # rows kept for a retry while the database is unreachable
 _PG_CONNECT_TIMEOUT = 5  # seconds; libpq's default waits on the OS (minutes on a dropped route)
 
@@ -200,7 +200,7 @@ class Catalog:
         self._flushing = threading.Lock()
         self._hits: dict[str, tuple[int, float]] = {}
         self._removed: set[str] = set()
-        self._pending: dict[str, dict[str, Any]] = {}  # NOTE: upserts the database missed, replayed by flush
+        self._pending: dict[str, dict[str, Any]] = {}  # upserts the database missed, replayed by flush
         self.dropped = 0  # pending writes given up (queue full, or refused by the database)
         self._flush_seconds = flush_seconds
         self._on_error = on_error
@@ -220,7 +220,7 @@ class Catalog:
         _LIVE.add(self)
         if self._journal is not None:
             with self._lock:
-                for row in self._journal.claim_orphans():  # NOTE: stores of a process killed before its flush
+                for row in self._journal.claim_orphans():  # stores of a process killed before its flush
                     self._queue(row)
                 self._schedule_flush()
 
@@ -258,7 +258,7 @@ class Catalog:
                codec: str, crc: int, tiers: list[str], metadata: dict[str, Any]) -> int:
         """Record a store of ``key`` now: a new row at version 1, or the next version of an existing one.
 
-        NOTE: when the database cannot be reached, the row is kept (with the count of
+        When the database cannot be reached, the row is kept (with the count of
         stores it stands for) and the error raised; the timer thread, or the next
         :meth:`flush`, writes it once the database answers, so the catalog catches up
         with every store made meanwhile, versions included.
@@ -267,7 +267,7 @@ class Catalog:
             The version now current.
         """
         row = self._row(key, namespace, user_key, kind, size, stored_size, codec, crc, tiers, metadata)
-        store = dict(row)  # NOTE: this store alone (version 1): what the journal records
+        store = dict(row)  # this store alone (version 1): what the journal records
         with self._lock:
             self._removed.discard(key)
             missed = self._pending.pop(key, None)
@@ -335,7 +335,7 @@ class Catalog:
         """Queue upserts for a retry, merged with newer ones of the same keys (caller holds ``_lock``)."""
         for row in rows:
             newer = self._pending.get(row["key"])
-            if newer is not None:  # NOTE: stored again while this one was being retried
+            if newer is not None:  # stored again while this one was being retried
                 newer["version"] += row["version"]
                 newer["created"] = min(newer["created"], row["created"])
             elif row["key"] not in self._removed:
@@ -414,27 +414,27 @@ class Catalog:
             pending, self._pending = self._pending, {}
         if not hits and not removed and not pending:
             return
-        for row in pending.values():  # NOTE: outside the lock: a CRC computed here may take a while
+        for row in pending.values():  # outside the lock: a CRC computed here may take a while
             row["crc"] = _resolved(row["crc"])
         try:
             with self.engine.begin() as conn:
                 # NOTE: rows in key order: two processes flushing overlapping keys lock them in
                 # the same order, never into a deadlock (PostgreSQL locks each updated row)
-                if pending:  # NOTE: one executemany: a flush of thousands of stores holds the GIL for little
+                if pending:  # one executemany: a flush of thousands of stores holds the GIL for little
                     conn.execute(self._upsert_rows, [pending[key] for key in sorted(pending)])
                 if hits:
                     conn.execute(_ADD_HITS, [{"k": key, "n": hits[key][0], "t": hits[key][1]} for key in sorted(hits)])
                 if removed:
                     conn.execute(delete(entries).where(entries.c.key.in_(sorted(removed))))
             if pending and self._journal is not None:
-                with self._lock:  # NOTE: the database has them now; what is queued since stays journaled
+                with self._lock:  # the database has them now; what is queued since stays journaled
                     self._journal.rewrite(_journaled(self._pending.values()))
         except SQLAlchemyError as exc:
             if not unreachable(exc):
                 with self._lock:
                     self.dropped += len(pending) + len(removed)
                 raise
-            with self._lock:  # NOTE: merged with what was buffered meanwhile, which is newer
+            with self._lock:  # merged with what was buffered meanwhile, which is newer
                 for key in removed:
                     if key not in self._pending:
                         self._removed.add(key)
@@ -461,7 +461,7 @@ class Catalog:
     def delete(self, key: str) -> bool:
         """Remove the row of ``key``; whether there was one.
 
-        NOTE: when the database cannot be reached, the removal is kept for :meth:`flush`.
+        When the database cannot be reached, the removal is kept for :meth:`flush`.
         """
         with self._lock:
             self._hits.pop(key, None)

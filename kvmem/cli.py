@@ -122,7 +122,7 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0:  # NOTE: also refuses nan
+    if not value > 0:  # also refuses nan
         raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds > 0")
     return value
 
@@ -199,7 +199,7 @@ def _demo_tiers(config: Config, chunks: int) -> int:
 
 def _demo_qa(args: argparse.Namespace, config: Config, where: str) -> int:
     try:
-        from kvmem import cli_demo_qa as qa  # NOTE: late: transformers is an optional extra, slow to import
+        from kvmem import cli_demo_qa as qa  # late: transformers is an optional extra, slow to import
     except ImportError as exc:
         raise ConfigError(f"kvmem demo needs transformers ({exc}); install kvmem[kv], or run kvmem demo --tiers"
                           ) from None
@@ -329,7 +329,7 @@ def _print_report(args: argparse.Namespace, report: object, text: str) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     """``kvmem doctor``: exit 1 when a finding is a warning."""
     with _open_existing(args) as memory:
-        snapshot = take_snapshot(memory, live=False)  # NOTE: this process has counted nothing yet
+        snapshot = take_snapshot(memory, live=False)  # this process has counted nothing yet
     findings = check(snapshot)
     status = EXIT_PROBLEMS if any(f.severity == "warn" for f in findings) else EXIT_OK
     if args.json:
@@ -363,7 +363,7 @@ def _config_value(name: str, value: object) -> str:
 def cmd_serve_metrics(args: argparse.Namespace) -> int:
     """``kvmem serve-metrics``: serve the shared tiers' usage and capacity until Ctrl-C or SIGTERM.
 
-    NOTE: hits, misses and latencies happen in the processes doing the work, and so does their
+    Hits, misses and latencies happen in the processes doing the work, and so does their
     CPU tier: each serves those itself (``metrics_port``). This process sees what they share,
     the disk tier's files (rescanned every ``--interval``) and the remote tier.
     """
@@ -387,7 +387,7 @@ def cmd_serve_metrics(args: argparse.Namespace) -> int:
 
 def _rescan(memory: Memory) -> None:
     """Re-read tiers that other processes write (``rescan``): the usage gauges read them when scraped."""
-    for tier in memory._tiers.tiers:  # NOTE: an operator's tool beside the core reads the tiers themselves
+    for tier in memory._tiers.tiers:  # an operator's tool beside the core reads the tiers themselves
         rescan = getattr(tier, "rescan", None)
         if rescan is not None:
             rescan()

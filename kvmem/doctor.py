@@ -137,7 +137,7 @@ def check_block_size(s: Snapshot, t: Thresholds) -> list[Finding]:
 def _prompt_granularity(live: LiveMetrics, block: int, t: Thresholds) -> list[Finding]:
     """Block size against the mean prompt length (requested KV tokens per TTFT observation, i.e. per prefill).
 
-    NOTE: ``PrefixCache.generate`` counts its prompt tokens but observes no TTFT, so
+    ``PrefixCache.generate`` counts its prompt tokens but observes no TTFT, so
     a process that mostly generates reads as having longer prompts than it has.
     """
     prefills = live.ttft.count
@@ -240,7 +240,7 @@ def check_capacity(s: Snapshot, t: Thresholds) -> list[Finding]:
                            f"offload_threshold: {c.offload_threshold} -> 0.7"))
     if not out:
         numbers: dict[str, Number] = {"hot_bytes": s.hot_bytes}
-        # NOTE: out of process, memory tiers are empty: only persistent tiers' usage means anything
+        # out of process, memory tiers are empty: only persistent tiers' usage means anything
         numbers.update({f"{x.name}_usage_share": x.usage / x.capacity for x in s.tiers
                         if x.capacity and (x.persistent or s.live is not None)})
         out.append(Finding("capacity", "ok", "tiers have room for what is reused", numbers))

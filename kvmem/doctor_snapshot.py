@@ -125,7 +125,7 @@ def take_snapshot(memory: Memory, *, live: bool = True) -> Snapshot:
         TierUnavailable: the catalog cannot be read.
     """
     stats = memory.stats()  # flushes buffered catalog hits first
-    held = memory._tiers.tiers  # NOTE: an operator's tool beside the core reads the tiers themselves
+    held = memory._tiers.tiers  # an operator's tool beside the core reads the tiers themselves
     persistent = {t.name: t.persistent for t in held}
     tiers = tuple(TierState(t.name, t.usage, t.capacity, t.entries, t.healthy, persistent.get(t.name, False))
                   for t in stats.tiers)

@@ -35,7 +35,7 @@ __all__ = ["Journal"]
 log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
-_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)  # NOTE: made once: a store appends a line
+_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)  # made once: a store appends a line
 
 
 class Journal:
@@ -50,7 +50,7 @@ class Journal:
         self.directory = directory
         self._on_recovered = on_recovered
         self.path = directory / f"pending.{os.getpid()}.{uuid.uuid4().hex[:12]}.jsonl"
-        self._fd = -1  # NOTE: kept open for appends (a store appends a line); reopened after a rewrite
+        self._fd = -1  # kept open for appends (a store appends a line); reopened after a rewrite
 
     def append(self, rows: list[Row]) -> None:
         """Add ``rows`` (each one store) to the file; a file that cannot be written is logged, never raised."""
@@ -60,7 +60,7 @@ class Journal:
                 self.directory.mkdir(parents=True, exist_ok=True)
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.write(self._fd, data)
-        except OSError as exc:  # NOTE: the rows stay queued in memory; only a crash now would lose them
+        except OSError as exc:  # the rows stay queued in memory; only a crash now would lose them
             log.warning("kvmem: catalog journal %s cannot be written (%s)", self.path, exc)
 
     def rewrite(self, rows: list[Row]) -> None:
@@ -99,7 +99,7 @@ class Journal:
             try:
                 os.rename(path, claimed)  # NOTE: atomic: of two processes opening at once, one gets the file
                 found, damaged = _read(claimed)
-            except OSError:  # NOTE: claimed by another process first, or unreadable: left for a later claimant
+            except OSError:  # claimed by another process first, or unreadable: left for a later claimant
                 continue
             self.append(found)  # NOTE: in this journal before the claimed file goes: a crash here loses nothing
             if damaged:
@@ -151,6 +151,6 @@ def _row(raw: bytes) -> Row | None:
         return None
     try:
         row = json.loads(text)
-    except ValueError:  # NOTE: also text that is not UTF-8
+    except ValueError:  # also text that is not UTF-8
         return None
     return row if isinstance(row, dict) and isinstance(row.get("key"), str) else None

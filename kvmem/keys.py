@@ -79,12 +79,12 @@ def namespace_id(namespace: str | None, tenant_salt: str = "") -> str:
     """The digest that scopes storage keys: namespace and tenant salt together."""
     if isinstance(namespace, (str, bytes, type(None))) and isinstance(tenant_salt, str):
         return _namespace_id(namespace or "", tenant_salt)
-    return _namespace_id.__wrapped__(namespace or "", tenant_salt)  # NOTE: unhashable: raises InvalidKeyError
+    return _namespace_id.__wrapped__(namespace or "", tenant_salt)  # unhashable: raises InvalidKeyError
 
 
 @functools.lru_cache(maxsize=1024)
 def _namespace_id(namespace: str | bytes, tenant_salt: str) -> str:
-    # NOTE: cached: every store and load derives a storage key, from a handful of namespaces
+    # cached: every store and load derives a storage key, from a handful of namespaces
     return _digest(_NAMESPACE_DOMAIN, [_as_bytes(namespace, "namespace"), _as_bytes(tenant_salt, "tenant_salt")])
 
 

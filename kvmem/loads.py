@@ -69,7 +69,7 @@ def read_back(reader: BlobReader, out: torch.Tensor) -> EncodedBlob | None:
     part = stored_as_is(header["leaves"][0])
     if part is None or len(header["segments"]) != 1:
         return None
-    pad = int(part["off"])  # NOTE: the one segment starts at payload byte 0: its leading padding is the offset
+    pad = int(part["off"])  # the one segment starts at payload byte 0: its leading padding is the offset
     piece = Piece(reader.start + pad, out if out.device.type == "cpu" else out.cpu(), pad)
     return EncodedBlob(reader.head_bytes(), (piece,), reader.start + int(header["payload_nbytes"]), header)
 

@@ -80,7 +80,7 @@ def verify_entries(store: TieredStore, catalog: Catalog, metrics: Metrics, *, fi
             continue  # removed while we ran
         report.checked += 1
         try:
-            # NOTE: a scrub checks the CPU tier's pages too, which its loads trust (see kvmem.stores.cpu)
+            # a scrub checks the CPU tier's pages too, which its loads trust (see kvmem.stores.cpu)
             header = _check(buf.cpu() if buf.device.type != "cpu" else buf, not store.capabilities(tier).trusted, key)
         except IntegrityError as exc:
             report.corrupt.append((tier.name, key, str(exc)))
@@ -121,7 +121,7 @@ def register_orphans(store: TieredStore, catalog: Catalog) -> int:
         for key in [k for k in _keys(tier) if k not in known]:
             try:
                 reader = store.open_blob(key, tier)
-            except (IntegrityError, OSError) as exc:  # NOTE: a damaged or unreadable blob: not this scan's to fix
+            except (IntegrityError, OSError) as exc:  # a damaged or unreadable blob: not this scan's to fix
                 log.warning("kvmem: entry %s in tier %s not registered (%s)", key, tier.name, exc)
                 continue
             if reader is None:

@@ -38,7 +38,7 @@ class Metrics:
         self.hits = Counter("kvmem_hits_total", "Loads served, by tier and value kind", ["tier", "kind"], registry=r)
         self.misses = Counter("kvmem_misses_total", "Loads that found nothing usable", ["kind"], registry=r)
         self.hit_rate = Gauge("kvmem_hit_rate", "hits / (hits + misses) since start", registry=r)
-        self.hit_rate.set_function(self._rate)  # NOTE: computed when scraped, not on every load
+        self.hit_rate.set_function(self._rate)  # computed when scraped, not on every load
         self.load_seconds = Histogram("kvmem_load_seconds", "Latency of load()", buckets=_LATENCY_BUCKETS,
                                       registry=r)
         self.store_seconds = Histogram("kvmem_store_seconds", "Latency of store()", buckets=_LATENCY_BUCKETS,
@@ -72,7 +72,7 @@ class Metrics:
 
     def hit(self, tier: str, kind: str) -> None:
         child = self._hit_children.get((tier, kind))
-        if child is None:  # NOTE: labelled children looked up once: a load counts its hit in one call
+        if child is None:  # labelled children looked up once: a load counts its hit in one call
             child = self._hit_children[(tier, kind)] = self.hits.labels(tier=tier, kind=kind)
         child.inc()
         self._hits += 1
@@ -128,7 +128,7 @@ class Exporter:
                               "free port (0: any free one) on an address of this machine") from None
         self._server: WSGIServer = server
         self._thread: threading.Thread = thread
-        netloc = f"[{host}]" if ":" in host else host  # NOTE: an IPv6 address goes in brackets
+        netloc = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets
         self.url = f"http://{netloc}:{server.server_port}/metrics"
 
     def close(self) -> None:

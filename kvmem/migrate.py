@@ -95,7 +95,7 @@ def migrate_disk(disk: DiskTier, catalog: Catalog, to_format: int, progress: boo
             return report
         state = state.migrating_to(to_format)
         assert state.target is not None
-        shutil.rmtree(disk.root / state.target, ignore_errors=True)  # NOTE: never active: an abandoned area
+        shutil.rmtree(disk.root / state.target, ignore_errors=True)  # never active: an abandoned area
         areas.set_state(state)
     elif state.target_format != to_format:
         raise ConfigError(f"to_format={to_format}: a migration to format {state.target_format} is under way in "
@@ -103,7 +103,7 @@ def migrate_disk(disk: DiskTier, catalog: Catalog, to_format: int, progress: boo
     copier = _Copier(areas, catalog, state, report)
     copier.carry(_hottest_first(areas, catalog, state.active), progress)
     while copier.carry(copier.left_behind(), progress=False):
-        pass  # NOTE: entries a process put into the old area before it saw the migration begin
+        pass  # entries a process put into the old area before it saw the migration begin
     areas.set_state(state.switched())
     time.sleep(_SWITCH_GRACE)
     copier.carry(copier.left_behind(), progress=False)  # written before the switch, seen after it
@@ -117,7 +117,7 @@ def _hottest_first(areas: DiskAreas, catalog: Catalog, area: str) -> list[str]:
     """Keys of ``area``: by catalog hits, most first; then those the catalog does not know, most recent first."""
     held = areas.keys(area)
     known = set(held)
-    order = [key for key in catalog.keys(hottest_first=True) if key in known]  # NOTE: keys only, no row bodies
+    order = [key for key in catalog.keys(hottest_first=True) if key in known]  # keys only, no row bodies
     listed = set(order)
     return order + [key for key in reversed(held) if key not in listed]
 
@@ -185,4 +185,4 @@ def _take_back(path: Path, inode: int) -> None:
         if path.stat().st_ino == inode:
             path.unlink()
     except FileNotFoundError:
-        pass  # NOTE: deleted by the same delete (it removes the target's file after the source's)
+        pass  # deleted by the same delete (it removes the target's file after the source's)

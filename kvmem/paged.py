@@ -43,7 +43,7 @@ class FreeBlockQueue:
     """
 
     def __init__(self, num_blocks: int) -> None:
-        # NOTE: links live in two int lists (no node objects); _NONE ends the chain.
+        # links live in two int lists (no node objects); _NONE ends the chain.
         self._prev = [i - 1 for i in range(num_blocks)]
         self._next = [i + 1 if i + 1 < num_blocks else _NONE for i in range(num_blocks)]
         self._in = [True] * num_blocks
@@ -149,7 +149,7 @@ class BlockPool:
         out = [self._free.popleft() for _ in range(n)]
         for b in out:
             old = self._hash_of[b]
-            if old is not None:  # NOTE: evicted: its content is about to be overwritten
+            if old is not None:  # evicted: its content is about to be overwritten
                 del self._by_hash[old]
                 self._hash_of[b] = None
             self._refs[b] = 1
@@ -206,7 +206,7 @@ class BlockPool:
     def match_prefix(self, hashes: Sequence[str]) -> list[int]:
         """The longest run of leading ``hashes`` that are cached, each block touched (referenced).
 
-        NOTE: prefix-chained hashes: chunk ``i`` is only usable after chunks ``0..i-1``, so the
+        Prefix-chained hashes: chunk ``i`` is only usable after chunks ``0..i-1``, so the
         run stops at the first miss.
         """
         out: list[int] = []

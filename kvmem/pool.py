@@ -42,7 +42,7 @@ from kvmem.errors import ConfigError
 __all__ = ["PAGE_BYTES", "Run", "ExtentAllocator", "HostPool", "Allocation"]
 
 PAGE_BYTES = 4096
-_AHEAD = 256 << 20  # NOTE: bytes faulted in beyond the highest page handed out
+_AHEAD = 256 << 20  # bytes faulted in beyond the highest page handed out
 _POPULATE_STEP = 16 << 20
 Run = tuple[int, int]
 """``(first page, page count)``."""
@@ -66,7 +66,7 @@ class ExtentAllocator:
         self._by_start: dict[int, int] = {}  # free run start -> length
         self._by_end: dict[int, int] = {}  # free run end (exclusive) -> start
         self._starts: dict[int, set[int]] = {}  # length -> starts of free runs that long
-        self._lengths: list[int] = []  # NOTE: sorted distinct lengths of free runs: best fit by bisect
+        self._lengths: list[int] = []  # sorted distinct lengths of free runs: best fit by bisect
         self._add(0, num_pages)
 
     def allocate(self, n: int) -> list[Run] | None:
@@ -164,7 +164,7 @@ class HostPool:
         self._base = self._array.ctypes.data
         self._allocator = ExtentAllocator(pages)
         self._lock = threading.Lock()
-        # NOTE: pinned memory is resident from the start; a mapping is faulted in ahead of use
+        # pinned memory is resident from the start; a mapping is faulted in ahead of use
         self._populated = self.nbytes if self.pinned or _MADVISE is None else 0
         self._wanted = 0
         self._populator: threading.Thread | None = None
@@ -186,7 +186,7 @@ class HostPool:
                 return None
             end = max(first + n for first, n in runs) * self.page_bytes
             if end + _AHEAD // 2 > self._wanted and self._populated < self.nbytes:
-                # NOTE: the window moves in steps of half of it, not page by page: one thread run per step
+                # the window moves in steps of half of it, not page by page: one thread run per step
                 self._wanted = min(self.nbytes, end + _AHEAD)
                 self._start_populating()
         return Allocation(self, runs, nbytes)
@@ -211,7 +211,7 @@ class HostPool:
                 start, stop = self._populated, min(self._wanted, self._populated + _POPULATE_STEP)
             ok = _MADVISE(self._base + start, stop - start)  # type: ignore[misc]
             with self._lock:
-                # NOTE: a kernel older than 5.14 refuses: first touch faults the pages in, as without this
+                # a kernel older than 5.14 refuses: first touch faults the pages in, as without this
                 self._populated = stop if ok else self.nbytes
 
     def free_runs(self) -> list[Run]:
@@ -334,5 +334,5 @@ def _host_buffer(nbytes: int, pinned: bool) -> torch.Tensor:
         try:
             mapping.madvise(mmap.MADV_HUGEPAGE)
         except OSError:
-            pass  # NOTE: a kernel without THP: 4 KiB pages, slower first touch, same behaviour
+            pass  # a kernel without THP: 4 KiB pages, slower first touch, same behaviour
     return torch.frombuffer(mapping, dtype=torch.uint8)

@@ -94,7 +94,7 @@ class ChunkStore:
 class Database(Protocol):
     """The catalog's database as the feature layers use it, for tables of their own (see the module docstring).
 
-    NOTE: a layer's errors from the database are SQLAlchemy's, raised from these
+    A layer's errors from the database are SQLAlchemy's, raised from these
     connections; the layer decides what an outage means for its own tables.
     """
 

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 OnRecovered = Callable[[str], None]  # told the label of each file set aside (``areas``, ``catalog``...)
 MARK = ".corrupt-"
-SQLITE_CHECK_SECONDS = 2.0  # NOTE: quick_check is O(database); past this the file is taken as intact
+SQLITE_CHECK_SECONDS = 2.0  # quick_check is O(database); past this the file is taken as intact
 _SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
 _CORRUPT_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
 
@@ -68,7 +68,7 @@ def set_aside(
             return False
         try:
             os.rename(path, path.with_name(f"{path.name}{MARK}{stamp}"))
-        except FileNotFoundError:  # NOTE: set aside by another process first
+        except FileNotFoundError:  # set aside by another process first
             return False
         for suffix in companions:
             try:
@@ -109,7 +109,7 @@ def check_sqlite(path: Path, seconds: float = SQLITE_CHECK_SECONDS) -> str | Non
         return None
     try:
         conn = sqlite3.connect(path, timeout=seconds)
-    except sqlite3.Error:  # NOTE: cannot be opened (a directory, permissions): the engine reports it
+    except sqlite3.Error:  # cannot be opened (a directory, permissions): the engine reports it
         return None
     deadline = time.monotonic() + seconds
     try:
@@ -117,7 +117,7 @@ def check_sqlite(path: Path, seconds: float = SQLITE_CHECK_SECONDS) -> str | Non
         rows = conn.execute("PRAGMA quick_check(3)").fetchall()
     except sqlite3.Error as exc:
         return f"{exc.sqlite_errorname}: {exc}" if getattr(exc, "sqlite_errorcode", None) in _CORRUPT_CODES else None
-    except ValueError as exc:  # NOTE: text that is not UTF-8 (UnicodeDecodeError)
+    except ValueError as exc:  # text that is not UTF-8 (UnicodeDecodeError)
         return f"{type(exc).__name__}: {exc}"
     finally:
         conn.close()

@@ -13,7 +13,7 @@ import re
 __all__ = ["HIDDEN", "redact", "url_password"]
 
 HIDDEN = "***"
-# NOTE: redis-py and libpq also take a password as a query option (?password=, ssl_password=, sslpassword=)
+# redis-py and libpq also take a password as a query option (?password=, ssl_password=, sslpassword=)
 _SECRET_OPTION = re.compile(r"([?&][^=&]*(?:password|passwd|secret|token)[^=&]*=)[^&]*", re.IGNORECASE)
 
 
@@ -25,7 +25,7 @@ def _split(url: str) -> tuple[str, str | None, str]:
     An ``@`` in a query value makes the cut wider than the password, never narrower.
     """
     scheme, sep, rest = url.partition("://")
-    if not sep:  # NOTE: not a URL anyone parses, but it may still hold a password
+    if not sep:  # not a URL anyone parses, but it may still hold a password
         scheme, rest = "", url
     userinfo, at, hosts = rest.rpartition("@")
     user, colon, password = userinfo.partition(":")

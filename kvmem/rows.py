@@ -40,12 +40,12 @@ def _as_bytes_array(src: Source) -> np.ndarray:
     """``src`` as a (possibly strided) uint8 numpy array whose last axis runs over contiguous bytes."""
     if isinstance(src, np.ndarray):
         arr = src
-    elif src.ndim and not src.requires_grad and src.is_contiguous():  # NOTE: the common case, in few calls
+    elif src.ndim and not src.requires_grad and src.is_contiguous():  # the common case, in few calls
         return (src if src.dtype is torch.uint8 else src.view(torch.uint8)).numpy().reshape(-1)
     else:
         t = src.detach() if src.ndim else src.detach().reshape(1)
         if t.dtype is not torch.uint8:
-            # NOTE: a dtype view of the same bytes; needs a unit last stride, else make it contiguous
+            # a dtype view of the same bytes; needs a unit last stride, else make it contiguous
             t = (t if t.ndim and t.stride(-1) == 1 else t.contiguous()).view(torch.uint8)
         arr = t.numpy()
     if arr.dtype != np.uint8:
@@ -86,7 +86,7 @@ def _rows_of(arr: np.ndarray, min_row: int) -> list[np.ndarray] | None:
     for n, s in zip(arr.shape, arr.strides):
         if n == 1:
             continue
-        if shape and strides[-1] == n * s:  # NOTE: the outer dim steps over exactly this one: merge them
+        if shape and strides[-1] == n * s:  # the outer dim steps over exactly this one: merge them
             shape[-1] *= n
             strides[-1] = s
         else:

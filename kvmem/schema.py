@@ -90,7 +90,7 @@ agent_sessions = Table(
     "kvmem_agent_sessions",
     metadata,
     Column("name", String(256), primary_key=True),
-    Column("head", String(64), nullable=True),  # NOTE: None for a session with no step yet
+    Column("head", String(64), nullable=True),  # None for a session with no step yet
     Column("length", Integer, nullable=False),
     Column("system", Text, nullable=False),
     Column("updated", Float, nullable=False),
@@ -112,7 +112,7 @@ semantic_rows = Table(
     Column("embedder", String(256), nullable=False),
     Column("text", Text, nullable=False),
     Column("vector", LargeBinary, nullable=False),
-    # NOTE: the caller's key as given to Memory.store, in full (the catalog keeps a 256-character preview);
+    # the caller's key as given to Memory.store, in full (the catalog keeps a 256-character preview);
     # NULL for vectors indexed without one (add_vector: an image's embedding)
     Column("user_key", LargeBinary, nullable=True),
     Column("user_key_is_bytes", Boolean, nullable=True),
@@ -122,7 +122,7 @@ semantic_rows = Table(
 langgraph_items = Table(
     "kvmem_langgraph_items",
     metadata,
-    Column("id", Integer, primary_key=True),  # NOTE: creation order; never reused (AUTOINCREMENT / SERIAL)
+    Column("id", Integer, primary_key=True),  # creation order; never reused (AUTOINCREMENT / SERIAL)
     Column("namespace", Text, nullable=False),  # labels joined by "." (a label never holds one)
     Column("key", Text, nullable=False),
     Column("value", JSON, nullable=False),

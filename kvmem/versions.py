@@ -118,7 +118,7 @@ class Versions:
         self.holder = f"{socket.gethostname()[:96]}:{os.getpid()}"
         self._held: dict[str, Pin] = {}
         self._lock = threading.Lock()
-        self._nudge = threading.Event()  # NOTE: set by a new pin (its lease may be the shortest) and by close
+        self._nudge = threading.Event()  # set by a new pin (its lease may be the shortest) and by close
         self._closing = False
         self._renewer: threading.Thread | None = None
         self._insert = dialect_insert(self.engine.dialect.name)
@@ -141,12 +141,12 @@ class Versions:
                 if fetched is None:
                     return None
                 crc, first = blobfmt.stored_crc(fetched.buf), None
-            self._guard(self._catalog.flush_all)  # NOTE: stores queue their rows (write-behind): see them first
+            self._guard(self._catalog.flush_all)  # stores queue their rows (write-behind): see them first
             row = self._guard(self._catalog.get, key)
             if row is not None and row.crc == crc:
                 return self._pinned(Pin(self, uuid.uuid4().hex, key, row.version, crc, lease or self.lease),
                                     fetched.buf)
-            # NOTE: no match yet. The write of these bytes has not upserted its row (wait for it); or the
+            # no match yet. The write of these bytes has not upserted its row (wait for it); or the
             # row moved on past them, two versions or more (read the bytes again); or they are a stale copy
             # this process's upper tiers kept while another process rewrote the key below (drop them).
             if row is not None and first is None:
@@ -172,7 +172,7 @@ class Versions:
     def _record(self, pin: Pin, buf: torch.Tensor) -> None:
         """Keep ``pin``'s version (``buf``, unless kept already) and add the pin, in one transaction."""
         with self.engine.begin() as conn:
-            while not _lock_version(conn, pin.key, pin.version):  # NOTE: not kept yet: copy it, then lock it
+            while not _lock_version(conn, pin.key, pin.version):  # not kept yet: copy it, then lock it
                 conn.execute(self._insert(versions).values(
                     key=pin.key, version=pin.version, crc=pin.crc, created=time.time(), body=buf.numpy().tobytes()
                 ).on_conflict_do_nothing())
@@ -208,7 +208,7 @@ class Versions:
     def release(self, pin: Pin) -> None:
         """Drop ``pin``'s row and reclaim its version if no pin holds it any more.
 
-        NOTE: a catalog outage only delays this: the pin's lease is no longer renewed,
+        A catalog outage only delays this: the pin's lease is no longer renewed,
         so it expires and a later :meth:`collect` reclaims the version.
         """
         with self._lock:
@@ -217,7 +217,7 @@ class Versions:
             with self.engine.begin() as conn:
                 conn.execute(delete(pins).where(pins.c.id == pin.id))
             self._reclaim(pin.key, pin.version, time.time())
-        except SQLAlchemyError as exc:  # NOTE: see above: the unrenewed lease expires; collect() reclaims then
+        except SQLAlchemyError as exc:  # see above: the unrenewed lease expires; collect() reclaims then
             log.warning("kvmem: releasing pin %s failed (%s); it expires with its lease", pin.id, exc)
 
     # -- leases and collection --------------------------------------------------------------------
@@ -288,7 +288,7 @@ class Versions:
             self._nudge.clear()
             try:
                 self.renew()
-            except SQLAlchemyError as exc:  # NOTE: retried next round; a pin outliving its lease may be reclaimed
+            except SQLAlchemyError as exc:  # retried next round; a pin outliving its lease may be reclaimed
                 log.warning("kvmem: renewing pins failed (%s); retrying in %.1f s", exc, interval)
 
     @staticmethod

@@ -91,8 +91,8 @@ def link(database: Database, name: str, old_head: str | None, rows: list[tuple[s
             moved = conn.execute(update(sessions).where(sessions.c.name == name, was)
                                  .values(head=new_head, length=length, updated=time.time())).rowcount
             if moved != 1:
-                raise _Moved  # NOTE: rolls the inserts back with the transaction
-    except (_Moved, SqlIntegrityError):  # NOTE: also a concurrent writer storing the same step first
+                raise _Moved  # rolls the inserts back with the transaction
+    except (_Moved, SqlIntegrityError):  # also a concurrent writer storing the same step first
         return False
     return True
 

@@ -75,14 +75,14 @@ class AgentSession:
         self._lock = threading.Lock()
         self._prefix: PrefixCache | None = None
         self._tokenizer: Any = None
-        self._ids: dict[str, list[int]] = {}  # NOTE: token ids per prompt piece (step key, or "" for the system)
+        self._ids: dict[str, list[int]] = {}  # token ids per prompt piece (step key, or "" for the system)
         if self._row() is None:
             try:
                 with self._database.transaction() as conn:
                     conn.execute(sessions.insert(), {"name": name, "head": None, "length": 0,
                                                      "system": system_prompt or "", "updated": clock()})
             except SqlIntegrityError:
-                pass  # NOTE: created by another process meanwhile: opened below
+                pass  # created by another process meanwhile: opened below
         self._reload(system_prompt)
 
     @classmethod
@@ -186,7 +186,7 @@ class AgentSession:
             rows.append((step.key, None, body))
             chain.append(step)
             parent = step.key
-        for old in kept:  # NOTE: same content, a new parent: new keys (the chain's start changed)
+        for old in kept:  # same content, a new parent: new keys (the chain's start changed)
             step, body = make_step(len(chain), parent, old.thought, old.action, old.observation, old.kind,
                                    created=old.created)
             rows.append((step.key, parent, body))
@@ -264,7 +264,7 @@ class AgentSession:
     def _encode(self, text: str) -> list[int]:
         try:
             return list(self._tokenizer.encode(text, add_special_tokens=False))
-        except TypeError:  # NOTE: a plain tokenizer without the HF keyword
+        except TypeError:  # a plain tokenizer without the HF keyword
             return list(self._tokenizer.encode(text))
 
     def prompt_ids(self, suffix: str = "") -> torch.Tensor:

@@ -23,7 +23,7 @@ _TENSOR_CODECS: dict[str, TensorCodec] = {
     "fp16": CastCodec("fp16", torch.float16),
     "bf16": CastCodec("bf16", torch.bfloat16),
     "int8": QuantCodec(8),
-    "int4": QuantCodec(4, group=128),  # NOTE: 128 keeps int4 >= 3.5x smaller than bf16 with its scales
+    "int4": QuantCodec(4, group=128),  # 128 keeps int4 >= 3.5x smaller than bf16 with its scales
 }
 LZ4: ByteCodec = Lz4Codec()
 

@@ -114,7 +114,7 @@ def _encode_tensor(t: torch.Tensor, axis: int, spec: CodecSpec, segs: _Segments)
         t = t.cpu()
     name = spec.tensor if t.is_floating_point() else "none"
     codec = tensor_codec(name)
-    # NOTE: a lossless or pass-through leaf keeps its layout (a KV cache slice is copied once, by the tier
+    # a lossless or pass-through leaf keeps its layout (a KV cache slice is copied once, by the tier
     # that takes it); a codec that computes from the values gets contiguous input
     parts, meta = codec.encode(t if _passes_through(codec, t) else t.contiguous(), axis)
     entry: dict[str, Any] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
@@ -150,7 +150,7 @@ def encode_value(value: object, spec: CodecSpec, metadata: dict[str, Any] | None
     """
     leaves: list[_Leaf] = []
     tree = _flatten(value, "", leaves, -1)
-    # NOTE: the alignment is chosen before layout, from the raw size (compression only shrinks it)
+    # the alignment is chosen before layout, from the raw size (compression only shrinks it)
     segs = _Segments(blob.alignment(blob_format, sum(_leaf_nbytes(leaf) for leaf in leaves)))
     entries: list[dict[str, Any]] = []
     raw = 0
@@ -159,7 +159,7 @@ def encode_value(value: object, spec: CodecSpec, metadata: dict[str, Any] | None
             entries.append(_encode_tensor(leaf.obj, leaf.axis, spec, segs))
             raw += leaf.obj.numel() * leaf.obj.element_size()
         elif leaf.kind == "ndarray":
-            arr = np.ascontiguousarray(leaf.obj).reshape(leaf.obj.shape)  # NOTE: ascontiguousarray makes 0-d 1-d
+            arr = np.ascontiguousarray(leaf.obj).reshape(leaf.obj.shape)  # ascontiguousarray makes 0-d 1-d
             entries.append({"dtype": arr.dtype.str, "shape": list(arr.shape),
                             "data": segs.add(arr.reshape(-1).view(np.uint8), arr.itemsize, spec)})
             raw += arr.nbytes
@@ -203,7 +203,7 @@ def reframe(buf: torch.Tensor, blob_format: int, head: tuple[dict[str, Any], int
     payload = buf.numpy()[start:]
     starts, arrays, prev = [], [], 0
     for end, _crc in header["segments"]:
-        starts.append(-(-prev // old_align) * old_align)  # NOTE: a segment's bytes follow its leading padding
+        starts.append(-(-prev // old_align) * old_align)  # a segment's bytes follow its leading padding
         arrays.append(payload[starts[-1]:end])
         prev = end
     moved = dict(zip(starts, blob.segment_offsets([a.size for a in arrays], align)))
@@ -350,7 +350,7 @@ def decode_value(buf: torch.Tensor, device: torch.device | str | None = None,
 def check_owner(header: dict[str, Any], key: str) -> None:
     """Check that a blob's header names ``key`` as the storage key it was written for.
 
-    NOTE: a blob renamed, copied or swapped onto another entry's name is intact
+    A blob renamed, copied or swapped onto another entry's name is intact
     (its CRC matches); only the storage key recorded in its header tells it apart.
 
     Raises:

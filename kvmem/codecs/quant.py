@@ -80,7 +80,7 @@ class QuantCodec:
     def _within_half_step(self, lo: torch.Tensor, hi: torch.Tensor, lo_s: torch.Tensor, step: torch.Tensor) -> bool:
         """Whether the rounded ``lo_s``/``step`` still keep every element within half a true step.
 
-        NOTE: rounding moves the grid of levels. Inside it an element is off by half a rounded
+        Rounding moves the grid of levels. Inside it an element is off by half a rounded
         step; beyond its ends it is clamped, off by the distance to the end. fp16 fails this when
         a group's range is tiny next to its magnitude (an offset channel) or its step underflows.
         """

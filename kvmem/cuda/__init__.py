@@ -44,7 +44,7 @@ def _triton_ops() -> ModuleType | None:
     if not HAS_CUDA:
         return None
     try:
-        from kvmem.cuda import triton_ops  # NOTE: late import: Triton needs a driver to import everywhere
+        from kvmem.cuda import triton_ops  # late import: Triton needs a driver to import everywhere
     except ImportError as exc:
         log.warning("kvmem: CUDA is present but Triton is not (%s); using the torch reference kernels", exc)
         return None

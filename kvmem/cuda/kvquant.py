@@ -49,7 +49,7 @@ def quantize_kv(t: torch.Tensor, bits: int, group: int, axis: int) -> tuple[Part
     x, meta = codec.groups(t, axis)
     x = x.contiguous()
     lo, hi = cuda.group_minmax(x)
-    lo_s, step = codec.scales(lo, hi)  # NOTE: the codec's own scale rules, on the device
+    lo_s, step = codec.scales(lo, hi)  # the codec's own scale rules, on the device
     q = cuda.quantize_groups(x, lo_s, step, bits)
     return {"q": q, "step": step.contiguous(), "lo": lo_s.contiguous()}, meta
 
@@ -91,7 +91,7 @@ def dequantize_kv_into(dst: torch.Tensor, start: int, parts: Parts, meta: dict[s
     elif skip == 0:  # columns are tokens: those past ``count`` are cut like the padding
         cuda.dequantize_into(dst, start, q, step, lo, bits, -2, count)
     else:
-        # NOTE: a key chunk's groups run along tokens, so a front cut (a sliding window starting inside
+        # a key chunk's groups run along tokens, so a front cut (a sliding window starting inside
         # the chunk, once per layer) decodes the whole chunk first.
         whole = torch.empty((b, h, t, d), dtype=dst.dtype, device=dst.device)
         cuda.dequantize_into(whole, 0, q, step, lo, bits, -2, t)
@@ -108,7 +108,7 @@ def _check_parts(parts: Parts, meta: dict[str, Any]) -> int:
     group, cols = meta.get("group"), meta.get("cols")
     if not isinstance(group, int) or group <= 0 or group % 2:
         raise CodecError(f"quantization metadata {meta}: accepted a positive even group")
-    coded, other = (t, d) if meta["axis"] == -2 else (d, t)  # NOTE: rows are (b, h, other), columns coded
+    coded, other = (t, d) if meta["axis"] == -2 else (d, t)  # rows are (b, h, other), columns coded
     rows, groups = b * h * other, -(-coded // group)
     q, step, lo = (parts.get(name) for name in ("q", "step", "lo"))
     ok = (cols == coded and q is not None and step is not None and lo is not None and q.dtype == torch.uint8

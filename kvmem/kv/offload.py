@@ -173,7 +173,7 @@ class OffloadingCache(DynamicCache):
         p.end = max(p.end, (seq - self.resident_blocks * self.block_size) // run * run)
         behind = p.end - p.current > self.max_lag_blocks * self.block_size
         if self._job is not None and (self._job.done() or behind):
-            p.current = self._job.result()  # NOTE: the producer blocks here only when offload fell behind the plan
+            p.current = self._job.result()  # the producer blocks here only when offload fell behind the plan
             self._job = None
             self._drop_offloaded()
         if self._job is None and p.end > p.current:
@@ -184,12 +184,12 @@ class OffloadingCache(DynamicCache):
         assert self._host is not None and self._side is not None
         n = (stop - first) // self.block_size
         if self._host.pool.num_free < n * len(self.layers):
-            return None  # NOTE: host pool full: the tokens simply stay on the device
+            return None  # host pool full: the tokens simply stay on the device
         blocks = []
         for table in self._tables:
             table.grow(self._host.pool, n * self.block_size)
             blocks.append(table.blocks[-n:])
-        # NOTE: views of the window as it is now; a later update makes new tensors, these stay valid.
+        # views of the window as it is now; a later update makes new tensors, these stay valid.
         sources = [layer.window(first, stop) for layer in self._windows]
         with self._side.after_producer():
             staged = [self._side.to_host(_pages_of(k, v)) for k, v in sources]
@@ -233,7 +233,7 @@ class OffloadingCache(DynamicCache):
         """Layer ``layer_idx``'s offloaded prefix on the device (waiting for its prefetch), or ``None``."""
         if self.pointers.start == 0:
             return None
-        self._prefetch(layer_idx)  # NOTE: a no-op when prefetched already, as it is after the first layer
+        self._prefetch(layer_idx)  # a no-op when prefetched already, as it is after the first layer
         k, v = self._prefetched.pop(layer_idx).result()  # type: ignore[misc]
         if k.is_cuda:
             consumer = torch.cuda.current_stream(k.device)

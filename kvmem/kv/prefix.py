@@ -193,7 +193,7 @@ class PrefixCache:
         keys = self.chunk_keys(ids, scope=scope)
 
         def run(cache: DynamicCache, reused: int) -> Any:
-            # NOTE: a causal LM (the class's model) mixes in GenerationMixin; nn.Module types it as Tensor | Module
+            # a causal LM (the class's model) mixes in GenerationMixin; nn.Module types it as Tensor | Module
             model = cast(GenerationMixin, self.model)
             return model.generate(ids, use_cache=True, **{self._cache_arg: cache}, **generate_kwargs)
 
@@ -255,7 +255,7 @@ class PrefixCache:
                 result = run(cache, reused)
             except ChunkLoadError as exc:
                 self._chunk_failed(exc)
-                limit = min(limit, exc.index * self.block_size)  # NOTE: strictly shorter: the loop ends
+                limit = min(limit, exc.index * self.block_size)  # strictly shorter: the loop ends
                 continue
             self._count_chunks(keys[:self._chunks_within(total - 1)], sources)
             return result, cache, reused, len(sources)
@@ -299,7 +299,7 @@ class PrefixCache:
         """Count a hit per loaded chunk (per tier) and a miss per ``wanted`` chunk not loaded; warm the
         chunks served from below the top tier.
 
-        NOTE: a wanted chunk after the first one missing is a miss even when stored: the prompt
+        A wanted chunk after the first one missing is a miss even when stored: the prompt
         computed it. So a cold and a warm run of one prompt read a hit rate of 0.5.
         """
         for src in sources:
@@ -315,7 +315,7 @@ class PrefixCache:
     def _chunk_failed(self, exc: ChunkLoadError) -> None:
         """Quarantine a corrupt chunk (counted).
 
-        NOTE: a tier that failed to serve one was counted and backed off by the store already.
+        A tier that failed to serve one was counted and backed off by the store already.
         """
         if exc.corrupt and exc.key:
             self.memory.chunk_store().quarantine(exc.key, exc.tier, exc)

@@ -130,7 +130,7 @@ def _parts_on(device: torch.device, data: torch.Tensor, lo: int,
               leaves: list[dict[str, Any]]) -> list[dict[str, torch.Tensor]]:
     """Each leaf's codec parts (in checked ``data``, from payload offset ``lo``) on ``device``, moved in one copy."""
     if data.device != device and not any("raw" in p for leaf in leaves for p in leaf["parts"].values()):
-        data = data.to(device)  # NOTE: the layer's codes and scales as stored: one copy, nothing decoded yet
+        data = data.to(device)  # the layer's codes and scales as stored: one copy, nothing decoded yet
     parts = [tensor_parts_range(data, lo, leaf) for leaf in leaves]
     if all(p.device == device for leaf_parts in parts for p in leaf_parts.values()):
         return parts
@@ -244,7 +244,7 @@ class _ChunkReader:
         to the buffers' device in one copy, and the fused dequantize + scatter op writes the
         values there (no float chunk is made).
         """
-        # NOTE: a CodecError here is a header that misdescribes its parts
+        # a CodecError here is a header that misdescribes its parts
         with self._reading(layer_idx, bad_data=(IntegrityError, CodecError)):
             data, lo = self._checked(layer_idx)
             leaves = self.leaves(layer_idx)
@@ -300,7 +300,7 @@ class LayerwiseLoader:
             if isinstance(layer, DynamicSlidingWindowLayer):
                 first = max(0, tokens - (layer.sliding_window - 1))
             b, h, _t, d = shape
-            # NOTE: placeholders: one element each, expanded to the prefix's shape; never read.
+            # placeholders: one element each, expanded to the prefix's shape; never read.
             k, v = (torch.zeros((), dtype=getattr(torch, dtype), device=device).expand(b, h, tokens - first, d)
                     for _ in range(2))
             install_prefix(cache, i, k, v, first=first)
@@ -325,14 +325,14 @@ class LayerwiseLoader:
                     for reader in readers:
                         if self._holds(reader, self._firsts[layer_idx + 1]):
                             reader.advise(layer_idx + 1)
-                # NOTE: a sliding layer keeps only the prefix's last window: chunks before it are not read
+                # a sliding layer keeps only the prefix's last window: chunks before it are not read
                 needed = [reader for reader in readers if self._holds(reader, first)]
                 self._parts[layer_idx] = self._layer(layer_idx, needed, first)
                 self._filled[layer_idx] = True
                 self._done[layer_idx].set()
         except ChunkLoadError as exc:
             self.error = exc
-        except (OSError, KVMemError) as exc:  # NOTE: not a tier's (those name their chunk): reuse none of it
+        except (OSError, KVMemError) as exc:  # not a tier's (those name their chunk): reuse none of it
             self.error = ChunkLoadError(0, f"{type(exc).__name__}: {exc}", corrupt=False)
         finally:
             for reader in readers:
@@ -461,7 +461,7 @@ class StreamingCache(DynamicCache):
             if parts is not None:
                 layer = kv_layer(self, layer_idx)
                 if type(layer) is DynamicLayer:
-                    # NOTE: what DynamicLayer.update does, with the prefix still in pieces (one copy in all)
+                    # what DynamicLayer.update does, with the prefix still in pieces (one copy in all)
                     # or filled in place with room for these tokens (no copy of the prefix)
                     layer.keys, layer.values = parts.extended(key_states, value_states)
                     return layer.keys, layer.values

@@ -14,7 +14,7 @@ context.configure(
     connection=context.config.attributes["connection"],
     target_metadata=metadata,
     version_table=VERSION_TABLE,
-    render_as_batch=True,  # NOTE: SQLite alters most columns by copying the table; batch mode does that
+    render_as_batch=True,  # SQLite alters most columns by copying the table; batch mode does that
 )
 with context.begin_transaction():
     context.run_migrations()

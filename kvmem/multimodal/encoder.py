@@ -23,7 +23,7 @@ __all__ = ["FEATURES", "ImageEncoder", "OpenClipEncoder"]
 
 FEATURES = ("patch", "cls_patch")
 PRECISIONS = ("fp32", "fp16", "bf16")
-# NOTE: the names open_clip saves and the hub repos use, tried in this order inside a directory
+# the names open_clip saves and the hub repos use, tried in this order inside a directory
 _WEIGHT_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin", "model.safetensors", "pytorch_model.bin")
 
 
@@ -59,7 +59,7 @@ def _cached_tag_file(cfg: Mapping[str, Any]) -> Path | None:
     if hub:
         from huggingface_hub import try_to_load_from_cache
 
-        repo, filename = os.path.split(hub)  # NOTE: "org/model/" names no file: open_clip's defaults
+        repo, filename = os.path.split(hub)  # "org/model/" names no file: open_clip's defaults
         for name in (filename,) if filename else _WEIGHT_FILES[:2]:
             found = try_to_load_from_cache(repo, name)
             if isinstance(found, str):
@@ -142,7 +142,7 @@ class OpenClipEncoder:
         options: dict[str, Any] = {"force_quick_gelu": bool(tag_cfg.get("quick_gelu", False))}
         for ours, theirs in (("image_mean", "mean"), ("image_std", "std"), ("image_interpolation", "interpolation"),
                              ("image_resize_mode", "resize_mode")):
-            if theirs in tag_cfg:  # NOTE: what open_clip applies for a tag, applied to its local file
+            if theirs in tag_cfg:  # what open_clip applies for a tag, applied to its local file
                 options[ours] = tag_cfg[theirs]
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)

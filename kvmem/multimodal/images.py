@@ -30,7 +30,7 @@ from kvmem.errors import UnsupportedValueError
 
 __all__ = ["ImageInput", "decode_image", "image_digest"]
 
-ImageInput = Union[Image.Image, bytes, bytearray, memoryview, str, os.PathLike]  # noqa: UP007  NOTE: a runtime alias
+ImageInput = Union[Image.Image, bytes, bytearray, memoryview, str, os.PathLike]  # noqa: UP007  a runtime alias
 _ACCEPTED = "a PIL.Image, encoded image bytes, or a path to an image file"
 
 

@@ -95,7 +95,7 @@ class LlavaImageEncoder:
         layers = [self.layer] if isinstance(self.layer, int) else list(self.layer)
         states = [out.hidden_states[i] for i in layers]
         if self.strategy == "default":
-            states = [s[:, 1:] for s in states]  # NOTE: "default" drops CLS, "full" keeps it (LlavaModel's rule)
+            states = [s[:, 1:] for s in states]  # "default" drops CLS, "full" keeps it (LlavaModel's rule)
         return torch.cat(states, dim=-1)
 
     @torch.no_grad()

@@ -154,11 +154,11 @@ class VisualTokenCache:
         if not images:
             raise UnsupportedValueError("images: an empty list; accepted: one or more images")
         digests = [image_digest(image) for image in images]
-        first = dict(zip(reversed(digests), reversed(images)))  # NOTE: digest -> its first image
+        first = dict(zip(reversed(digests), reversed(images)))  # digest -> its first image
         found: dict[str, torch.Tensor] = {}
         for digest in first:
             value = self.memory.load(digest, namespace=namespace, default=None)
-            if isinstance(value, torch.Tensor):  # NOTE: None on a miss or a corrupt entry (CRC): encoded again
+            if isinstance(value, torch.Tensor):  # None on a miss or a corrupt entry (CRC): encoded again
                 found[digest] = value
         misses = [d for d in first if d not in found]
         if misses:
@@ -175,7 +175,7 @@ class VisualTokenCache:
         with self._lock:
             self.hits += len(images) - len(misses)
             self.misses += len(misses)
-        if len(digests) == 1:  # NOTE: a loaded or fresh value is already the caller's own: no second copy
+        if len(digests) == 1:  # a loaded or fresh value is already the caller's own: no second copy
             return found[digests[0]].unsqueeze(0)
         return torch.stack([found[d] for d in digests])
 

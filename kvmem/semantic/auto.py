@@ -36,7 +36,7 @@ class _Build:
     def _run(self, live: ExactIndex, m: int, ef_construction: int, ef_search: int) -> None:
         try:
             self.graph = HnswIndex.from_exact(live, m, ef_construction, ef_search, rebuild_at=None)
-        except (MemoryError, RuntimeError) as exc:  # NOTE: the owner keeps serving what it has
+        except (MemoryError, RuntimeError) as exc:  # the owner keeps serving what it has
             log.warning("kvmem: building an HNSW graph of %d vectors failed (%s); search stays as it was",
                         len(live), exc)
 
@@ -81,7 +81,7 @@ class AutoIndex:
             raise ValueError(f"rebuild_at={rebuild_at}: expected a fraction in (0, 1)")
         self.dim, self.hnsw_from, self.rebuild_at, self.background = dim, hnsw_from, rebuild_at, background
         self.m, self.ef_construction, self.ef_search = m, ef_construction, ef_search
-        self.version = 0  # NOTE: bumped by every change; owners compare it to skip saving an unchanged graph
+        self.version = 0  # bumped by every change; owners compare it to skip saving an unchanged graph
         self._index: ExactIndex | HnswIndex = ExactIndex(dim)
         self._build: _Build | None = None
 
@@ -148,7 +148,7 @@ class AutoIndex:
         """Go back to exact, or start a build, as the live count and the tombstones call for."""
         index = self._index
         if len(index) < self.hnsw_from // 2:
-            self._build = None  # NOTE: a running build finishes on its own thread; its graph is dropped
+            self._build = None  # a running build finishes on its own thread; its graph is dropped
             if isinstance(index, HnswIndex):
                 self._index = index.live
             return
@@ -171,14 +171,14 @@ class AutoIndex:
         self._build = None
         graph = build.graph
         if graph is None:
-            return  # NOTE: the build failed (logged); the next change that calls for one retries
+            return  # the build failed (logged); the next change that calls for one retries
         for ids, vectors in build.log:
             if vectors is None:
                 graph.remove(ids)
             else:
                 graph.add(ids, vectors)
         self._index = graph
-        self.version += 1  # NOTE: a new graph is worth saving though no entry changed
+        self.version += 1  # a new graph is worth saving though no entry changed
 
     def save(self, path: str | os.PathLike[str]) -> bool:
         """Save the serving graph as :meth:`HnswIndex.save` does; whether there was one.
@@ -213,7 +213,7 @@ class AutoIndex:
         if saved is None:
             index.add(ids, vectors)
             return index
-        saved.rebuild_at = None  # NOTE: this owner rebuilds, off-thread
+        saved.rebuild_at = None  # this owner rebuilds, off-thread
         index._index = saved
         index._plan()
         return index

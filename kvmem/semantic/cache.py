@@ -88,7 +88,7 @@ class SemanticCache:
                                             "with at least one role 'user'")
             first = max(0, last - self.turns)
             text = "\n".join(m["content"] for m in messages[first:last + 1])
-            # NOTE: messages after the last user message (rare) are exact context as well
+            # messages after the last user message (rare) are exact context as well
             history = messages[:first] + messages[last + 1:]
         exact = json.dumps({"partition": dict(partition or {}), "history": history, "turns": self.turns},
                            sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -146,7 +146,7 @@ class SemanticCache:
         for match in self.memory.lookup_similar(text, _SIMILAR_CANDIDATES, namespace=namespace,
                                                 threshold=self.threshold, verify=self.verify):
             if match.text == text:
-                continue  # NOTE: the exact entry, already found expired (and deleted) above
+                continue  # the exact entry, already found expired (and deleted) above
             value = self._live(match.text, namespace)
             if value is not None:
                 return match.text, value[0]

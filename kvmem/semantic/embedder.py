@@ -80,7 +80,7 @@ class SentenceTransformerEmbedder:
 
     def __init__(self, path_or_name: str | None = None, *, device: str = "cpu", threshold: float | None = None) -> None:
         from sentence_transformers import (
-            SentenceTransformer,  # NOTE: heavy; imported on first use only
+            SentenceTransformer,  # heavy; imported on first use only
         )
 
         if path_or_name is None:
@@ -93,7 +93,7 @@ class SentenceTransformerEmbedder:
         self._model = SentenceTransformer(path_or_name, device=device)
         getter = (
             getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
-        )  # NOTE: renamed in sentence-transformers 6
+        )  # renamed in sentence-transformers 6
         dim = getter()
         if dim is None:
             raise ValueError(f"model {path_or_name!r} does not report its embedding dimension")
@@ -150,7 +150,7 @@ class CachedEmbedder:
         with self._lock:
             for i, h in enumerate(hashes):
                 vec = self._cache.get(h)
-                if vec is None:  # NOTE: evicted between the two locked sections by a concurrent batch
+                if vec is None:  # evicted between the two locked sections by a concurrent batch
                     vec = _normalize(self.inner.embed([texts[i]]))[0]
                 else:
                     self._cache.move_to_end(h)

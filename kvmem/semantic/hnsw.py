@@ -191,8 +191,8 @@ class HnswIndex:
             mask[labels] = True
             keep = np.packbits(mask, bitorder="little")
         want = min(k, eligible)
-        fetch = min(eligible, k + 8)  # NOTE: a few extra so ties at the k-th score resolve by id
-        # NOTE: the ignores: faiss 1.15's stubs lack SearchParametersHNSW and the one-argument IDSelectorBitmap
+        fetch = min(eligible, k + 8)  # a few extra so ties at the k-th score resolve by id
+        # the ignores: faiss 1.15's stubs lack SearchParametersHNSW and the one-argument IDSelectorBitmap
         params = faiss.SearchParametersHNSW(efSearch=max(self.ef_search, fetch))  # type: ignore[attr-defined]
         if keep is not None:
             selector = faiss.IDSelectorBitmap(keep)  # type: ignore[call-arg, arg-type]  # NOTE: params borrows it
@@ -269,7 +269,7 @@ class HnswIndex:
             return None
         try:
             graph_bytes = path.read_bytes()
-        except OSError:  # NOTE: a missing or unreadable graph is a miss, like a stale one
+        except OSError:  # a missing or unreadable graph is a miss, like a stale one
             return None
         if hashlib.sha256(graph_bytes).hexdigest() != meta.graph_sha256:
             raise Damaged("the graph's sha256 is not the one its sidecar names")
@@ -277,7 +277,7 @@ class HnswIndex:
             # NOTE: not faiss.downcast_index: its wrapper does not own the index, which the
             # owning temporary would free; deserialize_index already returns the concrete class
             graph = faiss.deserialize_index(np.frombuffer(graph_bytes, dtype=np.uint8))
-        except RuntimeError as exc:  # NOTE: bytes that match a crafted sidecar but no faiss format
+        except RuntimeError as exc:  # bytes that match a crafted sidecar but no faiss format
             raise Damaged(f"faiss cannot read the graph: {exc}") from None
         if (not isinstance(graph, faiss.IndexHNSWFlat) or graph.d != meta.dim
                 or graph.metric_type != faiss.METRIC_INNER_PRODUCT or graph.ntotal != len(owners)):
@@ -331,14 +331,14 @@ class _Sidecar:
         """
         try:
             raw = json.loads(path.read_bytes())
-        except OSError:  # NOTE: missing or unreadable: nothing saved, the caller builds
+        except OSError:  # missing or unreadable: nothing saved, the caller builds
             return None
-        except ValueError as exc:  # NOTE: also bytes that are not UTF-8
+        except ValueError as exc:  # also bytes that are not UTF-8
             raise Damaged(f"the sidecar is not JSON: {exc}") from None
         if not isinstance(raw, dict):
             raise Damaged("the sidecar is not a JSON object")
         if raw.pop("format", None) != _FORMAT:
-            return None  # NOTE: written by another version of this class: stale
+            return None  # written by another version of this class: stale
         if set(raw) != set(cls.__dataclass_fields__):
             raise Damaged("the sidecar does not hold a sidecar's fields")
         meta = cls(**raw)

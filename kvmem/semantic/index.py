@@ -55,7 +55,7 @@ def checked_rows(ids: Sequence[str], vectors: np.ndarray, dim: int) -> np.ndarra
 def _best(scores: np.ndarray, ids: Sequence[str], k: int) -> list[tuple[str, float]]:
     """The ``k`` best finite ``scores`` as ``(ids[i], score)``, best first, equal scores by id.
 
-    NOTE: everything tied with the k-th score is a candidate, so which of several
+    Everything tied with the k-th score is a candidate, so which of several
     equal ids makes the cut does not depend on row order.
     """
     if len(scores) > k:

@@ -110,7 +110,7 @@ class SemanticIndex:
         self._indexes: dict[str, AutoIndex] = {}
         self._saved: dict[str, int] = {}  # namespace -> index version last saved (or loaded)
         self._entries: dict[str, _Entry] = {}  # storage key -> its namespace, text and caller's key
-        self._stale: set[str] = set()  # NOTE: discarded keys whose rows are still in the side table
+        self._stale: set[str] = set()  # discarded keys whose rows are still in the side table
         self._rebuild(live)
 
     def _rebuild(self, live: Callable[[Sequence[str]], list[bool]] | None) -> None:
@@ -127,7 +127,7 @@ class SemanticIndex:
         for row in rows:
             vec = np.frombuffer(row["vector"], dtype=np.float32)
             if vec.shape != (self.embedder.dim,):
-                continue  # NOTE: written by a model of the same name and another width: re-embedded on store
+                continue  # written by a model of the same name and another width: re-embedded on store
             ids, vecs = grouped.setdefault(row["namespace"], ([], []))
             ids.append(row["key"])
             vecs.append(vec)
@@ -210,7 +210,7 @@ class SemanticIndex:
             self._purge()
             with self._database.transaction() as conn:
                 conn.execute(self._upsert, row)
-            self._forget(key)  # NOTE: a storage key lives in exactly one namespace
+            self._forget(key)  # a storage key lives in exactly one namespace
             self._partition(namespace).add([key], vec[None, :])
             self._entries[key] = _Entry(namespace, text, user_key)
 
@@ -269,7 +269,7 @@ class SemanticIndex:
             threshold: cosine floor (inclusive); default the embedder's calibrated one.
             verify: apply the strict verifier to each candidate over the threshold.
         """
-        # NOTE: over-fetch, since the verifier may reject some of the nearest
+        # over-fetch, since the verifier may reject some of the nearest
         scored = self.search_vector(self.embedder.embed([query])[0], namespace, candidate_count(k), threshold)
         if verify:
             scored = [c for c in scored if self.verifier.accepts(query, c[2])]

@@ -75,7 +75,7 @@ _UNITS = {
     "kb": "kb", "kilobyte": "kb", "tb": "tb", "terabyte": "tb", "mph": "mph", "kmh": "kmh", "watt": "watt",
     "volt": "volt", "calorie": "calorie", "kcal": "calorie",
 }
-# NOTE: "what year" / "which day" ask "when": the unit there is not a quantity
+# "what year" / "which day" ask "when": the unit there is not a quantity
 _WHEN_WORDS = frozenset({"what", "which"})
 _OPPOSITES = [
     ("open", "close"), ("opened", "closed"), ("on", "off"), ("in", "out"), ("up", "down"), ("before", "after"),
@@ -179,13 +179,13 @@ def _unit(word: str) -> str | None:
 
 def _words(text: str) -> tuple[list[str], list[bool]]:
     """Raw tokens of ``text`` and, per token, whether it starts a sentence."""
-    # NOTE: split contractions ("don't" -> "do n't") before tokenizing, or the negation hides inside a word
+    # split contractions ("don't" -> "do n't") before tokenizing, or the negation hides inside a word
     text = _CONTRACTION.sub(r"\1 n't", text)
     matches = list(_TOKEN.finditer(text))
     raw = [_POSSESSIVE.sub("", m.group()) or m.group() for m in matches]  # "France's" names France
     gaps = [text[:matches[0].start()] if matches else ""] + [
         text[a.end():b.start()] for a, b in itertools.pairwise(matches)]
-    # NOTE: hyphenated numbers are numbers ("five-year-old" -> five year old); other hyphens stay ("wi-fi")
+    # hyphenated numbers are numbers ("five-year-old" -> five year old); other hyphens stay ("wi-fi")
     split_raw: list[str] = []
     split_gaps: list[str] = []
     for word, gap in zip(raw, gaps):
@@ -206,7 +206,7 @@ def _words(text: str) -> tuple[list[str], list[bool]]:
 def analyze(text: str) -> Analysis:
     """Tokenize and normalize ``text`` for :func:`reason` (cached: stored texts are compared often)."""
     raw, initial = _words(text)
-    # NOTE: Title Case Text capitalizes function words too ("How Do I Reset My Password"): capitals name nothing
+    # Title Case Text capitalizes function words too ("How Do I Reset My Password"): capitals name nothing
     title_case = sum(w[0].isupper() and w.lower() in _STOPWORDS and w != "I" and not first
                      for w, first in zip(raw, initial)) >= 2
     protected: set[str] = set()
@@ -241,10 +241,10 @@ def analyze(text: str) -> Analysis:
             if any(c.isdigit() for c in low) or (
                     word[0].isupper() and not initial[i] and not title_case and low not in _STOPWORDS):
                 protected.add(token)
-        stem = _stem(token.replace("-", ""))  # NOTE: "wi-fi" is "wifi"
+        stem = _stem(token.replace("-", ""))  # "wi-fi" is "wifi"
         vocab.update((token, stem, token.replace("-", "")))
         if token in _ARTICLES and token != "the":
-            vocab.add("1")  # NOTE: "a banana" is "one banana"
+            vocab.add("1")  # "a banana" is "one banana"
         stems[stem] += 1
         words[token] += 1
         ordered.append((stem, content))
@@ -340,7 +340,7 @@ def _occurs(token: str, vocabulary: frozenset[str]) -> bool:
         return True
     if len(token) < 6 or not token.isalpha():
         return False
-    # NOTE: 80 % of the shorter word and at least 6 letters: Austria/Australia and Java/JavaScript stay apart
+    # 80 % of the shorter word and at least 6 letters: Austria/Australia and Java/JavaScript stay apart
     return any(len(other) >= 6 and other.isalpha()
                and len(os.path.commonprefix([token, other])) >= 0.8 * min(len(token), len(other))
                for other in vocabulary)
@@ -361,7 +361,7 @@ def _substitution(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, str] | N
     x_word, y_word = " ".join(x), " ".join(y)
     if len(x) == len(y) == 1 and len(os.path.commonprefix([x_word, y_word])) >= max(4, 0.8 * min(len(x_word),
                                                                                              len(y_word))):
-        return None  # NOTE: the same word in another form ("game"/"gameplay")
+        return None  # the same word in another form ("game"/"gameplay")
     return x_word, y_word
 
 

@@ -58,7 +58,7 @@ def register_remote(scheme: str, factory: RemoteFactory) -> None:
 
 def _redis(url: str, config: Config) -> StorageTier:
     try:
-        from kvmem.stores.redis import RedisTier  # NOTE: late import: redis-py is the optional extra kvmem[redis]
+        from kvmem.stores.redis import RedisTier  # late import: redis-py is the optional extra kvmem[redis]
     except ImportError as exc:
         raise ConfigError(f"remote_url={redact(url)!r} needs redis-py: pip install 'kvmem[redis]'") from exc
     return RedisTier.from_url(url, config)

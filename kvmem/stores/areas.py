@@ -42,7 +42,7 @@ STATE_FILE = "areas.json"
 _FIRST_AREA = "blobs"
 _AREA_NAME = re.compile(r"blobs(\.f[0-9]+)?")
 SUFFIX = ".kvb"
-_CHECKSUM = "sha256"  # NOTE: of the other fields, as sorted JSON: a flipped byte is found, not trusted
+_CHECKSUM = "sha256"  # of the other fields, as sorted JSON: a flipped byte is found, not trusted
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ _FIELDS = ("active", "format", "target", "target_format")
 def read_state(root: Path, on_recovered: OnRecovered | None = None) -> AreaState:
     """The areas of the disk tier at ``root``; recorded on first use, rebuilt when damaged.
 
-    NOTE: a root without ``areas.json`` (or whose ``areas.json`` fails its checksum and is
+    A root without ``areas.json`` (or whose ``areas.json`` fails its checksum and is
     set aside, see :mod:`kvmem.recovery`) is described from its directories
     (:func:`state_from_directories`).
 
@@ -111,7 +111,7 @@ def read_state(root: Path, on_recovered: OnRecovered | None = None) -> AreaState
     except Damaged as exc:
         set_aside(path, "areas", str(exc), on_recovered, still_damaged=_damage)
         try:
-            return _load(path)  # NOTE: rebuilt by another process meanwhile
+            return _load(path)  # rebuilt by another process meanwhile
         except (FileNotFoundError, Damaged):
             pass
     state = state_from_directories(root)
@@ -163,7 +163,7 @@ def _damage(path: Path) -> str | None:
 def state_from_directories(root: Path) -> AreaState:
     """The areas ``root``'s directories show: those holding entries, each in the format its blobs are in.
 
-    NOTE: one area: the active one. Two or more: a migration was under way; the one written
+    One area: the active one. Two or more: a migration was under way; the one written
     last is taken as its target (both are read, newest first, so every entry stays served),
     and the one written before it as the active area. None: a fresh ``blobs`` in the newest format.
     """
@@ -199,7 +199,7 @@ def _area_format(area: Path) -> int:
         try:
             with open(blob, "rb") as f:
                 return blobfmt.format_of(np.frombuffer(f.read(blobfmt.HEAD_PROBE), dtype=np.uint8))[0]
-        except (OSError, IntegrityError):  # NOTE: a damaged blob says nothing; the next one may
+        except (OSError, IntegrityError):  # a damaged blob says nothing; the next one may
             continue
     return 1
 

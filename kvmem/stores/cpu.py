@@ -62,7 +62,7 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
     Attributes:
         checks_crc: ``verify``: whether loads from this tier check CRCs.
 
-    NOTE: pages are 4 KiB, smaller for a small tier (at least 1024 pages, 64 B at least),
+    Pages are 4 KiB, smaller for a small tier (at least 1024 pages, 64 B at least),
     so that the unused tail of each entry's last page wastes little. The pool holds 1/16
     more than ``capacity`` (and 16 pages), for views that outlive their entry and for
     the tail of the entry being put; a put that still finds too few pages raises
@@ -104,7 +104,7 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
                 _copy(spans, piece.offset - piece.pad, _ZEROS[:piece.pad])
             _copy(spans, piece.offset, piece.source)
         header, start = blob.header, blob.start
-        if header is None:  # NOTE: a whole blob wrapped from bytes (a promotion): its head is parsed once, here
+        if header is None:  # a whole blob wrapped from bytes (a promotion): its head is parsed once, here
             header, start = blobfmt.parse_head(torch.from_numpy(spans[0][:min(blob.nbytes, blob.start)]))
         else:
             header = {**header, "segments": [list(seg) for seg in header["segments"]]}
@@ -156,7 +156,7 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
 
     @staticmethod
     def _sealed(entry: _Entry) -> torch.Tensor:
-        entry.blob.seal()  # NOTE: once per entry: its CRCs are computed from its pages when first needed
+        entry.blob.seal()  # once per entry: its CRCs are computed from its pages when first needed
         if entry.alloc.contiguous:
             return entry.alloc.view()
         out = blobfmt.empty_buffer(entry.nbytes)
@@ -195,13 +195,13 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
     def usage(self) -> int:
         """Bytes of the pool's pages in use: by entries, by lent pages, and by views still held.
 
-        NOTE: the pool's usage is the tier's usage, so the tiered store makes room for a put
+        The pool's usage is the tier's usage, so the tiered store makes room for a put
         against the pages really free, whoever holds the others.
         """
         return self.pool.used_bytes
 
     def _forget(self, entry: _Entry) -> None:
-        return None  # NOTE: its pages go back to the pool when the last view of them goes (refcount)
+        return None  # its pages go back to the pool when the last view of them goes (refcount)
 
 
 class _PoolReader(BlobReader):
@@ -229,7 +229,7 @@ class _PoolReader(BlobReader):
             if got != crc:
                 raise IntegrityError(f"segment {i} CRC32C mismatch: stored {crc:#010x}, computed {got:#010x}")
         span = self._entry.alloc.span(lo, hi)
-        if span is not None:  # NOTE: the common case: the part lies in one run of pages, one copy
+        if span is not None:  # the common case: the part lies in one run of pages, one copy
             copy_part(torch.from_numpy(span), dst)
             return
         spans = self._entry.alloc.array(lo, hi)
@@ -263,14 +263,14 @@ def _copy(spans: list[np.ndarray], offset: int, src: torch.Tensor | np.ndarray) 
     n = nbytes_of(src)
     if not n:
         return
-    for span in spans:  # NOTE: one span in the common case (an entry in one run of pages)
+    for span in spans:  # one span in the common case (an entry in one run of pages)
         if offset >= span.size:
             offset -= span.size
             continue
         if offset + n <= span.size:
             dst = span[offset:offset + n]
             if isinstance(src, np.ndarray) and src.dtype == np.uint8 and src.ndim == 1:
-                dst[:] = src  # NOTE: the head, padding: one slice assignment
+                dst[:] = src  # the head, padding: one slice assignment
             elif isinstance(src, torch.Tensor) and n >= TORCH_COPY_FROM:
                 torch.from_numpy(dst).view(src.dtype).view(src.shape).copy_(src.detach())
             else:

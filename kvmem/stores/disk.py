@@ -90,7 +90,7 @@ class DiskTier(TierBase, VerifiedReads, OpensBlobs, AdvisesReads, Quarantine, Du
         stamp = self._state_stamp()
         self._use_state(read_state(self.root, on_recovered), stamp)
         self._lock = threading.Lock()
-        # NOTE: key -> size; order is the LRU order (first = least recently used).
+        # key -> size; order is the LRU order (first = least recently used).
         self._index: OrderedDict[str, int] = OrderedDict()
         self._bytes = 0
         self._unsynced: set[Path] = set()
@@ -156,7 +156,7 @@ class DiskTier(TierBase, VerifiedReads, OpensBlobs, AdvisesReads, Quarantine, Du
     def rescan(self) -> None:
         """Re-read the index from the files, to see what other processes sharing ``root`` wrote or removed.
 
-        NOTE: meant for observers (``kvmem serve-metrics``): an entry this process
+        Meant for observers (``kvmem serve-metrics``): an entry this process
         puts while the scan runs may be left out of the index until the next rescan.
         """
         self._rebuild_index(clean_tmp=False)
@@ -232,7 +232,7 @@ class DiskTier(TierBase, VerifiedReads, OpensBlobs, AdvisesReads, Quarantine, Du
     def _open(self, key: str) -> tuple[int, str] | None:
         """An open descriptor of ``key``'s file (newest area first) and its path, or ``None``.
 
-        NOTE: on a miss, ``areas.json`` is checked: a migration may have switched areas
+        On a miss, ``areas.json`` is checked: a migration may have switched areas
         (and removed the old one) since this process last looked.
         """
         for attempt in range(2):
@@ -301,7 +301,7 @@ class DiskTier(TierBase, VerifiedReads, OpensBlobs, AdvisesReads, Quarantine, Du
             return None
         # NOTE: not stamped as used (a metadata write per open, measured in layer-wise loads): a chunk read
         # in parts is warmed into the tiers above by the prefix cache, and those reads stamp it
-        return FileReader(found[0], self.name)  # NOTE: owns the descriptor from here on (closes it on a bad header)
+        return FileReader(found[0], self.name)  # owns the descriptor from here on (closes it on a bad header)
 
     def _move_to_write_area(self, key: str, path: Path) -> Path:
         """Move ``key``'s file at ``path`` into the current write area (in its format); the new path."""
@@ -404,8 +404,8 @@ def _in_format(blob: EncodedBlob, blob_format: int) -> EncodedBlob:
         if blobfmt.format_of(blob.head)[0] == blob_format:
             return blob
     except IntegrityError:
-        return blob  # NOTE: not a blob this tier can read: stored as given, its CRC check fails it on load
-    from kvmem.codecs.pipeline import reframe  # NOTE: late: the codecs know the header layout; rare path
+        return blob  # not a blob this tier can read: stored as given, its CRC check fails it on load
+    from kvmem.codecs.pipeline import reframe  # late: the codecs know the header layout; rare path
 
     buf = blob.to_tensor()
     return reframe(buf, blob_format, blobfmt.verify(buf))

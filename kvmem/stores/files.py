@@ -27,8 +27,8 @@ IOV_MAX = 512
 _READ_STEP = 1 << 20  # verified reads go in 1 MiB steps, each checked while it is still in cache
 
 
-_tmp_ids = itertools.count()  # NOTE: per process: a temporary file is named <key>.<pid>.<n>.tmp
-_IO_THREADS = 4  # NOTE: enough queue depth for a virtual disk's cold reads; file copies release the GIL
+_tmp_ids = itertools.count()  # per process: a temporary file is named <key>.<pid>.<n>.tmp
+_IO_THREADS = 4  # enough queue depth for a virtual disk's cold reads; file copies release the GIL
 _io_pool: ThreadPoolExecutor | None = None
 _io_lock = threading.Lock()
 
@@ -144,7 +144,7 @@ def write_blob(fd: int, blob: blobfmt.EncodedBlob) -> None:
         pwrite_all(fd, list(blob.parts), 0)
         return
     assert blob.header is not None
-    pwrite_all(fd, [blob.head], 0)  # NOTE: in file order (the CRCs are rewritten below): its blocks lie in order
+    pwrite_all(fd, [blob.head], 0)  # in file order (the CRCs are rewritten below): its blocks lie in order
     offset = blob.start
     crcs = []
     for i in range(len(blob.header["segments"])):
@@ -162,7 +162,7 @@ def pwrite_all(fd: int, parts: list[np.ndarray], offset: int) -> int:
     """Write every byte of ``parts`` at ``offset`` with ``pwritev``, resuming after short writes; bytes written."""
     views = [p.data.cast("B") for p in parts if p.size]
     total = sum(len(v) for v in views)
-    while views:  # NOTE: at most IOV_MAX buffers per call
+    while views:  # at most IOV_MAX buffers per call
         n = os.pwritev(fd, views[:IOV_MAX], offset)
         offset += n
         advance(views, n)

@@ -30,7 +30,7 @@ class LruTier(TierBase, Generic[E]):
     """What the in-memory tiers share: entries by key in LRU order, and the blob bytes they hold."""
 
     def __init__(self) -> None:
-        # NOTE: OrderedDict order is the LRU order: first = least recently used.
+        # OrderedDict order is the LRU order: first = least recently used.
         self._entries: OrderedDict[str, E] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -79,7 +79,7 @@ class GpuTier(LruTier["_Entry"], Trusted, OpensBlobs):
             pages' worth) so that rounding up to whole pages wastes little.
         transfer_bytes: bytes per staged host-to-device copy (the seed's 1 MB).
 
-    NOTE: the pool holds 1/8 more pages than ``capacity`` needs, for the unused tail of
+    The pool holds 1/8 more pages than ``capacity`` needs, for the unused tail of
     each entry's last page; a put that still finds too few pages (a great many tiny
     entries) raises :class:`~kvmem.errors.CapacityError`, which the tiered store treats
     as this value refused (it goes to the tiers below).
@@ -160,7 +160,7 @@ class GpuTier(LruTier["_Entry"], Trusted, OpensBlobs):
         """Copy ``fill`` staged bytes into the pages after the first ``done``; pages written so far."""
         n = -(-fill // self.page_bytes)
         if self._staging is not self._host_staging:
-            self._staging.copy_(self._host_staging)  # NOTE: one >= transfer_bytes DMA; blocking: the host refills
+            self._staging.copy_(self._host_staging)  # one >= transfer_bytes DMA; blocking: the host refills
         self._buffer.write(blocks[done:done + n], self._staging[:, :n * self.page_bytes])
         return done + n
 

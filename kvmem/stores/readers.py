@@ -39,7 +39,7 @@ __all__ = ["BlobReader", "FileReader", "Guard", "GuardedReader", "RangeReader", 
 
 Header = dict[str, Any]
 T = TypeVar("T")
-_STEP = 1 << 20  # NOTE: read 1 MiB, then CRC it while it is still in cache
+_STEP = 1 << 20  # read 1 MiB, then CRC it while it is still in cache
 
 
 class BlobReader:
@@ -59,7 +59,7 @@ class BlobReader:
     """
 
     checks_crc = False
-    lends_views = False  # NOTE: True where read() lends views of a tier's memory (no copy), not new bytes
+    lends_views = False  # True where read() lends views of a tier's memory (no copy), not new bytes
 
     def __init__(self, head: tuple[Header, int], tier: str, ends: list[int] | None = None) -> None:
         self.header, self.start = head
@@ -205,7 +205,7 @@ class GuardedReader(BlobReader):
         return self._guard(lambda: self._inner.read(lo, hi))
 
     def advise(self, lo: int, hi: int) -> None:
-        self._inner.advise(lo, hi)  # NOTE: a hint, which never fails (a failing read that follows is handled)
+        self._inner.advise(lo, hi)  # a hint, which never fails (a failing read that follows is handled)
 
     def close(self) -> None:
         self._inner.close()
@@ -226,7 +226,7 @@ class FileReader(BlobReader):
     checks_crc = True
 
     def __init__(self, fd: int, tier: str) -> None:
-        self._fd = fd  # NOTE: owned from here on: closed by close(), also when this constructor fails
+        self._fd = fd  # owned from here on: closed by close(), also when this constructor fails
         try:
             head = _pread(fd, 0, blobfmt.HEAD_PROBE)
             extent = blobfmt.header_extent(head)
@@ -268,7 +268,7 @@ class FileReader(BlobReader):
     def advise(self, lo: int, hi: int) -> None:
         """Start reading payload bytes ``[lo, hi)`` into the page cache (``POSIX_FADV_WILLNEED``).
 
-        NOTE: the kernel submits the whole range at once; a cold ``pread`` instead ramps
+        The kernel submits the whole range at once; a cold ``pread`` instead ramps
         its readahead up from a few pages.
         """
         if hasattr(os, "posix_fadvise"):

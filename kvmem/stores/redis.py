@@ -1,20 +1,14 @@
 """The remote tier on Redis: blobs as plain values under ``<prefix><storage key>``.
 
-Configured by URL (``remote_url``)::
+Built from ``remote_url``; the URL's form, its query options and the credential and
+TLS rules are stated once, in the README ("Several nodes": *The Redis URL* and
+*Securing the shared Redis*). Values are the blob bytes exactly as the other tiers
+hold them, so every load is CRC-checked here like on disk; nothing is ever
+unpickled. Keys are the prefix and the storage key (64 hex digits): a tenant salt
+already makes two tenants' storage keys disjoint, a prefix keeps two deployments
+apart on one server.
 
-    redis://[[user]:password@]host[:port][/db][?prefix=kvmem:&ttl=3600&max_value=512MiB&capacity=64GiB]
-    rediss://...                      the same over TLS (redis-py's ``ssl_*`` query options apply)
-    redis+cluster://[[user]:password@]host:port[,host:port...][/][?...]   a Redis Cluster (the same options)
-    rediss+cluster://...              a Redis Cluster over TLS
-
-kvmem's own query options are taken off the URL; the rest (``socket_timeout``,
-``ssl_cert_reqs``...) are redis-py's. Values are the blob bytes exactly as the
-other tiers hold them, so every load is CRC-checked here like on disk; nothing
-is ever unpickled. Keys are the prefix and the storage key (64 hex digits): a
-tenant salt already makes two tenants' storage keys disjoint, a prefix keeps two
-deployments apart on one server.
-
-NOTE: Redis evicts by itself (``maxmemory-policy``, and ``ttl`` when set), so the
+Redis evicts by itself (``maxmemory-policy``, and ``ttl`` when set), so the
 tier is :class:`~kvmem.stores.base.SelfEvicting`: :class:`~kvmem.stores.tiered.TieredStore`
 never sheds it by scanning keys, whose order Redis does not keep. ``usage()`` is the
 server's ``used_memory``; ``capacity`` its ``maxmemory`` (or ``?capacity=``).
@@ -32,24 +26,13 @@ their commands by node, one round trip per node, never a cross-slot ``MGET``.
 ``usage()``, ``capacity`` and ``keys()`` cover every master. A cluster that
 cannot be reached at start is connected to on first use.
 
-Credentials: the user name comes from the URL (``redis://kvmem@host``; none:
-Redis's ``default`` user), the password from the URL or from
-``config.remote_password`` (kept out of the URL and of ``kvmem config``); a
-password in the URL wins. A password with ``@ : / ? #`` must be percent-encoded
-in the URL (``remote_password`` needs no quoting). No message or log line ever
-shows a password: URLs are shown through :func:`kvmem.redaction.redact`. TLS (``rediss://``)
-takes redis-py's ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``,
-``ssl_cert_reqs``... query options as they are.
-
-NOTE: at start, a server that refuses the credentials, or a TLS handshake that
-fails (unknown CA, missing client certificate, a plain port behind
-``rediss://``), is a :class:`~kvmem.errors.ConfigError` naming the server: it
-will not heal by retrying. A server that cannot be reached is only logged (the
-tier is skipped until it answers). After start, every redis-py failure
-(connection refused, timeout, server loading, OOM refusal, credentials revoked
-mid-run...) surfaces as :class:`~kvmem.errors.TierUnavailable`, which the
-tiered store counts and answers by skipping the tier for ``tier_retry_seconds``;
-redis-py reconnects on the next call after that.
+Failures (what an operator sees: the README's *Securing the shared Redis*): at
+start, refused credentials or a failed TLS handshake are a
+:class:`~kvmem.errors.ConfigError` (retrying will not heal them) and an unreachable
+server is only logged; after start, every redis-py failure surfaces as
+:class:`~kvmem.errors.TierUnavailable`, which the tiered store counts and answers by
+skipping the tier for ``tier_retry_seconds``. URLs reach messages only through
+:func:`kvmem.redaction.redact`.
 """
 
 from __future__ import annotations
@@ -127,7 +110,7 @@ def _cluster_connect(url: str, theirs: list[tuple[str, str]], password: str | No
     if parts.path.strip("/") not in ("", "0"):
         raise ValueError(f"database {parts.path.strip('/')!r}: a Redis Cluster has only database 0")
     tls = parts.scheme == "rediss+cluster"
-    # NOTE: redis-py's own URL parser converts its query options (timeouts, ssl_*) and unquotes the credentials.
+    # redis-py's own URL parser converts its query options (timeouts, ssl_*) and unquotes the credentials.
     single = urlunsplit(("rediss" if tls else "redis", (userinfo + "@" if userinfo else "") + "localhost", "",
                          urlencode(theirs), ""))
     kwargs = parse_url(single)
@@ -146,7 +129,7 @@ def _misconfiguration(exc: BaseException) -> str | None:
         return (f"the server refused the credentials ({exc}); give the user in the URL "
                 "(redis://USER@host) and the password there or in remote_password")
     seen: BaseException | None = exc
-    while seen is not None:  # NOTE: redis-py raises its ConnectionError inside the handler of the ssl error
+    while seen is not None:  # redis-py raises its ConnectionError inside the handler of the ssl error
         if isinstance(seen, ssl.SSLError) or (isinstance(seen, TimeoutError) and "handshake" in str(seen)):
             return (f"the TLS handshake failed ({type(seen).__name__}: {seen}); check that the port serves TLS "
                     "and the ssl_ca_certs, ssl_certfile, ssl_keyfile options")
@@ -195,7 +178,7 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
         self.ttl = ttl
         self.max_value = max_value
         self.url = redact(url)
-        # NOTE: a cluster client drops redis-py's command_packer option: its puts join the blob's parts once
+        # a cluster client drops redis-py's command_packer option: its puts join the blob's parts once
         self._gather = isinstance(client, redis.Redis) and isinstance(
             client.connection_pool.connection_kwargs.get("command_packer"), GatherPacker)
         self._pattern = self._glob("") + ("{" + "?" * 64 + "}" if self.cluster else "?" * 64)
@@ -206,8 +189,8 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
     def from_url(cls, url: str, config: Config | None = None) -> RedisTier:
         """A tier for ``url`` (``redis://``, ``rediss://``, ``redis+cluster://``, ``rediss+cluster://``).
 
-        kvmem's options are taken from the URL's query, redis-py's left. The password is the URL's, else
-        ``config.remote_password``.
+        kvmem's options are taken from the URL's query, redis-py's left; the password is the URL's, else
+        ``config.remote_password`` (the rules: README, *The Redis URL* and *Securing the shared Redis*).
 
         Raises:
             ConfigError: a bad option, credentials the server refuses, or a failed TLS handshake.
@@ -228,12 +211,12 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
         except ValueError as exc:
             raise ConfigError(f"remote_url={redact(url)!r}: {exc}; accepted {_ACCEPTED}") from exc
         try:
-            # NOTE: one quick retry covers a pooled connection the server closed (restart, idle timeout);
+            # one quick retry covers a pooled connection the server closed (restart, idle timeout);
             # more would multiply what a dead server costs each call.
             if parts.scheme in _CLUSTER_SCHEMES:
                 client, connect = None, _cluster_connect(url, theirs, password)
             else:
-                # NOTE: redis-py lets a password in the URL override this one: ours goes only where it has none
+                # redis-py lets a password in the URL override this one: ours goes only where it has none
                 extra = {"password": password} if password else {}
                 client_url = urlunsplit(parts._replace(query=urlencode(theirs)))
                 client = redis.Redis.from_url(client_url, retry=Retry(NoBackoff(), 1), command_packer=GatherPacker(),
@@ -282,7 +265,7 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
         """
         try:
             infos = self._memory_infos()
-        except NoPermissionError as exc:  # NOTE: an ACL user without INFO: kvmem works, blind to memory
+        except NoPermissionError as exc:  # an ACL user without INFO: kvmem works, blind to memory
             log.warning("kvmem: redis tier at %s may not run INFO (%s); capacity unbounded, usage unknown",
                         self.url, exc)
             return _UNBOUNDED
@@ -296,14 +279,14 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
             return _UNBOUNDED
         self._usage = (sum(int(i.get("used_memory", 0)) for i in infos), time.monotonic())
         limits = [int(i.get("maxmemory", 0)) for i in infos]
-        return sum(limits) if limits and all(limits) else _UNBOUNDED  # NOTE: one master without a limit: unbounded
+        return sum(limits) if limits and all(limits) else _UNBOUNDED  # one master without a limit: unbounded
 
     def _memory_infos(self) -> list[dict]:
         """``INFO memory`` of the server, or of every master of a cluster."""
         if not self.cluster:
             return [self.client.info("memory")]
         found = self.client.info("memory", target_nodes=RedisCluster.PRIMARIES)
-        return [found] if "used_memory" in found else list(found.values())  # NOTE: one master: not keyed by node
+        return [found] if "used_memory" in found else list(found.values())  # one master: not keyed by node
 
     def _tagged(self, key: str) -> str:
         """``key`` as it appears inside Redis keys: in cluster mode, a hash tag (its slot decides the node)."""
@@ -360,7 +343,7 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
                 for k in keys:
                     pipe.getex(self._key(k), ex=self.ttl)
                 found = pipe.execute()
-        # NOTE: redis-py types a reply as bytes | str; this client never decodes replies (bytes only)
+        # redis-py types a reply as bytes | str; this client never decodes replies (bytes only)
         return [None if d is None else torch.from_numpy(np.frombuffer(d, dtype=np.uint8).copy())  # type: ignore[arg-type]
                 for d in found]
 
@@ -399,10 +382,10 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
         data: Gathered | memoryview
         if self._gather:
             data = Gathered(blob.parts, blob.nbytes)
-        else:  # NOTE: a single part goes out as a memoryview without a copy; several are joined once
+        else:  # a single part goes out as a memoryview without a copy; several are joined once
             data = blob.parts[0].data if len(blob.parts) == 1 else blob.to_tensor().numpy().data
         with self._errors():
-            self.client.set(self._key(key), data, ex=self.ttl)  # type: ignore[arg-type]  # NOTE: GatherPacker frames it
+            self.client.set(self._key(key), data, ex=self.ttl)  # type: ignore[arg-type]  # GatherPacker frames it
 
     def contains(self, key: str) -> bool:
         with self._errors():
@@ -430,7 +413,7 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
             # both keys share the hash tag, hence the slot.
             try:
                 renamed = self.client.eval(_QUARANTINE_SCRIPT, 2, self._key(key), aside, _QUARANTINE_TTL)
-            except ClusterError:  # NOTE: a migrating slot answers TRYAGAIN to keys not all on one node (``aside``
+            except ClusterError:  # a migrating slot answers TRYAGAIN to keys not all on one node (``aside``
                 # never is; redis-py retries, then raises this): DEL, one key, follows ASK; nothing is kept aside
                 if self.client.delete(self._key(key)):
                     log.warning("kvmem: deleted corrupt entry %s (its slot is migrating: not kept aside)", key)
@@ -476,7 +459,7 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
         try:
             used = sum(int(i.get("used_memory", 0)) for i in self._memory_infos())
         except (*_FAILURES, TierUnavailable):
-            return used  # NOTE: a gauge, not a decision: a stale reading beats failing stats()
+            return used  # a gauge, not a decision: a stale reading beats failing stats()
         self._usage = (used, time.monotonic())
         return used
 

@@ -9,7 +9,7 @@ from redis.connection import Encoder, PythonRespSerializer
 
 __all__ = ["GATHER_FROM", "Gathered", "GatherPacker"]
 
-GATHER_FROM = 64 * 1024  # NOTE: blob parts this large are sent from where they lie; smaller ones are copied into
+GATHER_FROM = 64 * 1024  # blob parts this large are sent from where they lie; smaller ones are copied into
 # the command's framing (a copy of a few KiB costs less than a send of its own)
 
 

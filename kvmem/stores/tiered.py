@@ -116,7 +116,7 @@ class TieredStore:
             self._writer.start()
         for t in self.tiers:
             metrics.capacity.labels(tier=t.name).set(t.capacity)
-            # NOTE: read when scraped: usage changes on puts, evictions and (CPU pool) when a
+            # read when scraped: usage changes on puts, evictions and (CPU pool) when a
             # loaded view is garbage-collected, which no hook sees; every tier's usage() is cheap
             metrics.memory_usage.labels(tier=t.name).set_function(t.usage)
 
@@ -311,7 +311,7 @@ class TieredStore:
     def _read_owned(self, tier: StorageTier, key: str) -> blobfmt.Verified | None:
         """``key``'s blob in ``tier``, CRC-checked where ``tier`` needs it, with its header if the tier had it.
 
-        NOTE: the check runs in the same pass as the read where the tier can (``read_verified``); a
+        The check runs in the same pass as the read where the tier can (``read_verified``); a
         memory tier lends a view of its pages (``SharesBuffers``), which a load copies out of.
 
         Raises:
@@ -444,7 +444,7 @@ class TieredStore:
             self._make_room(tier, sum(blob.nbytes for _key, blob in batch))
             try:
                 done = self._ran(tier, batch_writes.put_many, batch)
-            except CapacityError:  # NOTE: one of them is too large for this tier: one at a time, below
+            except CapacityError:  # one of them is too large for this tier: one at a time, below
                 pass
             else:
                 if done:
@@ -462,7 +462,7 @@ class TieredStore:
                     done = self._ran(tier, tier.put, key, blob)
                     break
                 except CapacityError as exc:
-                    # NOTE: a per-value limit (Redis's 512 MiB), or a memory tier whose pages views took
+                    # a per-value limit (Redis's 512 MiB), or a memory tier whose pages views took
                     # meanwhile: room is made once more; then this value only is refused here
                     if attempt:
                         log.warning("kvmem: tier %s refused key %s: %s", tier.name, key, exc)
@@ -494,7 +494,7 @@ class TieredStore:
     def _offload(self, tier: StorageTier) -> None:
         """After a put: keep ``tier`` at or below ``offload_threshold`` of its capacity.
 
-        NOTE: the last tier has nowhere to offload to; it only evicts at capacity (``_make_room``).
+        The last tier has nowhere to offload to; it only evicts at capacity (``_make_room``).
         """
         if tier is not self.tiers[-1] and tier.usage() > tier.capacity * self.offload_threshold:
             with self._room_lock:
@@ -535,7 +535,7 @@ class TieredStore:
             try:
                 if self._ran(target, target.put, key, encoded):
                     break
-            except CapacityError:  # NOTE: no room below after all (its pages are held): try the next tier down
+            except CapacityError:  # no room below after all (its pages are held): try the next tier down
                 continue
         else:
             return False
@@ -569,7 +569,7 @@ class TieredStore:
                 self._writing = key
             try:
                 for tier in targets:
-                    self._put_one(tier, key, encoded)  # NOTE: a refusal (too large) is logged there, never raised
+                    self._put_one(tier, key, encoded)  # a refusal (too large) is logged there, never raised
             finally:
                 with self._pending_cv:
                     self._writing = None

@@ -51,7 +51,7 @@ def _apply(value: Any, op: str, operand: Any) -> bool:
     try:
         return bool(compare(float(value), float(operand)))
     except (TypeError, ValueError):
-        # NOTE: InMemoryStore raises here; a missing or non-numeric field just fails the filter
+        # InMemoryStore raises here; a missing or non-numeric field just fails the filter
         return isinstance(value, str) and isinstance(operand, str) and bool(compare(value, operand))
 
 

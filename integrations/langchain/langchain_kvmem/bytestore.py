@@ -20,7 +20,7 @@ import kvmem
 
 __all__ = ["KVMemByteStore"]
 
-_KEY = "langchain_key"  # NOTE: metadata field holding the full str key of an entry
+_KEY = "langchain_key"  # metadata field holding the full str key of an entry
 
 
 class KVMemByteStore(ByteStore):

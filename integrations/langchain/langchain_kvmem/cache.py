@@ -36,7 +36,7 @@ __all__ = ["KVMemCache"]
 
 log = logging.getLogger(__name__)
 
-# NOTE: metadata fields of the entries in the cache's own namespace; clear() reads them back
+# metadata fields of the entries in the cache's own namespace; clear() reads them back
 _KEY = "langchain_key"  # the entry's full key
 _SEMANTIC_NAMESPACE = "semantic_namespace"  # registry entry: where a SemanticCache entry lives ...
 _SEMANTIC_TEXT = "semantic_text"  # ... and its key (the embedded text)
@@ -86,7 +86,7 @@ class KVMemCache(BaseCache):
             return
         prompt_or_chat, partition = target
         semantic.put(prompt_or_chat, raw, partition)
-        # NOTE: SemanticCache namespaces are hashes: record where the entry went, for clear()
+        # SemanticCache namespaces are hashes: record where the entry went, for clear()
         namespace, text = semantic.split(prompt_or_chat, partition)
         key = kvmem.content_hash(json.dumps([namespace, text]), "registry")
         self.memory.store(key, None, namespace=self.namespace,
@@ -110,7 +110,7 @@ class KVMemCache(BaseCache):
         if self.semantic is None:
             return None
         messages = _serialized_messages(prompt)
-        if messages is None:  # NOTE: a completion model's plain prompt: all of it is embedded
+        if messages is None:  # a completion model's plain prompt: all of it is embedded
             return prompt, {"llm_string": llm_string}
         last = max((i for i, m in enumerate(messages) if m["kwargs"].get("type") == "human"), default=None)
         if last is None or not isinstance(messages[last]["kwargs"].get("content"), str):
@@ -119,14 +119,14 @@ class KVMemCache(BaseCache):
                 # NOTE: roles are class names, never "user": SemanticCache embeds only the last "user" message
                 else {"role": m["id"][-1], "content": _canonical(m)}
                 for i, m in enumerate(messages)]
-        # NOTE: the last human message's other fields (name, additional_kwargs, ...) are exact as well
+        # the last human message's other fields (name, additional_kwargs, ...) are exact as well
         fields = {k: v for k, v in messages[last]["kwargs"].items() if k != "content"}
         return chat, {"llm_string": llm_string, "message": {"class": messages[last]["id"], "fields": fields}}
 
 
 def _exact_key(prompt: str, llm_string: str) -> str:
     """The kvmem key of an exact entry: a hash of both strings, neither readable in the catalog."""
-    return kvmem.content_hash(json.dumps([llm_string, prompt]), "exact")  # NOTE: ASCII JSON: any str hashes
+    return kvmem.content_hash(json.dumps([llm_string, prompt]), "exact")  # ASCII JSON: any str hashes
 
 
 def _canonical(message: dict[str, Any]) -> str:
@@ -161,7 +161,7 @@ def _decode(raw: object) -> list[Generation] | None:
     try:
         value = loads(raw, allowed_objects="core")
     except (ValueError, TypeError, KeyError, NotImplementedError) as exc:
-        # NOTE: an entry this version cannot revive (e.g. written by a newer langchain) is a miss, not an error
+        # an entry this version cannot revive (e.g. written by a newer langchain) is a miss, not an error
         log.warning("langchain_kvmem: cached generations could not be loaded (%s); treated as a miss", exc)
         return None
     if not isinstance(value, Sequence) or not all(isinstance(g, Generation) for g in value):

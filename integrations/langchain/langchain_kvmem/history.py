@@ -24,7 +24,7 @@ from langchain_core.messages import BaseMessage
 import kvmem
 from kvmem.agent import AgentSession
 
-with warnings.catch_warnings():  # NOTE: the deprecation is this shim's reason to exist; it is in the docstring
+with warnings.catch_warnings():  # the deprecation is this shim's reason to exist; it is in the docstring
     warnings.simplefilter("ignore", LangChainDeprecationWarning)
     from langchain_core.chat_history import BaseChatMessageHistory
 

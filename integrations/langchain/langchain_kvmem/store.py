@@ -96,7 +96,7 @@ class _Batch:
     gets: list[tuple[int, GetOp]] = field(default_factory=list)
     searches: list[tuple[int, SearchOp]] = field(default_factory=list)
     lists: list[tuple[int, ListNamespacesOp]] = field(default_factory=list)
-    puts: dict[_ItemKey, PutOp] = field(default_factory=dict)  # NOTE: the last put of a key wins
+    puts: dict[_ItemKey, PutOp] = field(default_factory=dict)  # the last put of a key wins
     texts: dict[str, list[tuple[_ItemKey, str]]] = field(default_factory=dict)  # text -> [(item, field)]
     queries: list[str] = field(default_factory=list)
 
@@ -152,7 +152,7 @@ class KVMemStore(BaseStore):
         self.dims = 0
         self._fields: list[tuple[str, str | list[str]]] = []
         if self.index_config is not None:
-            if self.index_config.get("embed") is None:  # NOTE: loads the memory's embedder now
+            if self.index_config.get("embed") is None:  # loads the memory's embedder now
                 self.index_config["embed"] = KVMemEmbeddings(self.memory.semantic_index().embedder)
                 self.index_config.setdefault("dims", self.index_config["embed"].embedder.dim)
             if not self.index_config.get("dims"):
@@ -204,7 +204,7 @@ class KVMemStore(BaseStore):
             while not self._stop.wait(float(minutes) * 60):
                 try:
                     swept = self.sweep_ttl()
-                except OperationalError as exc:  # NOTE: the database is away for now; the next round retries
+                except OperationalError as exc:  # the database is away for now; the next round retries
                     log.warning("kvmem store: TTL sweep failed (%s)", exc)
                     continue
                 if swept:
@@ -336,7 +336,7 @@ class KVMemStore(BaseStore):
                 continue
             found.append((row, blobs))
             if stop is not None and len(found) >= stop:
-                break  # NOTE: unranked: the first offset+limit matches are all a page can use
+                break  # unranked: the first offset+limit matches are all a page can use
         if plain:
             page = [(row, None) for row, _ in found]
         else:
@@ -347,19 +347,19 @@ class KVMemStore(BaseStore):
 
     def _write(self, conn: Connection, puts: dict[_ItemKey, PutOp],
                owned: dict[_ItemKey, list[tuple[str, np.ndarray]]], now: float) -> None:
-        _sweep(conn, now)  # NOTE: also makes a put over an expired item a new item (new id, created_at)
+        _sweep(conn, now)  # also makes a put over an expired item a new item (new id, created_at)
         for (namespace, key), op in puts.items():
             where = (items.c.namespace == _ns_text(namespace), items.c.key == key)
             if op.value is None:
                 conn.execute(delete(vectors).where(vectors.c.item_id.in_(select(items.c.id).where(*where))))
                 conn.execute(delete(items).where(*where))
                 continue
-            # NOTE: created_at is kept by an update (documented as "first created"; InMemoryStore resets it)
+            # created_at is kept by an update (documented as "first created"; InMemoryStore resets it)
             item_id = conn.execute(self._upsert, {
                 "namespace": _ns_text(namespace), "key": key, "value": dict(op.value), "created_at": now,
                 "updated_at": now, "expires_at": None if op.ttl is None else now + op.ttl * 60,
                 "ttl_minutes": op.ttl}).scalar_one()
-            # NOTE: the vectors describe the value: a put replaces them (index=False: none remain)
+            # the vectors describe the value: a put replaces them (index=False: none remain)
             conn.execute(delete(vectors).where(vectors.c.item_id == item_id))
             rows = [{"item_id": item_id, "field": name, "vector": vec.astype(np.float32).tobytes()}
                     for name, vec in owned.get((namespace, key), [])]
@@ -403,7 +403,7 @@ def _ranked(found: list[tuple[Row[Any], list[bytes]]], query: np.ndarray) -> lis
     if owners:
         matrix = np.frombuffer(b"".join(b for _, blobs in found for b in blobs), dtype=np.float32)
         np.maximum.at(best, np.asarray(owners), matrix.reshape(len(owners), -1) @ query)
-    scored = sorted(dict.fromkeys(owners), key=lambda i: -float(best[i]))  # NOTE: stable: ties in store order
+    scored = sorted(dict.fromkeys(owners), key=lambda i: -float(best[i]))  # stable: ties in store order
     rest = [i for i, (_, blobs) in enumerate(found) if not blobs]
     return [(found[i][0], float(best[i])) for i in scored] + [(found[i][0], None) for i in rest]
 
@@ -411,7 +411,7 @@ def _ranked(found: list[tuple[Row[Any], list[bytes]]], query: np.ndarray) -> lis
 def _list_namespaces(conn: Connection, op: ListNamespacesOp, now: float) -> list[tuple[str, ...]]:
     stmt = select(items.c.namespace).distinct().where(_live(now))
     for condition in op.match_conditions or ():
-        if condition.match_type == "prefix":  # NOTE: labels before the first wildcard narrow the query
+        if condition.match_type == "prefix":  # labels before the first wildcard narrow the query
             head = tuple(condition.path[:next((i for i, p in enumerate(condition.path) if p == "*"),
                                               len(condition.path))])
             stmt = stmt.where(_under(head))

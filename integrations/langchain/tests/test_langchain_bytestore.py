@@ -55,7 +55,7 @@ def test_bytes_like_values_are_accepted_and_others_rejected_before_any_write(mem
 
 def test_long_and_odd_keys_are_listed_whole(memory: kvmem.Memory) -> None:
     store = KVMemByteStore(memory)
-    long_a, long_b = "doc/" + "a" * 1000, "doc/" + "a" * 999 + "b"  # NOTE: equal in the catalog's 256-char preview
+    long_a, long_b = "doc/" + "a" * 1000, "doc/" + "a" * 999 + "b"  # equal in the catalog's 256-char preview
     odd = "emb/\u00e9\u4e2d\U0001f600 \n\t\\\"'"
     store.mset([(long_a, b"A"), (long_b, b"B"), (odd, b"O"), ("other", b"X")])
     assert store.mget([long_a, long_b, odd]) == [b"A", b"B", b"O"]
@@ -123,7 +123,7 @@ def test_a_damaged_value_is_a_miss_never_wrong_bytes(tmp_path: Path) -> None:
     with kvmem.Memory(str(path), fsync="never") as mem:
         KVMemByteStore(mem).mset([("k", b"payload" * 100)])
         skey = mem.storage_key("k", namespace="langchain/bytes")
-    # NOTE: the disk tier's file layout, as in tests/test_corruption.py
+    # the disk tier's file layout, as in tests/test_corruption.py
     blob = path / "disk" / "blobs" / skey[:2] / f"{skey}.kvb"
     data = bytearray(blob.read_bytes())
     data[-20] ^= 0xFF

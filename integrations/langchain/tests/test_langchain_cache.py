@@ -52,7 +52,7 @@ def test_global_cache_serves_a_repeated_completion_and_misses_other_params(memor
     set_llm_cache(KVMemCache(memory))
     llm = FakeListLLM(responses=["first", "second", "third", "fourth"])
     assert llm.invoke("What is 2 + 2?") == "first"
-    assert llm.invoke("What is 2 + 2?") == "first" and llm.i == 1  # NOTE: the fake was not called again
+    assert llm.invoke("What is 2 + 2?") == "first" and llm.i == 1  # the fake was not called again
     assert llm.invoke("What is 2 + 2?", stop=["\n"]) == "second"  # another llm_string
     assert llm.invoke("What is 2 + 3?") == "third"
     assert llm.i == 3
@@ -66,7 +66,7 @@ def test_model_cache_serves_repeated_chat_and_keeps_message_objects(memory: kvme
     again = model.invoke([SYSTEM, HumanMessage("Capital of France?")])
     assert isinstance(again, AIMessage) and again.content == first.content == "Paris"
     assert again.response_metadata.get("n") == 1
-    assert next(model.messages).content == "x"  # NOTE: the iterator was advanced once only
+    assert next(model.messages).content == "x"  # the iterator was advanced once only
 
 
 def test_exact_cache_never_matches_paraphrases_or_other_history(memory: kvmem.Memory) -> None:

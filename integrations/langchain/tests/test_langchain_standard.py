@@ -19,7 +19,7 @@ import kvmem
 from langchain_kvmem.bytestore import KVMemByteStore
 from langchain_kvmem.cache import KVMemCache
 
-# NOTE: pytest-asyncio runs in strict mode here, so the async suites are marked as a whole; the mark also
+# pytest-asyncio runs in strict mode here, so the async suites are marked as a whole; the mark also
 # lands on their one sync test (test_no_overrides_DO_NOT_OVERRIDE), which pytest-asyncio warns about.
 ASYNC_SUITE = [pytest.mark.asyncio,
                pytest.mark.filterwarnings("ignore:The test <Function test_no_overrides_DO_NOT_OVERRIDE>")]

@@ -79,7 +79,7 @@ def test_put_get_update_delete(store: KVMemStore) -> None:
     store.put(("users", "1"), "prefs", {"theme": "light"})
     again = store.get(("users", "1"), "prefs")
     assert again is not None and again.value == {"theme": "light"}
-    assert again.created_at == item.created_at and again.updated_at > item.updated_at  # NOTE: created is kept
+    assert again.created_at == item.created_at and again.updated_at > item.updated_at  # created is kept
     store.delete(("users", "1"), "prefs")
     assert store.get(("users", "1"), "prefs") is None
     store.delete(("users", "1"), "prefs")  # deleting nothing is fine
@@ -105,8 +105,8 @@ def test_namespace_isolation_and_label_rules(store: KVMemStore) -> None:
     assert store.get(("users", "1"), "k").value == {"ns": ["users", "1"]}
     assert store.get(("users", "10"), "k").value == {"ns": ["users", "10"]}
     assert [r.namespace for r in store.search(("users", "1"))] == [("users", "1"), ("users", "1", "notes")]
-    assert [r.namespace for r in store.search(("Users",))] == [("Users", "1")]  # NOTE: case matters
-    assert [r.namespace for r in store.search(("a_",))] == [("a_",)]  # NOTE: "_" and "%" are no wildcards
+    assert [r.namespace for r in store.search(("Users",))] == [("Users", "1")]  # case matters
+    assert [r.namespace for r in store.search(("a_",))] == [("a_",)]  # "_" and "%" are no wildcards
     assert [r.namespace for r in store.search(("a%",))] == [("a%",)]
     assert len(store.search((), limit=100)) == 7
     store.delete(("users", "1"), "k")
@@ -115,7 +115,7 @@ def test_namespace_isolation_and_label_rules(store: KVMemStore) -> None:
         with pytest.raises(InvalidNamespaceError):
             store.put(bad, "k", {"v": 1})
     with pytest.raises(InvalidNamespaceError):
-        store.batch([PutOp(("a.b",), "k", {"v": 1})])  # NOTE: also past the public API: "." joins labels
+        store.batch([PutOp(("a.b",), "k", {"v": 1})])  # also past the public API: "." joins labels
     with pytest.raises(InvalidNamespaceError):
         store.batch([GetOp(("a", "b\x00"), "k")])
     store.batch([PutOp(("langgraph", "x"), "k", {"v": 1})])  # as InMemoryStore: only put() guards the root
@@ -143,7 +143,7 @@ def test_search_filters_and_operators(store: KVMemStore) -> None:
     assert found({"color": {"$ne": "red"}}) == ["doc3", "doc4", "doc5"]
     assert found({"score": {"$gt": 3.5}}) == ["doc1", "doc3"]
     assert found({"score": {"$gte": 3.5}}) == ["doc1", "doc3", "doc4"]
-    assert found({"score": {"$lt": 4}}) == ["doc2", "doc4"]  # NOTE: doc5 has no score: excluded, no error
+    assert found({"score": {"$lt": 4}}) == ["doc2", "doc4"]  # doc5 has no score: excluded, no error
     assert found({"score": {"$lte": 4.0, "$gt": 3.0}}) == ["doc3", "doc4"]
     assert found({"score": {"$gte": 3.0}, "color": "red"}) == ["doc1", "doc2"]
     assert found({"tags": ["fruit"]}) == ["doc1", "doc3"]  # lists compare whole
@@ -258,7 +258,7 @@ def test_query_without_index_is_ignored_and_bad_dims_raise(store: KVMemStore, me
         KVMemStore(mem, index={"embed": WordEmbeddings()})
 
 
-@pytest.mark.slow  # NOTE: loads all-MiniLM-L6-v2 (some 5 s)
+@pytest.mark.slow  # loads all-MiniLM-L6-v2 (some 5 s)
 def test_semantic_search_with_kvmems_own_embedder(mem: kvmem.Memory) -> None:
     store = KVMemStore(mem, index={"fields": ["memory"]})  # embed, dims: the memory's offline embedder
     assert isinstance(store.embeddings, KVMemEmbeddings) and store.dims == 384
@@ -478,7 +478,7 @@ def test_two_processes_share_a_store(tmp_path: Path) -> None:
         child = subprocess.Popen([sys.executable, "-c", CHILD, path], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True, env=env)
         seen = json.loads(child.stdout.readline() or "null")
-        for i in range(100):  # NOTE: both processes write at once
+        for i in range(100):  # both processes write at once
             store.put(("parent",), f"k{i}", {"i": i})
         _, err = child.communicate(timeout=120)
         assert child.returncode == 0, err

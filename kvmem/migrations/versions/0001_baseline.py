@@ -35,7 +35,7 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
-tables = MetaData()  # NOTE: also read by tests, to build a 0.1.0 catalog on PostgreSQL
+tables = MetaData()  # also read by tests, to build a 0.1.0 catalog on PostgreSQL
 Table(
     "kvmem_entries",
     tables,
