@@ -22,8 +22,8 @@ import pytest
 import torch
 
 import kvmem
-from kvmem.cli import main
-from kvmem.cli_demo import LLAMA_3_2_1B, cpu_bytes_for, run_demo
+from kvmem.cli.demo import LLAMA_3_2_1B, cpu_bytes_for, run_demo
+from kvmem.cli.main import main
 from kvmem.metrics import Metrics
 from tests.servers import scratch_database
 

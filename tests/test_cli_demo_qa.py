@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvmem.cli import main
-from kvmem.cli_demo_qa import QADemoReport, RequestResult, render_qa_report
+from kvmem.cli.demo_qa import QADemoReport, RequestResult, render_qa_report
+from kvmem.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 

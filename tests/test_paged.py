@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvmem.errors import ConfigError
-from kvmem.paged import BlockError, BlockPool, BlockTable, PagedBuffer
+from kvmem.stores.paged import BlockError, BlockPool, BlockTable, PagedBuffer
 
 # (op, argument): allocate n | free a held block | touch a held block | cache a held block under a hash
 OPS = st.lists(st.tuples(st.sampled_from(["alloc", "free", "touch", "cache"]), st.integers(0, 5)), max_size=60)

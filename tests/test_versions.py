@@ -22,8 +22,8 @@ import pytest
 from sqlalchemy import func, select
 
 import kvmem
+from kvmem.catalog.versions import pins, versions
 from kvmem.errors import ConfigError, PinExpired, TierUnavailable
-from kvmem.versions import pins, versions
 from tests.servers import scratch_database
 from tests.workers import check_value, make_value
 

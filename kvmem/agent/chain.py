@@ -24,11 +24,11 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError as SqlIntegrityError
 
+from kvmem.catalog.schema import agent_sessions as sessions
+from kvmem.catalog.schema import agent_steps as steps
 from kvmem.errors import IntegrityError
 from kvmem.keys import content_hash
 from kvmem.ports import Database
-from kvmem.schema import agent_sessions as sessions
-from kvmem.schema import agent_steps as steps
 
 __all__ = ["Step", "sessions", "steps"]
 

@@ -17,8 +17,8 @@ import torch
 
 from kvmem.blob import EncodedBlob
 from kvmem.errors import CapacityError, ConfigError
-from kvmem.paged import PagedBuffer
 from kvmem.stores.base import OpensBlobs, TierBase, Trusted
+from kvmem.stores.paged import PagedBuffer
 from kvmem.stores.readers import BlobReader, open_by_ranges
 
 __all__ = ["LruTier", "GpuTier"]

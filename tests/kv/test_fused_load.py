@@ -16,8 +16,8 @@ import torch
 import kvmem
 import kvmem.cuda
 from kvmem.codecs import tensor_codec
-from kvmem.codecs.pipeline import decode_value
 from kvmem.codecs.quant import QuantCodec
+from kvmem.codecs.serialization import decode_value
 from kvmem.cuda.kvquant import dequantize_kv_into
 from kvmem.errors import CodecError
 from kvmem.kv import PrefixCache

@@ -31,12 +31,12 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 
+from kvmem.catalog.journal import Journal
+from kvmem.catalog.schema import entries
 from kvmem.errors import ConfigError, SchemaError, TierUnavailable
-from kvmem.journal import Journal
 from kvmem.migrations import upgrade_schema
 from kvmem.recovery import OnRecovered, recover_sqlite
 from kvmem.redaction import redact
-from kvmem.schema import entries
 
 __all__ = ["Catalog", "EntryRow", "dialect_insert", "unreachable"]
 
