@@ -27,6 +27,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from kvmem.fsutil import write_atomic
 from kvmem.recovery import OnRecovered, set_aside
 from kvmem.stores.files import pid_alive
 
@@ -74,11 +75,7 @@ class Journal:
             if not rows:
                 self.path.unlink(missing_ok=True)
                 return
-            self.directory.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.writelines(map(_line, rows))
-            os.replace(tmp, self.path)
+            write_atomic(self.path, "".join(map(_line, rows)), durable=False)
         except OSError as exc:
             log.warning("kvmem: catalog journal %s cannot be rewritten (%s)", self.path, exc)
 
