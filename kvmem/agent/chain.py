@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import lz4.frame
@@ -161,7 +160,3 @@ def sweep(database: Database) -> int:
         for i in range(0, len(dead), 500):
             conn.execute(delete(steps).where(steps.c.key.in_(dead[i:i + 500])))
     return len(dead)
-
-
-def iter_names(conn: Connection) -> Iterator[str]:
-    yield from conn.execute(select(sessions.c.name).order_by(sessions.c.name)).scalars()

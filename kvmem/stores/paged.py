@@ -1,12 +1,11 @@
 """Paged memory: a preallocated pool of fixed-size pages, a free list, refcounts, block tables.
 
-The layout of vLLM's v1 block pool, for kvmem's device-resident storage:
+The layout of vLLM's v1 block pool, for kvmem's device-resident storage (the GPU tier,
+:mod:`kvmem.stores.memory`) and the live offload's host pages (:mod:`kvmem.kv.offload`):
 
 - :class:`BlockPool` is bookkeeping only (no tensors): a free list whose order *is*
-  the LRU order, a refcount per block, and a hash -> block map for prefix hits. A
-  block whose refcount drops to 0 keeps its hash and goes to the tail of the free
-  list; it is evicted (its hash forgotten) only when an allocation takes it from
-  the head, so a freed chunk stays a prefix hit until memory is actually needed.
+  the LRU order and a refcount per block; a block whose refcount drops to 0 goes to
+  the tail of the free list, and allocations take from the head.
 - :class:`BlockTable` maps a sequence's logical chunks to blocks.
 - :class:`PagedBuffer` is the storage: one tensor of ``num_blocks`` pages of
   ``rows x cols`` elements, allocated once; reads and writes go through the
@@ -20,7 +19,7 @@ K/V x heads) so that one layer's pages are one strided view the attention reads.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -46,22 +45,12 @@ class FreeBlockQueue:
         # NOTE: links live in two int lists (no node objects); _NONE ends the chain.
         self._prev = [i - 1 for i in range(num_blocks)]
         self._next = [i + 1 if i + 1 < num_blocks else _NONE for i in range(num_blocks)]
-        self._in = [True] * num_blocks
         self._head = 0 if num_blocks else _NONE
         self._tail = num_blocks - 1 if num_blocks else _NONE
         self._len = num_blocks
 
     def __len__(self) -> int:
         return self._len
-
-    def __contains__(self, block: int) -> bool:
-        return self._in[block]
-
-    def __iter__(self) -> Iterator[int]:
-        b = self._head
-        while b != _NONE:
-            yield b
-            b = self._next[b]
 
     def popleft(self) -> int:
         """Take the head (least recently freed) block.
@@ -83,11 +72,10 @@ class FreeBlockQueue:
         else:
             self._next[self._tail] = block
         self._tail = block
-        self._in[block] = True
         self._len += 1
 
     def remove(self, block: int) -> None:
-        """Unlink ``block`` from wherever it is (a cached block revived by a hit)."""
+        """Unlink ``block`` from wherever it is."""
         prev, nxt = self._prev[block], self._next[block]
         if prev == _NONE:
             self._head = nxt
@@ -98,12 +86,11 @@ class FreeBlockQueue:
         else:
             self._prev[nxt] = prev
         self._prev[block] = self._next[block] = _NONE
-        self._in[block] = False
         self._len -= 1
 
 
 class BlockPool:
-    """Refcounted blocks with an LRU free list and a hash -> block map.
+    """Refcounted blocks with an LRU free list.
 
     Args:
         num_blocks: blocks in the pool (>= 1).
@@ -118,27 +105,14 @@ class BlockPool:
         self.num_blocks = num_blocks
         self._free = FreeBlockQueue(num_blocks)
         self._refs = [0] * num_blocks
-        self._hash_of: list[str | None] = [None] * num_blocks
-        self._by_hash: dict[str, int] = {}
 
     @property
     def num_free(self) -> int:
-        """Blocks with refcount 0 (cached or empty): what :meth:`allocate` can hand out."""
+        """Blocks with refcount 0: what :meth:`allocate` can hand out."""
         return len(self._free)
 
-    def free_order(self) -> list[int]:
-        """Free blocks, next to be allocated (least recently freed) first."""
-        return list(self._free)
-
-    def ref_count(self, block: int) -> int:
-        return self._refs[self._check(block)]
-
-    def hash_of(self, block: int) -> str | None:
-        """The hash ``block`` is cached under (kept while it is free until it is reallocated)."""
-        return self._hash_of[self._check(block)]
-
     def allocate(self, n: int) -> list[int] | None:
-        """``n`` blocks with refcount 1, evicting the least recently freed cached ones.
+        """``n`` blocks with refcount 1, the least recently freed first.
 
         Returns:
             The blocks, or ``None`` (nothing changed) when fewer than ``n`` are free: an
@@ -148,75 +122,21 @@ class BlockPool:
             return None
         out = [self._free.popleft() for _ in range(n)]
         for b in out:
-            old = self._hash_of[b]
-            if old is not None:  # NOTE: evicted: its content is about to be overwritten
-                del self._by_hash[old]
-                self._hash_of[b] = None
             self._refs[b] = 1
         return out
 
-    def touch(self, blocks: Iterable[int]) -> None:
-        """Take one more reference on each block (a prefix hit or a shared chunk); revives free ones."""
-        for b in blocks:
-            if self._refs[self._check(b)] == 0:
-                self._free.remove(b)
-            self._refs[b] += 1
-
     def free(self, blocks: Iterable[int]) -> None:
-        """Drop one reference on each block; at 0 it goes to the free list's tail, still cached.
-
-        Pass a sequence's blocks tail first (:meth:`BlockTable.release` does) so that its
-        last chunks are evicted before the prefix others may share.
+        """Drop one reference on each block; at 0 it goes to the free list's tail.
 
         Raises:
             BlockError: a block whose refcount is already 0 (freed twice).
         """
         for b in blocks:
             if self._refs[self._check(b)] == 0:
-                raise BlockError(f"block {b} freed with refcount 0: accepted only blocks allocated or touched")
+                raise BlockError(f"block {b} freed with refcount 0: accepted only allocated blocks")
             self._refs[b] -= 1
             if self._refs[b] == 0:
                 self._free.append(b)
-
-    def cache(self, block: int, block_hash: str) -> int:
-        """Register ``block`` as holding the content named ``block_hash``.
-
-        Returns:
-            The block now cached under ``block_hash``: ``block``, or the block that held it
-            already (first writer wins; the caller may free its copy and share that one).
-
-        Raises:
-            BlockError: ``block`` is free, or is cached under another hash.
-        """
-        if self._refs[self._check(block)] == 0:
-            raise BlockError(f"block {block} is free: accepted only a referenced block")
-        held = self._by_hash.get(block_hash)
-        if held is not None:
-            return held
-        if self._hash_of[block] not in (None, block_hash):
-            raise BlockError(f"block {block} is cached as {self._hash_of[block]!r}, not {block_hash!r}")
-        self._by_hash[block_hash] = block
-        self._hash_of[block] = block_hash
-        return block
-
-    def lookup(self, block_hash: str) -> int | None:
-        """The block cached under ``block_hash`` (no reference taken), or ``None``."""
-        return self._by_hash.get(block_hash)
-
-    def match_prefix(self, hashes: Sequence[str]) -> list[int]:
-        """The longest run of leading ``hashes`` that are cached, each block touched (referenced).
-
-        NOTE: prefix-chained hashes: chunk ``i`` is only usable after chunks ``0..i-1``, so the
-        run stops at the first miss.
-        """
-        out: list[int] = []
-        for h in hashes:
-            b = self._by_hash.get(h)
-            if b is None:
-                break
-            out.append(b)
-        self.touch(out)
-        return out
 
     def _check(self, block: int) -> int:
         if not (isinstance(block, int) and 0 <= block < self.num_blocks):
@@ -250,29 +170,6 @@ class BlockTable:
         self.blocks += got
         self.num_tokens += new_tokens
         return True
-
-    def share_prefix(self, pool: BlockPool, hashes: Sequence[str]) -> int:
-        """Start an empty table with the cached run of ``hashes`` (referenced); tokens reused.
-
-        Raises:
-            BlockError: the table is not empty.
-        """
-        if self.blocks:
-            raise BlockError(f"share_prefix on a table holding {len(self.blocks)} blocks: accepted an empty table")
-        self.blocks = pool.match_prefix(hashes)
-        self.num_tokens = len(self.blocks) * self.block_size
-        return self.num_tokens
-
-    def slot(self, token: int) -> tuple[int, int]:
-        """``(block, offset in it)`` of token position ``token``."""
-        if not 0 <= token < self.num_tokens:
-            raise BlockError(f"token {token}: accepted a position in [0, {self.num_tokens})")
-        return self.blocks[token // self.block_size], token % self.block_size
-
-    def release(self, pool: BlockPool) -> None:
-        """Free every block, tail first (see :meth:`BlockPool.free`), and empty the table."""
-        pool.free(reversed(self.blocks))
-        self.blocks, self.num_tokens = [], 0
 
 
 class PagedBuffer:
