@@ -7,7 +7,7 @@ else creates or alters a table: :func:`kvmem.migrations.upgrade_schema` brings a
 database to the newest revision when a :class:`~kvmem.catalog.Catalog` opens it.
 
 NOTE: a change here needs a new revision in ``kvmem/migrations/versions/`` that makes
-the same change to an existing database (``tests/test_schema.py`` checks that the
+the same change to an existing database (``tests/catalog/test_schema.py`` checks that the
 revisions, applied in order, build exactly these tables).
 """
 

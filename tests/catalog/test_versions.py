@@ -27,7 +27,7 @@ from kvmem.errors import ConfigError, PinExpired, TierUnavailable
 from tests.servers import scratch_database
 from tests.workers import check_value, make_value
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KEY = "doc"
 
 

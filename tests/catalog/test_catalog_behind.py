@@ -24,7 +24,7 @@ import kvmem
 from kvmem import blob as blobfmt
 from tests.workers import persistence_values
 
-WORKERS = str(Path(__file__).with_name("workers.py"))
+WORKERS = str(Path(__file__).parents[1] / "workers.py")
 TIMER = 1.0  # kvmem.api._CATALOG_FLUSH_SECONDS: a row is written at most this long after its store
 
 
