@@ -474,7 +474,7 @@ class Memory:
                 renewed every third of it while this memory is open).
 
         Returns:
-            A :class:`~kvmem.versions.Pin` (a context manager), or ``None`` when ``key`` is not stored.
+            A :class:`~kvmem.catalog.versions.Pin` (a context manager), or ``None`` when ``key`` is not stored.
 
         Raises:
             TierUnavailable: the catalog cannot be reached (pins live there).
@@ -567,7 +567,7 @@ class Memory:
         """Rewrite the disk tier's entries in blob format ``to_format`` while they are served (resumable).
 
         Entries go hottest first into a second area, which then becomes the active one;
-        meanwhile every entry stays readable from this and other processes. See :mod:`kvmem.migrate`.
+        meanwhile every entry stays readable from this and other processes. See :mod:`kvmem.ops.migrate`.
 
         Raises:
             ConfigError: no disk tier, an unknown format, or a migration to another format under way.

@@ -160,7 +160,7 @@ class Catalog:
             after the first one (``None``: only when :meth:`flush` is called).
         on_error: told of a database failure in that timer thread (default: logged).
         journal: a directory where upserts the database missed are also kept on disk
-            (:mod:`kvmem.journal`): a process killed during an outage loses none, the next
+            (:mod:`kvmem.catalog.journal`): a process killed during an outage loses none, the next
             catalog opened there replays them. ``None``: kept in memory only.
         on_recovered: told ``"catalog"`` when a damaged SQLite database was set aside before opening
             (a fresh one is created; see :mod:`kvmem.recovery`), ``"journal"`` for a damaged journal.

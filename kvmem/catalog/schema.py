@@ -4,7 +4,7 @@ Every table kvmem keeps in its catalog database (SQLite or PostgreSQL) is declar
 here, in one ``MetaData``: the catalog's entry rows, pinned versions, agent chains,
 the semantic side table and the LangGraph store of ``langchain-kvmem``. Nothing
 else creates or alters a table: :func:`kvmem.migrations.upgrade_schema` brings a
-database to the newest revision when a :class:`~kvmem.catalog.Catalog` opens it.
+database to the newest revision when a :class:`~kvmem.catalog.catalog.Catalog` opens it.
 
 NOTE: a change here needs a new revision in ``kvmem/migrations/versions/`` that makes
 the same change to an existing database (``tests/catalog/test_schema.py`` checks that the
@@ -43,7 +43,7 @@ __all__ = [
 
 metadata = MetaData()
 
-# -- the catalog (kvmem.catalog) ----------------------------------------------------------------
+# -- the catalog (kvmem.catalog.catalog) --------------------------------------------------------
 entries = Table(
     "kvmem_entries",
     metadata,
@@ -64,7 +64,7 @@ entries = Table(
     Column("state", String(16), nullable=False, default="ok"),
 )
 
-# -- pinned versions (kvmem.versions) -----------------------------------------------------------
+# -- pinned versions (kvmem.catalog.versions) ---------------------------------------------------
 versions = Table(
     "kvmem_versions",
     metadata,

@@ -90,7 +90,7 @@ def check_prefetch(s: Snapshot, t: Thresholds) -> list[Finding]:
                             {"prefetch_depth": depth, "reused_chunks": sum(g.reused for g in s.kv)},
                             "prefetch_depth: 0 -> 3, and call PrefixCache.prefetch(ids) when a request is queued")]
         return [Finding("prefetch", "info", "latency and chunk hits are per process: judge them where the model "
-                        "runs, with kvmem.doctor.diagnose(memory)", {"prefetch_depth": depth})]
+                        "runs, with kvmem.cli.doctor.diagnose(memory)", {"prefetch_depth": depth})]
     live = s.live
     hits = sum(live.chunk_hits.values())
     if hits < t.min_samples:

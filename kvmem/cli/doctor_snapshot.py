@@ -1,6 +1,6 @@
 """What ``kvmem doctor`` looks at: a frozen snapshot of a data directory and, in-process, its metrics.
 
-The snapshot is plain data so that the rules in :mod:`kvmem.doctor` are pure
+The snapshot is plain data so that the rules in :mod:`kvmem.cli.doctor` are pure
 functions, tested on hand-built snapshots. :func:`take_snapshot` fills one from
 a live :class:`~kvmem.Memory`:
 

@@ -8,7 +8,7 @@ reads it; it is replaced atomically (temporary file, fsync, rename, directory
 fsync), so a crash leaves the old state or the new one. A file that fails its
 checksum is set aside and rebuilt from the directories (see :mod:`kvmem.recovery`).
 
-:class:`DiskAreas` is what a format migration (:mod:`kvmem.migrate`) does with a
+:class:`DiskAreas` is what a format migration (:mod:`kvmem.ops.migrate`) does with a
 disk tier's areas beyond serving entries: list one, write into one without
 overwriting, switch the state.
 """

@@ -1,6 +1,6 @@
 """int8/int4 prefix chunks load through the fused dequantize + scatter op, bit for bit as the decode path.
 
-The decode path (``QuantCodec.decode`` through :func:`kvmem.codecs.pipeline.decode_tensor_range`)
+The decode path (``QuantCodec.decode`` through :func:`kvmem.codecs.serialization.decode_tensor_range`)
 is the reference: the fused path must put exactly its values into the cache, so the
 logits and generated tokens of a prefill are the same with either.
 """
