@@ -52,7 +52,7 @@ from bench_ttft import BLOCK, SUFFIX, Forward, Tokens, build_model
 import kvmem
 from kvmem import content_hash
 from kvmem.codecs import parse_codec
-from kvmem.codecs.pipeline import encode_value
+from kvmem.codecs.serialization import encode_value
 from kvmem.kv import PrefixCache
 from kvmem.stores.redis import RedisTier
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from kvmem.cli import main
+from kvmem.cli.main import main
 
 sys.exit(main())

@@ -24,23 +24,23 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from kvmem import blob as blobfmt
 from kvmem.blob import EncodedBlob
-from kvmem.catalog import Catalog
+from kvmem.catalog.catalog import Catalog
+from kvmem.catalog.records import EntryInfo, Loaded, Stats, TierStats, entry_info
+from kvmem.catalog.versions import Pin, Versions
 from kvmem.codecs import CodecSpec, parse_codec
-from kvmem.codecs.pipeline import check_owner, decode_value, encode_value, value_kind
+from kvmem.codecs.serialization import check_owner, decode_value, encode_value, value_kind
 from kvmem.config import Config, load_config
 from kvmem.errors import CapacityError, ConfigError, IntegrityError, OutputMismatch, TierUnavailable
 from kvmem.keys import storage_key
 from kvmem.loads import check_out, copy_into, fill, read_back
-from kvmem.maintenance import GcReport, VerifyReport, collect_garbage, register_orphans, verify_entries
 from kvmem.metrics import Exporter, Metrics
+from kvmem.ops.maintenance import GcReport, VerifyReport, collect_garbage, register_orphans, verify_entries
 from kvmem.ports import ChunkStore, Database
-from kvmem.records import EntryInfo, Loaded, Stats, TierStats, entry_info
 from kvmem.stores import CpuTier, DiskTier, Stored, TieredStore, build_tiers
 from kvmem.stores.files import io_pool
-from kvmem.versions import Pin, Versions
 
 if TYPE_CHECKING:  # kvmem.semantic loads only when a text is stored or looked up
-    from kvmem.migrate import MigrationReport
+    from kvmem.ops.migrate import MigrationReport
     from kvmem.semantic import Embedder, Match, SemanticIndex
 
 __all__ = ["Memory", "Loaded", "EntryInfo", "TierStats", "Stats"]
@@ -474,7 +474,7 @@ class Memory:
                 renewed every third of it while this memory is open).
 
         Returns:
-            A :class:`~kvmem.versions.Pin` (a context manager), or ``None`` when ``key`` is not stored.
+            A :class:`~kvmem.catalog.versions.Pin` (a context manager), or ``None`` when ``key`` is not stored.
 
         Raises:
             TierUnavailable: the catalog cannot be reached (pins live there).
@@ -567,12 +567,12 @@ class Memory:
         """Rewrite the disk tier's entries in blob format ``to_format`` while they are served (resumable).
 
         Entries go hottest first into a second area, which then becomes the active one;
-        meanwhile every entry stays readable from this and other processes. See :mod:`kvmem.migrate`.
+        meanwhile every entry stays readable from this and other processes. See :mod:`kvmem.ops.migrate`.
 
         Raises:
             ConfigError: no disk tier, an unknown format, or a migration to another format under way.
         """
-        from kvmem.migrate import migrate_disk
+        from kvmem.ops.migrate import migrate_disk
 
         disk = next((t for t in self._tiers.tiers if isinstance(t, DiskTier)), None)
         if disk is None:

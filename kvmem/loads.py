@@ -13,7 +13,7 @@ import torch
 
 from kvmem import blob as blobfmt
 from kvmem.blob import EncodedBlob, Piece
-from kvmem.codecs.pipeline import check_owner, decode_tensor_range
+from kvmem.codecs.serialization import check_owner, decode_tensor_range
 from kvmem.errors import OutputMismatch
 from kvmem.stores.readers import BlobReader
 

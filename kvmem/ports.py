@@ -12,6 +12,8 @@ what they need beyond ``Memory``'s public operations is one of these.
 - :class:`Database` (``Memory.database``): the catalog's database for the tables
   the layers keep beside the entry rows (agent steps, semantic vectors, LangGraph
   items), read and written in transactions. The entry rows are the catalog's alone.
+- :class:`PagedBuffer` and :class:`BlockTable` (:mod:`kvmem.stores.paged`): the page
+  pool the GPU tier keeps its blobs in, for a layer that pages KV of its own (live offload).
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from sqlalchemy.engine import Connection
 
 from kvmem.errors import ConfigError
 from kvmem.stores.base import StorageTier
+from kvmem.stores.paged import BlockTable, PagedBuffer
 from kvmem.stores.readers import BlobReader
 from kvmem.stores.tiered import TieredStore
 
-__all__ = ["BlobReader", "ChunkStore", "Database"]
+__all__ = ["BlobReader", "BlockTable", "ChunkStore", "Database", "PagedBuffer"]
 
 
 class ChunkStore:

@@ -3,7 +3,7 @@
 The blobs in the tiers are self-describing (each carries its header and CRCs), so every
 file kvmem keeps *about* them can be rebuilt: the disk tier's ``areas.json`` from its
 directories, the SQLite catalog's rows from the blob headers
-(:func:`kvmem.maintenance.register_orphans`), a journal's lost lines the same way, an HNSW
+(:func:`kvmem.ops.maintenance.register_orphans`), a journal's lost lines the same way, an HNSW
 graph from the vectors in the catalog. A damaged one is renamed
 ``<name>.corrupt-<unix ns>`` in its own directory (with its companions: a database's
 ``-wal``/``-shm``, a graph's sidecar) so it can be inspected; ``kvmem doctor`` lists them

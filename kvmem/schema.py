@@ -1,32 +1,18 @@
-"""The catalog database's tables, all of them, declared once.
+"""Old import path of :mod:`kvmem.catalog.schema`, kept for one release; it goes in the next one.
 
-Every table kvmem keeps in its catalog database (SQLite or PostgreSQL) is declared
-here, in one ``MetaData``: the catalog's entry rows, pinned versions, agent chains,
-the semantic side table and the LangGraph store of ``langchain-kvmem``. Nothing
-else creates or alters a table: :func:`kvmem.migrations.upgrade_schema` brings a
-database to the newest revision when a :class:`~kvmem.catalog.Catalog` opens it.
-
-NOTE: a change here needs a new revision in ``kvmem/migrations/versions/`` that makes
-the same change to an existing database (``tests/test_schema.py`` checks that the
-revisions, applied in order, build exactly these tables).
+Import from ``kvmem.catalog.schema`` instead.
 """
 
-from __future__ import annotations
-
-from sqlalchemy import (
-    JSON,
-    BigInteger,
-    Boolean,
-    Column,
-    Float,
-    Index,
-    Integer,
-    LargeBinary,
-    MetaData,
-    String,
-    Table,
-    Text,
-    UniqueConstraint,
+from kvmem.catalog.schema import (
+    agent_sessions,
+    agent_steps,
+    entries,
+    langgraph_items,
+    langgraph_vectors,
+    metadata,
+    pins,
+    semantic_rows,
+    versions,
 )
 
 __all__ = [
@@ -40,103 +26,3 @@ __all__ = [
     "semantic_rows",
     "versions",
 ]
-
-metadata = MetaData()
-
-# -- the catalog (kvmem.catalog) ----------------------------------------------------------------
-entries = Table(
-    "kvmem_entries",
-    metadata,
-    Column("key", String(64), primary_key=True),
-    Column("namespace", String(256), nullable=False, default=""),
-    Column("user_key", String(256), nullable=False, default=""),
-    Column("kind", String(16), nullable=False),
-    Column("size", BigInteger, nullable=False),
-    Column("stored_size", BigInteger, nullable=False),
-    Column("codec", String(32), nullable=False),
-    Column("crc", BigInteger, nullable=False),
-    Column("version", Integer, nullable=False, default=1),
-    Column("tiers", String(128), nullable=False, default=""),
-    Column("created", Float, nullable=False),
-    Column("last_access", Float, nullable=False),
-    Column("hits", BigInteger, nullable=False, default=0),
-    Column("metadata", JSON, nullable=False, default=dict),
-    Column("state", String(16), nullable=False, default="ok"),
-)
-
-# -- pinned versions (kvmem.versions) -----------------------------------------------------------
-versions = Table(
-    "kvmem_versions",
-    metadata,
-    Column("key", String(64), primary_key=True),
-    Column("version", Integer, primary_key=True),
-    Column("crc", BigInteger, nullable=False),
-    Column("created", Float, nullable=False),
-    Column("body", LargeBinary, nullable=False),  # the blob, as the tiers held it (CRC-checked on read)
-)
-pins = Table(
-    "kvmem_pins",
-    metadata,
-    Column("id", String(32), primary_key=True),
-    Column("key", String(64), nullable=False),
-    Column("version", Integer, nullable=False),
-    Column("holder", String(128), nullable=False),  # host:pid of the pinning process, for `kvmem` diagnostics
-    Column("expires", Float, nullable=False),
-    Index("kvmem_pins_version", "key", "version"),
-)
-
-# -- agent step chains (kvmem.agent.chain) ------------------------------------------------------
-agent_sessions = Table(
-    "kvmem_agent_sessions",
-    metadata,
-    Column("name", String(256), primary_key=True),
-    Column("head", String(64), nullable=True),  # None for a session with no step yet
-    Column("length", Integer, nullable=False),
-    Column("system", Text, nullable=False),
-    Column("updated", Float, nullable=False),
-)
-agent_steps = Table(
-    "kvmem_agent_steps",
-    metadata,
-    Column("key", String(64), primary_key=True),
-    Column("parent", String(64), nullable=True, index=True),
-    Column("body", LargeBinary, nullable=False),  # lz4 frame of the canonical JSON the key hashes
-)
-
-# -- the semantic side table (kvmem.semantic.layer) ---------------------------------------------
-semantic_rows = Table(
-    "kvmem_semantic",
-    metadata,
-    Column("key", String(64), primary_key=True),
-    Column("namespace", String(256), nullable=False, index=True),
-    Column("embedder", String(256), nullable=False),
-    Column("text", Text, nullable=False),
-    Column("vector", LargeBinary, nullable=False),
-    # the caller's key as given to Memory.store, in full (the catalog keeps a 256-character preview);
-    # NULL for vectors indexed without one (add_vector: an image's embedding)
-    Column("user_key", LargeBinary, nullable=True),
-    Column("user_key_is_bytes", Boolean, nullable=True),
-)
-
-# -- the LangGraph store of langchain-kvmem (langchain_kvmem.store) -----------------------------
-langgraph_items = Table(
-    "kvmem_langgraph_items",
-    metadata,
-    Column("id", Integer, primary_key=True),  # creation order; never reused (AUTOINCREMENT / SERIAL)
-    Column("namespace", Text, nullable=False),  # labels joined by "." (a label never holds one)
-    Column("key", Text, nullable=False),
-    Column("value", JSON, nullable=False),
-    Column("created_at", Float, nullable=False),  # epoch seconds
-    Column("updated_at", Float, nullable=False),
-    Column("expires_at", Float, nullable=True, index=True),  # expired when <= now
-    Column("ttl_minutes", Float, nullable=True),
-    UniqueConstraint("namespace", "key"),
-    sqlite_autoincrement=True,
-)
-langgraph_vectors = Table(
-    "kvmem_langgraph_vectors",
-    metadata,
-    Column("item_id", Integer, primary_key=True, autoincrement=False),
-    Column("field", Text, primary_key=True),  # the index path, "path.i" when it yields several texts
-    Column("vector", LargeBinary, nullable=False),  # float32, L2-normalized (all zeros for a zero vector)
-)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +23,33 @@ def memory(tmp_path: Path) -> Iterator[kvmem.Memory]:
     mem = kvmem.Memory(tmp_path / "kvmem", cpu_bytes="64MiB", disk_bytes="512MiB", fsync="never")
     yield mem
     mem.close()
+
+
+MemoryFactory = Callable[..., kvmem.Memory]
+STACKS = {"cpu": ("disk_bytes",), "disk": ("cpu_bytes",), "cpu+disk": ()}  # stack -> the tier sizes it zeroes
+
+
+@pytest.fixture
+def make_memory(tmp_path: Path) -> Iterator[MemoryFactory]:
+    """``make_memory(name="kvmem", *, stack="cpu+disk", **settings)``: a Memory at ``tmp_path / name``.
+
+    Each call opens a fresh instance (the same ``name`` opens the same files). Defaults: a 64 MiB
+    CPU tier, a 256 MiB disk tier, no fsync; ``settings`` override them, then ``stack`` (``"cpu"``,
+    ``"disk"`` or ``"cpu+disk"``) leaves out the tier it does not name. Every instance is closed at
+    teardown, last opened first.
+    """
+    made: list[kvmem.Memory] = []
+
+    def make(name: str = "kvmem", *, stack: str = "cpu+disk", **settings: object) -> kvmem.Memory:
+        options: dict[str, object] = {"cpu_bytes": "64MiB", "disk_bytes": "256MiB", "fsync": "never", **settings}
+        options.update(dict.fromkeys(STACKS[stack], 0))
+        mem = kvmem.Memory(str(tmp_path / name), **options)  # type: ignore[arg-type]
+        made.append(mem)
+        return mem
+
+    yield make
+    for mem in reversed(made):
+        mem.close()
 
 
 @pytest.fixture

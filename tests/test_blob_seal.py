@@ -14,7 +14,7 @@ import torch
 
 from kvmem import blob as blobfmt
 from kvmem.codecs import parse_codec
-from kvmem.codecs.pipeline import decode_value, encode_value
+from kvmem.codecs.serialization import decode_value, encode_value
 from kvmem.errors import IntegrityError
 from kvmem.stores.files import write_blob
 from tests.bounds import assert_bit_exact

@@ -16,7 +16,7 @@ import torch
 
 import kvmem
 from kvmem import blob as blobfmt
-from kvmem.codecs.pipeline import check_owner
+from kvmem.codecs.serialization import check_owner
 from tests.workers import CHURN_KEYS, check_value, churn
 
 WORKERS = str(Path(__file__).with_name("workers.py"))

@@ -8,7 +8,6 @@ bigger tensor filled with a sentinel, so a write outside it shows.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ import kvmem
 from kvmem.errors import IntegrityError, KVMemError, OutputMismatch
 from kvmem.stores import DiskTier
 from tests.bounds import assert_bit_exact, error_bound
+from tests.conftest import MemoryFactory
 
 STACKS = ["cpu", "disk", "cpu+disk"]
 SENTINEL = -7.0  # exact in bf16, fp16 and fp32
@@ -30,26 +30,6 @@ CODECS = {"none": (torch.bfloat16, True), "bf16": (torch.bfloat16, True), "fp16"
 # (first, last) token of the slice: rows of 32 * 64 * 2 = 4096 bytes are read straight into ``out``;
 # rows of 8 * 64 * 2 = 1024 bytes are too short for that (read whole, then copied)
 SLICES = {"long-rows": (32, 64), "short-rows": (40, 48)}
-
-
-def open_memory(stack: str, path: Path, **settings: object) -> kvmem.Memory:
-    cpu, disk = {"cpu": (64 << 20, 0), "disk": (0, 64 << 20), "cpu+disk": (64 << 20, 64 << 20)}[stack]
-    settings.setdefault("fsync", "never")
-    return kvmem.Memory(str(path), cpu_bytes=cpu, disk_bytes=disk, **settings)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def opened(tmp_path: Path) -> Iterator[Callable[..., kvmem.Memory]]:
-    made: list[kvmem.Memory] = []
-
-    def make(stack: str, **settings: object) -> kvmem.Memory:
-        mem = open_memory(stack, tmp_path / "kvmem", **settings)
-        made.append(mem)
-        return mem
-
-    yield make
-    for mem in made:
-        mem.close()
 
 
 def value_of(dtype: torch.dtype, tokens: int, seed: int = 0) -> torch.Tensor:
@@ -89,11 +69,11 @@ def flip_payload_byte(mem: kvmem.Memory, skey: str) -> None:
 @pytest.mark.parametrize("rows", list(SLICES))
 @pytest.mark.parametrize("codec", list(CODECS))
 @pytest.mark.parametrize("stack", STACKS)
-def test_load_into_a_slice_writes_the_slice_only(opened: Callable[..., kvmem.Memory], stack: str, codec: str,
+def test_load_into_a_slice_writes_the_slice_only(make_memory: MemoryFactory, stack: str, codec: str,
                                                  rows: str) -> None:
     dtype, as_is = CODECS[codec]
     a, b = SLICES[rows]
-    mem = opened(stack)
+    mem = make_memory(stack=stack)
     value = value_of(dtype, b - a)
     mem.store("chunk", value, compression=codec)
     expected = mem.load("chunk")  # the value as the plain load decodes it
@@ -118,8 +98,8 @@ def test_load_into_a_slice_writes_the_slice_only(opened: Callable[..., kvmem.Mem
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_load_into_a_contiguous_tensor_and_a_scalar(opened: Callable[..., kvmem.Memory], stack: str) -> None:
-    mem = opened(stack)
+def test_load_into_a_contiguous_tensor_and_a_scalar(make_memory: MemoryFactory, stack: str) -> None:
+    mem = make_memory(stack=stack)
     value = torch.arange(1000, dtype=torch.float64) / 7
     mem.store("flat", value)
     out = torch.empty(1000, dtype=torch.float64)
@@ -130,11 +110,11 @@ def test_load_into_a_contiguous_tensor_and_a_scalar(opened: Callable[..., kvmem.
     assert mem.load("scalar", out=zero_d) is zero_d and zero_d.item() == 2.5
 
 
-def test_load_into_from_disk_promotes_to_the_cpu_tier(tmp_path: Path) -> None:
+def test_load_into_from_disk_promotes_to_the_cpu_tier(make_memory: MemoryFactory) -> None:
     value = value_of(torch.bfloat16, 32, seed=1)
-    with open_memory("cpu+disk", tmp_path / "kvmem") as mem:
+    with make_memory(stack="cpu+disk") as mem:
         skey = mem.store("chunk", value)
-    with open_memory("cpu+disk", tmp_path / "kvmem") as mem:  # reopened: the value is on disk alone
+    with make_memory(stack="cpu+disk") as mem:  # reopened: the value is on disk alone
         assert [t.name for t in mem._tiers.tiers if t.contains(skey)] == ["disk"]
         cache = cache_of(torch.bfloat16)
         out = cache[:, :, 32:64]
@@ -154,8 +134,8 @@ def test_load_into_from_disk_promotes_to_the_cpu_tier(tmp_path: Path) -> None:
 
 # -- what out= refuses ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("stack", STACKS)
-def test_a_mismatched_out_is_refused_and_left_as_it_is(opened: Callable[..., kvmem.Memory], stack: str) -> None:
-    mem = opened(stack)
+def test_a_mismatched_out_is_refused_and_left_as_it_is(make_memory: MemoryFactory, stack: str) -> None:
+    mem = make_memory(stack=stack)
     mem.store("chunk", value_of(torch.bfloat16, 32))
     mem.store("tree", {"k": value_of(torch.bfloat16, 32), "v": value_of(torch.bfloat16, 32, seed=1)})
     mem.store("text", "not a tensor")
@@ -182,8 +162,8 @@ def test_a_mismatched_out_is_refused_and_left_as_it_is(opened: Callable[..., kvm
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_a_miss_returns_the_default_and_leaves_out(opened: Callable[..., kvmem.Memory], stack: str) -> None:
-    mem = opened(stack)
+def test_a_miss_returns_the_default_and_leaves_out(make_memory: MemoryFactory, stack: str) -> None:
+    mem = make_memory(stack=stack)
     cache = cache_of(torch.bfloat16)
     out = cache[:, :, 32:64]
     assert mem.load("never stored", out=out) is None
@@ -193,11 +173,11 @@ def test_a_miss_returns_the_default_and_leaves_out(opened: Callable[..., kvmem.M
 
 
 @pytest.mark.parametrize("stack", ["disk", "cpu+disk"])
-def test_a_corrupt_file_is_a_miss_counted_and_quarantined(tmp_path: Path, stack: str) -> None:
+def test_a_corrupt_file_is_a_miss_counted_and_quarantined(make_memory: MemoryFactory, stack: str) -> None:
     value = value_of(torch.bfloat16, 32, seed=2)
-    with open_memory(stack, tmp_path / "kvmem") as mem:
+    with make_memory(stack=stack) as mem:
         skey = mem.store("chunk", value)
-    with open_memory(stack, tmp_path / "kvmem") as mem:  # the file is the only copy
+    with make_memory(stack=stack) as mem:  # the file is the only copy
         flip_payload_byte(mem, skey)
         out = cache_of(torch.bfloat16)[:, :, 32:64]
         assert mem.load("chunk", MISSING, out=out) is MISSING
@@ -208,8 +188,8 @@ def test_a_corrupt_file_is_a_miss_counted_and_quarantined(tmp_path: Path, stack:
 
 
 @pytest.mark.parametrize("codec", ["none", "int8"])
-def test_a_corrupt_file_raises_with_strict(tmp_path: Path, codec: str) -> None:
-    with open_memory("disk", tmp_path / "kvmem") as mem:
+def test_a_corrupt_file_raises_with_strict(make_memory: MemoryFactory, codec: str) -> None:
+    with make_memory(stack="disk") as mem:
         skey = mem.store("chunk", value_of(torch.bfloat16, 32, seed=3), compression=codec)
         flip_payload_byte(mem, skey)
         out = cache_of(torch.bfloat16)[:, :, 32:64]
@@ -221,8 +201,8 @@ def test_a_corrupt_file_raises_with_strict(tmp_path: Path, codec: str) -> None:
 
 # -- load_many ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("stack", STACKS)
-def test_load_many_fills_hits_and_gives_none_for_misses(opened: Callable[..., kvmem.Memory], stack: str) -> None:
-    mem = opened(stack)
+def test_load_many_fills_hits_and_gives_none_for_misses(make_memory: MemoryFactory, stack: str) -> None:
+    mem = make_memory(stack=stack)
     values = {f"c{i}": value_of(torch.bfloat16, 32, seed=10 + i) for i in range(5)}
     for k, v in values.items():
         mem.store(k, v)
@@ -245,8 +225,8 @@ def test_load_many_fills_hits_and_gives_none_for_misses(opened: Callable[..., kv
     assert mem.metrics.total("kvmem_misses_total") == 4
 
 
-def test_load_many_refuses_an_out_of_the_wrong_length(opened: Callable[..., kvmem.Memory]) -> None:
-    mem = opened("cpu+disk")
+def test_load_many_refuses_an_out_of_the_wrong_length(make_memory: MemoryFactory) -> None:
+    mem = make_memory(stack="cpu+disk")
     mem.store("a", torch.ones(4))
     mem.store("b", torch.ones(4))
     outs = [torch.zeros(4)]
@@ -275,8 +255,8 @@ def chunk(t: torch.Tensor, i: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_store_many_then_load_many_round_trips_chunk_slices(opened: Callable[..., kvmem.Memory], stack: str) -> None:
-    mem = opened(stack)
+def test_store_many_then_load_many_round_trips_chunk_slices(make_memory: MemoryFactory, stack: str) -> None:
+    mem = make_memory(stack=stack)
     kv = chunked_cache()
     original = kv.clone()
     keys = [f"chunk-{i}" for i in range(CHUNKS)]
@@ -304,32 +284,33 @@ def test_store_many_then_load_many_round_trips_chunk_slices(opened: Callable[...
 
 
 @pytest.mark.parametrize("stack", ["disk", "cpu+disk"])
-def test_store_many_with_fsync_always_leaves_no_temporary_files(tmp_path: Path, stack: str) -> None:
+def test_store_many_with_fsync_always_leaves_no_temporary_files(tmp_path: Path, make_memory: MemoryFactory,
+                                                                 stack: str) -> None:
     kv = chunked_cache()
     keys = [f"chunk-{i}" for i in range(CHUNKS)]
-    with open_memory(stack, tmp_path / "kvmem", fsync="always") as mem:
+    with make_memory(stack=stack, fsync="always") as mem:
         mem.store_many({k: chunk(kv, i) for i, k in enumerate(keys)})
         mem.store_many({k: chunk(kv, i) for i, k in enumerate(keys[:4])})
         assert list((tmp_path / "kvmem").rglob("*.tmp")) == []
         assert len(list((tmp_path / "kvmem" / "disk").rglob("*.kvb"))) == CHUNKS
-    with open_memory(stack, tmp_path / "kvmem") as mem:  # every chunk is on disk, whole
+    with make_memory(stack=stack) as mem:  # every chunk is on disk, whole
         assert_bit_exact(kv, torch.cat(mem.load_many(keys), dim=2))
         assert [mem.info(k).version for k in keys] == [2] * 4 + [1] * (CHUNKS - 4)  # type: ignore[union-attr]
 
 
-def test_store_many_refuses_a_bad_item_and_stores_nothing(opened: Callable[..., kvmem.Memory]) -> None:
-    mem = opened("cpu+disk")
+def test_store_many_refuses_a_bad_item_and_stores_nothing(make_memory: MemoryFactory) -> None:
+    mem = make_memory(stack="cpu+disk")
     with pytest.raises(kvmem.KVMemError):
         mem.store_many([("good", torch.ones(4)), ("bad", object())])
     assert not mem.contains("good") and mem.info("good") is None
 
 
-def test_a_store_many_whose_write_fails_leaves_no_temporary_file(tmp_path: Path) -> None:
+def test_a_store_many_whose_write_fails_leaves_no_temporary_file(tmp_path: Path, make_memory: MemoryFactory) -> None:
     """One file of a batch cannot be created (a file stands where its shard directory goes, a fault made
     for real): the batch fails on that tier, and the files the other writes made are removed with it."""
     kv = chunked_cache()
     keys = [f"chunk-{i}" for i in range(CHUNKS)]
-    with open_memory("disk", tmp_path / "kvmem", fsync="always", tier_retry_seconds=0) as mem:
+    with make_memory(stack="disk", fsync="always", tier_retry_seconds=0) as mem:
         blobs = tmp_path / "kvmem" / "disk" / "blobs"
         blocked = blobs / mem.storage_key(keys[-1])[:2]
         blocked.write_bytes(b"a file where a shard directory goes")

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import kvmem
-from kvmem.doctor import Thresholds, check_integrity
-from kvmem.doctor_snapshot import take_snapshot
+from kvmem.cli.doctor import Thresholds, check_integrity
+from kvmem.cli.doctor_snapshot import take_snapshot
 from kvmem.recovery import MARK, check_sqlite
 from kvmem.stores.areas import STATE_FILE
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from kvmem import blob as blobfmt
-from kvmem.codecs.pipeline import check_owner
+from kvmem.codecs.serialization import check_owner
 
 WORKERS = str(Path(__file__).with_name("workers.py"))
 

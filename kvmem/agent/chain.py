@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import lz4.frame
@@ -24,11 +23,11 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError as SqlIntegrityError
 
+from kvmem.catalog.schema import agent_sessions as sessions
+from kvmem.catalog.schema import agent_steps as steps
 from kvmem.errors import IntegrityError
 from kvmem.keys import content_hash
 from kvmem.ports import Database
-from kvmem.schema import agent_sessions as sessions
-from kvmem.schema import agent_steps as steps
 
 __all__ = ["Step", "sessions", "steps"]
 
@@ -161,7 +160,3 @@ def sweep(database: Database) -> int:
         for i in range(0, len(dead), 500):
             conn.execute(delete(steps).where(steps.c.key.in_(dead[i:i + 500])))
     return len(dead)
-
-
-def iter_names(conn: Connection) -> Iterator[str]:
-    yield from conn.execute(select(sessions.c.name).order_by(sessions.c.name)).scalars()

@@ -6,7 +6,7 @@ Pattern: every op has a plain-torch reference in :mod:`kvmem.cuda.reference`
 call. The ops:
 
 - :func:`gather_pages` / :func:`scatter_pages`: a block table's pages <-> one
-  contiguous buffer (the paged pool of :mod:`kvmem.paged`);
+  contiguous buffer (the paged pool of :mod:`kvmem.stores.paged`);
 - :func:`group_minmax` / :func:`quantize_groups`: the steps of int8/int4 encoding in
   the format of :class:`kvmem.codecs.quant.QuantCodec` (:mod:`kvmem.cuda.kvquant`
   composes them);

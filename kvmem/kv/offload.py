@@ -35,7 +35,7 @@ from kvmem.api import Memory
 from kvmem.cuda.transfer import SideStream
 from kvmem.errors import ConfigError, UnsupportedModelError
 from kvmem.kv.layout import held
-from kvmem.paged import BlockTable, PagedBuffer
+from kvmem.ports import BlockTable, PagedBuffer
 
 __all__ = ["OffloadPointers", "OffloadingCache"]
 

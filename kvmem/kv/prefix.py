@@ -35,10 +35,10 @@ from kvmem.api import Memory, default_memory
 from kvmem.codecs import parse_codec
 from kvmem.errors import InvalidKeyError, UnsupportedModelError
 from kvmem.keys import chunk_hashes, content_hash
+from kvmem.kv.background import Prefetcher, WriteBehind
 from kvmem.kv.fingerprint import model_fingerprint
 from kvmem.kv.layout import cache_argument, chunk_value, new_cache, trim_sliding_layers
 from kvmem.kv.stream import ChunkLoadError, ChunkSource, LayerwiseLoader, StreamingCache
-from kvmem.pipeline import Prefetcher, WriteBehind
 
 __all__ = ["PrefillResult", "PrefixCache"]
 

@@ -43,8 +43,8 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from kvmem import blob as blobfmt
 from kvmem.codecs import tensor_codec
-from kvmem.codecs.pipeline import check_owner, decode_tensor_range, tensor_parts_range
 from kvmem.codecs.quant import QuantCodec
+from kvmem.codecs.serialization import check_owner, decode_tensor_range, tensor_parts_range
 from kvmem.cuda.kvquant import dequantize_kv_into
 from kvmem.errors import CodecError, IntegrityError, KVMemError, TierUnavailable
 from kvmem.kv.layout import install_prefix, kv_layer

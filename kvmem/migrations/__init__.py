@@ -1,6 +1,6 @@
 """The catalog database's schema history: Alembic revisions, applied when a catalog opens.
 
-:func:`upgrade_schema` brings a database to the newest revision of :mod:`kvmem.schema`
+:func:`upgrade_schema` brings a database to the newest revision of :mod:`kvmem.catalog.schema`
 and records it in ``kvmem_schema_version`` (Alembic's version table, named so that an
 application's own Alembic history in the same database is left alone). A catalog made
 before the schema had a version (kvmem 0.1.0) is taken as revision 0001, its missing

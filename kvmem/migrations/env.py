@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from alembic import context
 
+from kvmem.catalog.schema import metadata
 from kvmem.migrations import VERSION_TABLE
-from kvmem.schema import metadata
 
 context.configure(
     connection=context.config.attributes["connection"],

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from kvmem.fsutil import write_atomic
 from kvmem.recovery import Damaged, OnRecovered, set_aside
 from kvmem.semantic.index import ExactIndex, checked_rows
 
@@ -225,8 +225,8 @@ class HnswIndex:
         meta = _Sidecar(self.dim, self.m, self.ef_construction, self.ef_search, self.rebuild_at,
                         graph_sha256=hashlib.sha256(graph.data).hexdigest(),
                         digest=content_digest(self._live.ids, self._live.vectors), labels=list(self._owner))
-        _write_atomic(path, graph.data)
-        _write_atomic(_sidecar(path), json.dumps({"format": _FORMAT, **asdict(meta)}).encode())
+        write_atomic(path, graph.data, durable=True)
+        write_atomic(_sidecar(path), json.dumps({"format": _FORMAT, **asdict(meta)}), durable=True)
 
     @staticmethod
     def delete_files(path: str | os.PathLike[str]) -> None:
@@ -292,20 +292,6 @@ class HnswIndex:
 
 def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".json")
-
-
-def _write_atomic(path: Path, data: bytes | memoryview) -> None:
-    """Write ``data`` to a temporary file beside ``path``, fsync, rename over ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass(frozen=True)

@@ -35,9 +35,9 @@ from typing import Any, NamedTuple
 import numpy as np
 from sqlalchemy import delete, select
 
+from kvmem.catalog.schema import semantic_rows
 from kvmem.ports import Database
 from kvmem.recovery import OnRecovered
-from kvmem.schema import semantic_rows
 from kvmem.semantic.auto import AutoIndex
 from kvmem.semantic.embedder import (
     CachedEmbedder,

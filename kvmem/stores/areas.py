@@ -8,7 +8,7 @@ reads it; it is replaced atomically (temporary file, fsync, rename, directory
 fsync), so a crash leaves the old state or the new one. A file that fails its
 checksum is set aside and rebuilt from the directories (see :mod:`kvmem.recovery`).
 
-:class:`DiskAreas` is what a format migration (:mod:`kvmem.migrate`) does with a
+:class:`DiskAreas` is what a format migration (:mod:`kvmem.ops.migrate`) does with a
 disk tier's areas beyond serving entries: list one, write into one without
 overwriting, switch the state.
 """
@@ -28,6 +28,7 @@ import numpy as np
 from kvmem import blob as blobfmt
 from kvmem.blob import EncodedBlob
 from kvmem.errors import ConfigError, IntegrityError
+from kvmem.fsutil import write_atomic
 from kvmem.keys import is_storage_key
 from kvmem.recovery import Damaged, OnRecovered, set_aside
 from kvmem.stores import files
@@ -210,19 +211,8 @@ def _checksum(fields: dict[str, object]) -> str:
 
 def write_state(root: Path, state: AreaState) -> None:
     """Replace ``root``'s area state atomically and durably."""
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f"{STATE_FILE}.{os.getpid()}.tmp"
     fields = asdict(state)
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({**fields, _CHECKSUM: _checksum(fields)}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, root / STATE_FILE)
-    fd = os.open(root, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomic(root / STATE_FILE, json.dumps({**fields, _CHECKSUM: _checksum(fields)}), durable=True)
 
 
 def entry_file(directory: str, key: str) -> str:

@@ -405,7 +405,7 @@ def _in_format(blob: EncodedBlob, blob_format: int) -> EncodedBlob:
             return blob
     except IntegrityError:
         return blob  # not a blob this tier can read: stored as given, its CRC check fails it on load
-    from kvmem.codecs.pipeline import reframe  # late: the codecs know the header layout; rare path
+    from kvmem.codecs.serialization import reframe  # late: the codecs know the header layout; rare path
 
     buf = blob.to_tensor()
     return reframe(buf, blob_format, blobfmt.verify(buf))

@@ -1,7 +1,7 @@
 """In-memory tiers: what they share (an LRU of entries), and the GPU tier.
 
 ``GpuTier`` keeps blobs in the pages of one preallocated device pool
-(:mod:`kvmem.paged`); the CPU tier (:mod:`kvmem.stores.cpu`) in the pages of one
+(:mod:`kvmem.stores.paged`); the CPU tier (:mod:`kvmem.stores.cpu`) in the pages of one
 host pool (:mod:`kvmem.pool`).
 """
 
@@ -17,8 +17,8 @@ import torch
 
 from kvmem.blob import EncodedBlob
 from kvmem.errors import CapacityError, ConfigError
-from kvmem.paged import PagedBuffer
 from kvmem.stores.base import OpensBlobs, TierBase, Trusted
+from kvmem.stores.paged import PagedBuffer
 from kvmem.stores.readers import BlobReader, open_by_ranges
 
 __all__ = ["LruTier", "GpuTier"]
@@ -62,7 +62,7 @@ class GpuTier(LruTier["_Entry"], Trusted, OpensBlobs):
     """Device-memory tier on a paged pool: blobs live in fixed-size pages of one preallocated buffer.
 
     No allocation per entry and no fragmentation: a blob takes ``ceil(nbytes / page_bytes)``
-    pages from the pool's free list (:class:`~kvmem.paged.PagedBuffer`) and gives them back
+    pages from the pool's free list (:class:`~kvmem.stores.paged.PagedBuffer`) and gives them back
     when deleted or replaced. Writes go through a preallocated staging buffer (pinned on
     CUDA) in runs of at least ``transfer_bytes``: one host-to-device copy and one scatter
     kernel per run rather than one copy per page. Loads from it are not CRC-checked (the

@@ -9,8 +9,8 @@ from kvmem import cuda
 from kvmem.codecs.quant import QuantCodec
 from kvmem.cuda import reference
 from kvmem.cuda.kvquant import quantize_kv
-from kvmem.paged import PagedBuffer
 from kvmem.stores import GpuTier
+from kvmem.stores.paged import PagedBuffer
 from tests.stores.blobs import blob_of
 from tests.stores.test_gpu_tier import key, raw
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,10 +10,10 @@ from transformers import PreTrainedModel
 
 import kvmem
 from kvmem.kv import PrefixCache
+from tests.conftest import MemoryFactory
 from tests.kv.workers import BLOCK, NEW_TOKENS, PROMPT_B, build_model
 
 ModelFactory = Callable[..., PreTrainedModel]
-MemoryFactory = Callable[..., kvmem.Memory]
 
 
 @pytest.fixture(scope="package", autouse=True)
@@ -70,26 +69,7 @@ def reference(tiny_model: ModelFactory) -> Callable[[str], Reference]:
 
 
 @pytest.fixture
-def open_memory(tmp_path: Path) -> Iterator[MemoryFactory]:
-    """``open_memory(**settings)``: a Memory on ``tmp_path / "kvmem"`` (each call a fresh instance on the same files).
-
-    Defaults: 64 MiB CPU tier, 256 MiB disk tier, no fsync. Every instance is closed at teardown.
-    """
-    opened: list[kvmem.Memory] = []
-
-    def open_(**settings: object) -> kvmem.Memory:
-        options: dict[str, object] = {"cpu_bytes": "64MiB", "disk_bytes": "256MiB", "fsync": "never", **settings}
-        memory = kvmem.Memory(str(tmp_path / "kvmem"), **options)
-        opened.append(memory)
-        return memory
-
-    yield open_
-    for memory in opened:
-        memory.close()
-
-
-@pytest.fixture
-def prefix_cache(open_memory: MemoryFactory) -> Iterator[Callable[..., PrefixCache]]:
+def prefix_cache(make_memory: MemoryFactory) -> Iterator[Callable[..., PrefixCache]]:
     """``prefix_cache(model, memory, **options)``: a PrefixCache with ``block_size=BLOCK``, lossless chunks.
 
     Every instance is closed at teardown (before the Memories it uses).

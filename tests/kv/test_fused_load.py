@@ -1,6 +1,6 @@
 """int8/int4 prefix chunks load through the fused dequantize + scatter op, bit for bit as the decode path.
 
-The decode path (``QuantCodec.decode`` through :func:`kvmem.codecs.pipeline.decode_tensor_range`)
+The decode path (``QuantCodec.decode`` through :func:`kvmem.codecs.serialization.decode_tensor_range`)
 is the reference: the fused path must put exactly its values into the cache, so the
 logits and generated tokens of a prefill are the same with either.
 """
@@ -16,8 +16,8 @@ import torch
 import kvmem
 import kvmem.cuda
 from kvmem.codecs import tensor_codec
-from kvmem.codecs.pipeline import decode_value
 from kvmem.codecs.quant import QuantCodec
+from kvmem.codecs.serialization import decode_value
 from kvmem.cuda.kvquant import dequantize_kv_into
 from kvmem.errors import CodecError
 from kvmem.kv import PrefixCache
@@ -132,11 +132,11 @@ def _decoded_prefix(memory: kvmem.Memory, sources: list[ChunkSource], layer_idx:
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
 @pytest.mark.parametrize("compression", QUANT)
 @pytest.mark.parametrize("tier", ["cpu", "disk"])
-def test_fused_load_writes_the_decode_paths_values(tiny_model: Callable, open_memory: Callable,
+def test_fused_load_writes_the_decode_paths_values(tiny_model: Callable, make_memory: Callable,
                                                    prefix_cache: Callable, calls: Calls, arch: str,
                                                    compression: str, tier: str) -> None:
     model = tiny_model(arch)
-    memory = open_memory(cpu_bytes="64MiB" if tier == "cpu" else 0)
+    memory = make_memory(cpu_bytes="64MiB" if tier == "cpu" else 0)
     sources = stored_sources(memory, prefix_cache(model, memory, compression=compression))[:4]
     assert {s.tier for s in sources} == {tier}
     tokens = 4 * BLOCK - 3  # the last chunk is cut; mistral's window also starts inside a chunk
@@ -165,10 +165,10 @@ def _prefill_and_generate(pc: PrefixCache) -> tuple[torch.Tensor, torch.Tensor, 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "mistral"])
 @pytest.mark.parametrize("compression", QUANT)
 def test_prefill_and_generate_are_bit_identical_to_the_decode_path(
-        tiny_model: Callable, open_memory: Callable, prefix_cache: Callable, calls: Calls,
+        tiny_model: Callable, make_memory: Callable, prefix_cache: Callable, calls: Calls,
         monkeypatch: pytest.MonkeyPatch, arch: str, compression: str) -> None:
     model = tiny_model(arch)
-    memory = open_memory(cpu_bytes=0)  # ranged reads from disk
+    memory = make_memory(cpu_bytes=0)  # ranged reads from disk
     stored_sources(memory, prefix_cache(model, memory, compression=compression))
     # prefill and generate each load 4 chunks: one op call per chunk, layer and K/V (a sliding layer: its window's)
     windows = [getattr(layer, "sliding_window", SHARED + 1) - 1 for layer in new_cache(model).layers]
@@ -190,10 +190,10 @@ def test_prefill_and_generate_are_bit_identical_to_the_decode_path(
 
 @pytest.mark.parametrize("layerwise", [True, False])
 def test_the_prompts_new_tokens_go_into_the_room_the_prefix_is_not_copied(
-        tiny_model: Callable, open_memory: Callable, prefix_cache: Callable, monkeypatch: pytest.MonkeyPatch,
+        tiny_model: Callable, make_memory: Callable, prefix_cache: Callable, monkeypatch: pytest.MonkeyPatch,
         layerwise: bool) -> None:
     model = tiny_model("llama")
-    memory = open_memory()
+    memory = make_memory()
     stored_sources(memory, prefix_cache(model, memory, compression="int8"))
     buffers: list[torch.Tensor] = []
     fused_layer = LayerwiseLoader._fused_layer
@@ -211,10 +211,10 @@ def test_the_prompts_new_tokens_go_into_the_room_the_prefix_is_not_copied(
                for h, b in zip(held, buffers))
 
 
-def test_room_that_does_not_fit_the_update_falls_back_to_one_copy(tiny_model: Callable, open_memory: Callable,
+def test_room_that_does_not_fit_the_update_falls_back_to_one_copy(tiny_model: Callable, make_memory: Callable,
                                                                  prefix_cache: Callable) -> None:
     model = tiny_model("qwen2")
-    memory = open_memory()
+    memory = make_memory()
     sources = stored_sources(memory, prefix_cache(model, memory, compression="int8"))[:4]
     suffix = PROMPT_B[:, SHARED:SHARED + 3]
     logits = []
@@ -232,10 +232,10 @@ def _chunk_file(memory: kvmem.Memory, source: ChunkSource) -> Path:
     return Path(memory.config.path) / "disk" / "blobs" / source.key[:2] / f"{source.key}.kvb"
 
 
-def test_a_corrupt_int8_segment_is_caught_before_the_op_reads_it(tiny_model: Callable, open_memory: Callable,
+def test_a_corrupt_int8_segment_is_caught_before_the_op_reads_it(tiny_model: Callable, make_memory: Callable,
                                                                  prefix_cache: Callable, calls: Calls) -> None:
     model = tiny_model("llama")
-    memory = open_memory(cpu_bytes=0)
+    memory = make_memory(cpu_bytes=0)
     sources = stored_sources(memory, prefix_cache(model, memory, compression="int8"))[:4]
     path = _chunk_file(memory, sources[2])
     data = bytearray(path.read_bytes())
@@ -251,10 +251,10 @@ def test_a_corrupt_int8_segment_is_caught_before_the_op_reads_it(tiny_model: Cal
     assert calls.fused == 4 * 2 + 2 * 2  # layer 0: 4 chunks; the last layer: chunks 0 and 1, then the bad one
 
 
-def test_lossless_chunks_keep_the_decode_path(tiny_model: Callable, open_memory: Callable, prefix_cache: Callable,
+def test_lossless_chunks_keep_the_decode_path(tiny_model: Callable, make_memory: Callable, prefix_cache: Callable,
                                               calls: Calls) -> None:
     model = tiny_model("llama")
-    memory = open_memory()
+    memory = make_memory()
     stored_sources(memory, prefix_cache(model, memory, compression="fp16"))
     assert not isinstance(tensor_codec("fp16"), QuantCodec)
     calls.fused = calls.decoded = 0

@@ -93,12 +93,12 @@ def test_disk_eio_on_a_chunk_stops_reuse_before_it(
     mode: str,
     at: str,
     tiny_model: ModelFactory,
-    open_memory: MemoryFactory,
+    make_memory: MemoryFactory,
     prefix_cache: PrefixCacheFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     model, bad = tiny_model("llama"), POSITIONS[position]
-    memory = open_memory(cpu_bytes=0, tier_retry_seconds=0)  # every chunk on disk; retried at once
+    memory = make_memory(cpu_bytes=0, tier_retry_seconds=0)  # every chunk on disk; retried at once
     _store(model, memory, prefix_cache)
     pc = prefix_cache(model, memory, layerwise=MODES[mode])
     _eio_on(monkeypatch, _skeys(memory, pc)[bad], AT[at])
@@ -116,12 +116,12 @@ def test_disk_eio_on_a_chunk_stops_reuse_before_it(
 def test_a_failed_disk_is_skipped_then_retried(
     mode: str,
     tiny_model: ModelFactory,
-    open_memory: MemoryFactory,
+    make_memory: MemoryFactory,
     prefix_cache: PrefixCacheFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     model = tiny_model("llama")
-    memory = open_memory(cpu_bytes=0, tier_retry_seconds=2)
+    memory = make_memory(cpu_bytes=0, tier_retry_seconds=2)
     _store(model, memory, prefix_cache)
     pc = prefix_cache(model, memory, layerwise=MODES[mode])
     _eio_on(monkeypatch, _skeys(memory, pc)[2], AT["last-layer"])
@@ -141,10 +141,10 @@ def test_a_failed_disk_is_skipped_then_retried(
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("position", POSITIONS)
 def test_a_truncated_chunk_file_stops_reuse_before_it(
-    position: str, mode: str, tiny_model: ModelFactory, open_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+    position: str, mode: str, tiny_model: ModelFactory, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
 ) -> None:
     model, bad = tiny_model("llama"), POSITIONS[position]
-    memory = open_memory(cpu_bytes=0)
+    memory = make_memory(cpu_bytes=0)
     _store(model, memory, prefix_cache)
     pc = prefix_cache(model, memory, layerwise=MODES[mode])
     skey = _skeys(memory, pc)[bad]
@@ -178,13 +178,13 @@ def test_redis_gone_while_a_chunk_is_read_stops_reuse_before_it(
     mode: str,
     at: str,
     tiny_model: ModelFactory,
-    open_memory: MemoryFactory,
+    make_memory: MemoryFactory,
     prefix_cache: PrefixCacheFactory,
     redis_server: RedisServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     model, bad = tiny_model("llama"), POSITIONS[position]
-    memory = open_memory(disk_bytes=0, remote_url=redis_server.url, tier_retry_seconds=60)
+    memory = make_memory(disk_bytes=0, remote_url=redis_server.url, tier_retry_seconds=60)
     _store(model, memory, prefix_cache)
     pc = prefix_cache(model, memory, layerwise=MODES[mode])
     skeys = _skeys(memory, pc)
@@ -200,12 +200,12 @@ def test_redis_gone_while_a_chunk_is_read_stops_reuse_before_it(
 
 def test_prefetch_with_redis_gone_finds_nothing_and_counts_it(
     tiny_model: ModelFactory,
-    open_memory: MemoryFactory,
+    make_memory: MemoryFactory,
     prefix_cache: PrefixCacheFactory,
     redis_server: RedisServer,
 ) -> None:
     model = tiny_model("llama")
-    memory = open_memory(cpu_bytes=0, disk_bytes=0, remote_url=redis_server.url, tier_retry_seconds=60)
+    memory = make_memory(cpu_bytes=0, disk_bytes=0, remote_url=redis_server.url, tier_retry_seconds=60)
     _store(model, memory, prefix_cache)
     pc = prefix_cache(model, memory)
     redis_server.stop()

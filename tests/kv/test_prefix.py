@@ -54,9 +54,9 @@ def _chunk_hits(memory: kvmem.Memory, tier: str) -> int:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_reuse_from_cpu_tier_is_exact(arch: str, tiny_model: ModelFactory, reference: Callable[[str], Reference],
-                                      open_memory: MemoryFactory, prefix_cache: PrefixCacheFactory) -> None:
+                                      make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory) -> None:
     model, ref = tiny_model(arch), reference(arch)
-    memory = open_memory()
+    memory = make_memory()
     pc = prefix_cache(model, memory)
 
     first = pc.prefill(PROMPT_A)
@@ -83,10 +83,10 @@ def test_reuse_from_cpu_tier_is_exact(arch: str, tiny_model: ModelFactory, refer
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_int8_chunks_are_reused(arch: str, tiny_model: ModelFactory, reference: Callable[[str], Reference],
-                                open_memory: MemoryFactory, prefix_cache: PrefixCacheFactory) -> None:
+                                make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory) -> None:
     """int8 KV is lossy: its accuracy is reported, not asserted (a trained model is what measures it)."""
     model, ref = tiny_model(arch), reference(arch)
-    memory = open_memory()
+    memory = make_memory()
     pc = prefix_cache(model, memory, compression="int8")
     pc.prefill(PROMPT_A)
     pc.flush()
@@ -114,9 +114,9 @@ def test_int8_chunks_are_reused(arch: str, tiny_model: ModelFactory, reference: 
     (3 * BLOCK + 1, 3 * BLOCK),  # 3 chunks + 1 token
 ])
 def test_repeat_prompt_reuse_at_chunk_boundaries(length: int, expected: int, tiny_model: ModelFactory,
-                                                 open_memory: MemoryFactory,
+                                                 make_memory: MemoryFactory,
                                                  prefix_cache: PrefixCacheFactory) -> None:
-    model, memory = tiny_model("llama"), open_memory()
+    model, memory = tiny_model("llama"), make_memory()
     pc = prefix_cache(model, memory)
     ids = prompt(7, length)
     assert pc.prefill(ids).reused_tokens == 0
@@ -130,10 +130,10 @@ def test_repeat_prompt_reuse_at_chunk_boundaries(length: int, expected: int, tin
     assert [memory.info(k, namespace=pc.namespace).version for k in pc.chunk_keys(ids)] == [1] * (length // BLOCK)
 
 
-def test_divergence_inside_chunk_2_reuses_the_chunks_before_it(tiny_model: ModelFactory, open_memory: MemoryFactory,
+def test_divergence_inside_chunk_2_reuses_the_chunks_before_it(tiny_model: ModelFactory, make_memory: MemoryFactory,
                                                                prefix_cache: PrefixCacheFactory) -> None:
     model = tiny_model("llama")
-    pc = prefix_cache(model, open_memory())
+    pc = prefix_cache(model, make_memory())
     ids = prompt(8, 4 * BLOCK + 3)
     pc.prefill(ids)
     pc.flush()
@@ -146,10 +146,10 @@ def test_divergence_inside_chunk_2_reuses_the_chunks_before_it(tiny_model: Model
     assert _max_diff(result, _full_logits(model, changed)) <= EXACT
 
 
-def test_two_prompts_sharing_3_chunks(tiny_model: ModelFactory, open_memory: MemoryFactory,
+def test_two_prompts_sharing_3_chunks(tiny_model: ModelFactory, make_memory: MemoryFactory,
                                       prefix_cache: PrefixCacheFactory) -> None:
     model = tiny_model("llama")
-    pc = prefix_cache(model, open_memory())
+    pc = prefix_cache(model, make_memory())
     shared = prompt(9, 3 * BLOCK)
     first = torch.cat([shared, prompt(10, 2 * BLOCK + 4)], dim=1)
     second = torch.cat([shared, prompt(11, 2 * BLOCK + 4)], dim=1)
@@ -168,14 +168,14 @@ def test_two_prompts_sharing_3_chunks(tiny_model: ModelFactory, open_memory: Mem
 # -- model fingerprint ------------------------------------------------------------------------------------------
 
 
-def test_same_config_different_weights_never_share_chunks(tiny_model: ModelFactory, open_memory: MemoryFactory,
+def test_same_config_different_weights_never_share_chunks(tiny_model: ModelFactory, make_memory: MemoryFactory,
                                                           prefix_cache: PrefixCacheFactory) -> None:
     base, other = tiny_model("llama", seed=0), tiny_model("llama", seed=1)
     assert base.config.to_dict() == other.config.to_dict()
     assert model_fingerprint(base) != model_fingerprint(other)
     assert model_fingerprint(base) == model_fingerprint(build_model("llama", seed=0))
 
-    memory = open_memory()
+    memory = make_memory()
     pc_base, pc_other = prefix_cache(base, memory), prefix_cache(other, memory)
     ids = prompt(12, 3 * BLOCK + 2)
     pc_base.prefill(ids)
@@ -188,10 +188,10 @@ def test_same_config_different_weights_never_share_chunks(tiny_model: ModelFacto
     assert _max_diff(result, _full_logits(other, ids)) <= EXACT
 
 
-def _store_and_close(model: torch.nn.Module, ids: torch.Tensor, open_memory: MemoryFactory,
+def _store_and_close(model: torch.nn.Module, ids: torch.Tensor, make_memory: MemoryFactory,
                      prefix_cache: PrefixCacheFactory) -> None:
     """Prefill ``ids`` through one Memory and close it: its chunks are on disk, its CPU tier gone."""
-    writer = open_memory()
+    writer = make_memory()
     pc = prefix_cache(model, writer)
     pc.prefill(ids)
     pc.close()
@@ -201,13 +201,13 @@ def _store_and_close(model: torch.nn.Module, ids: torch.Tensor, open_memory: Mem
 # -- corruption -------------------------------------------------------------------------------------------------
 
 
-def test_corrupt_middle_chunk_on_disk_stops_reuse_before_it(tiny_model: ModelFactory, open_memory: MemoryFactory,
+def test_corrupt_middle_chunk_on_disk_stops_reuse_before_it(tiny_model: ModelFactory, make_memory: MemoryFactory,
                                                             prefix_cache: PrefixCacheFactory) -> None:
     model = tiny_model("llama")
     ids = prompt(13, 5 * BLOCK + 3)
-    _store_and_close(model, ids, open_memory, prefix_cache)
+    _store_and_close(model, ids, make_memory, prefix_cache)
 
-    reader = open_memory(cpu_bytes=0)  # every load reads the disk tier
+    reader = make_memory(cpu_bytes=0)  # every load reads the disk tier
     pc = prefix_cache(model, reader)
     middle = pc.chunk_keys(ids)[2]
     blob = Path(reader.config.path) / "disk" / "blobs"
@@ -231,9 +231,9 @@ def test_corrupt_middle_chunk_on_disk_stops_reuse_before_it(tiny_model: ModelFac
 # -- metrics ----------------------------------------------------------------------------------------------------
 
 
-def test_metrics_count_tokens_chunk_hits_and_ttft(tiny_model: ModelFactory, open_memory: MemoryFactory,
+def test_metrics_count_tokens_chunk_hits_and_ttft(tiny_model: ModelFactory, make_memory: MemoryFactory,
                                                   prefix_cache: PrefixCacheFactory) -> None:
-    memory = open_memory()
+    memory = make_memory()
     pc = prefix_cache(tiny_model("llama"), memory)
     ids = prompt(14, 3 * BLOCK + 5)
     pc.prefill(ids)
@@ -248,9 +248,9 @@ def test_metrics_count_tokens_chunk_hits_and_ttft(tiny_model: ModelFactory, open
     assert memory.metrics.value("kvmem_ttft_seconds_count") == 2
 
 
-def test_cold_then_warm_prompt_reads_hit_rate_one_half(tiny_model: ModelFactory, open_memory: MemoryFactory,
+def test_cold_then_warm_prompt_reads_hit_rate_one_half(tiny_model: ModelFactory, make_memory: MemoryFactory,
                                                        prefix_cache: PrefixCacheFactory) -> None:
-    memory = open_memory()
+    memory = make_memory()
     pc = prefix_cache(tiny_model("llama"), memory)
     ids = prompt(19, 3 * BLOCK + 5)
     pc.prefill(ids)  # cold: its 3 chunks are computed, each a miss
@@ -263,9 +263,9 @@ def test_cold_then_warm_prompt_reads_hit_rate_one_half(tiny_model: ModelFactory,
     assert memory.stats().hit_rate == pytest.approx(0.5)
 
 
-def test_chunks_after_a_missing_one_are_misses(tiny_model: ModelFactory, open_memory: MemoryFactory,
+def test_chunks_after_a_missing_one_are_misses(tiny_model: ModelFactory, make_memory: MemoryFactory,
                                                prefix_cache: PrefixCacheFactory) -> None:
-    memory = open_memory()
+    memory = make_memory()
     pc = prefix_cache(tiny_model("llama"), memory)
     ids = prompt(20, 4 * BLOCK)
     pc.prefill(ids)
@@ -280,10 +280,10 @@ def test_chunks_after_a_missing_one_are_misses(tiny_model: ModelFactory, open_me
 # -- explicit store and prefetch --------------------------------------------------------------------------------
 
 
-def test_store_of_a_plain_forward_cache_is_reused(tiny_model: ModelFactory, open_memory: MemoryFactory,
+def test_store_of_a_plain_forward_cache_is_reused(tiny_model: ModelFactory, make_memory: MemoryFactory,
                                                   prefix_cache: PrefixCacheFactory) -> None:
     model = tiny_model("llama")
-    pc = prefix_cache(model, open_memory())
+    pc = prefix_cache(model, make_memory())
     ids = prompt(15, 3 * BLOCK + 7)
     arg = cache_argument(model)
     with torch.no_grad():
@@ -296,13 +296,13 @@ def test_store_of_a_plain_forward_cache_is_reused(tiny_model: ModelFactory, open
     assert _max_diff(result, _full_logits(model, longer)) <= EXACT
 
 
-def test_prefetch_warms_chunks_from_disk_into_the_cpu_tier(tiny_model: ModelFactory, open_memory: MemoryFactory,
+def test_prefetch_warms_chunks_from_disk_into_the_cpu_tier(tiny_model: ModelFactory, make_memory: MemoryFactory,
                                                            prefix_cache: PrefixCacheFactory) -> None:
     model = tiny_model("llama")
     ids = prompt(17, 4 * BLOCK + 2)
-    _store_and_close(model, ids, open_memory, prefix_cache)
+    _store_and_close(model, ids, make_memory, prefix_cache)
 
-    memory = open_memory()  # reopened: the CPU tier starts empty, the disk tier holds the chunks
+    memory = make_memory()  # reopened: the CPU tier starts empty, the disk tier holds the chunks
     cpu = next(t for t in memory._tiers.tiers if t.name == "cpu")
     pc = prefix_cache(model, memory)
     skeys = [memory.storage_key(k, pc.namespace) for k in pc.chunk_keys(ids)]
@@ -328,9 +328,9 @@ def test_prefetch_warms_chunks_from_disk_into_the_cpu_tier(tiny_model: ModelFact
 ])
 @pytest.mark.parametrize("method", ["prefill", "lookup", "generate", "prefetch", "chunk_keys"])
 def test_bad_input_ids_raise_invalid_key_error(bad: object, method: str, tiny_model: ModelFactory,
-                                               open_memory: MemoryFactory,
+                                               make_memory: MemoryFactory,
                                                prefix_cache: PrefixCacheFactory) -> None:
-    pc = prefix_cache(tiny_model("llama"), open_memory())
+    pc = prefix_cache(tiny_model("llama"), make_memory())
     with pytest.raises(InvalidKeyError, match="input_ids"):
         getattr(pc, method)(bad)
 

@@ -56,10 +56,10 @@ def _max_diff(result: PrefillResult, full_logits: torch.Tensor) -> float:
     return (result.logits - full_logits[:, result.reused_tokens:]).abs().max().item()
 
 
-def test_embeds_prefill_reuses_a_scoped_prefix_exactly(tiny_model: ModelFactory, open_memory: MemoryFactory,
+def test_embeds_prefill_reuses_a_scoped_prefix_exactly(tiny_model: ModelFactory, make_memory: MemoryFactory,
                                                        prefix_cache: PrefixCacheFactory) -> None:
     model = tiny_model("llama")
-    pc = prefix_cache(model, open_memory())
+    pc = prefix_cache(model, make_memory())
     turn1 = _image_prompt(20, 2 * BLOCK + 3)
     turn2 = torch.cat([turn1, _text(21, BLOCK + 5)], dim=1)  # the same image and conversation, one more question
 
@@ -75,10 +75,10 @@ def test_embeds_prefill_reuses_a_scoped_prefix_exactly(tiny_model: ModelFactory,
     assert _max_diff(result, _full_logits(model, embeds2)) <= EXACT
 
 
-def test_two_images_with_the_same_ids_never_share_chunks(tiny_model: ModelFactory, open_memory: MemoryFactory,
+def test_two_images_with_the_same_ids_never_share_chunks(tiny_model: ModelFactory, make_memory: MemoryFactory,
                                                          prefix_cache: PrefixCacheFactory) -> None:
     model = tiny_model("llama")
-    memory = open_memory()
+    memory = make_memory()
     pc = prefix_cache(model, memory)
     ids = _image_prompt(22, BLOCK + 2)
     keys = {scope: pc.chunk_keys(ids, scope=scope) for scope in ("", "image-1", "image-2")}
@@ -97,10 +97,10 @@ def test_two_images_with_the_same_ids_never_share_chunks(tiny_model: ModelFactor
     assert memory.metrics.value("kvmem_kv_tokens_total", kind="reused") == 0
 
 
-def test_store_and_generate_key_their_chunks_by_scope(tiny_model: ModelFactory, open_memory: MemoryFactory,
+def test_store_and_generate_key_their_chunks_by_scope(tiny_model: ModelFactory, make_memory: MemoryFactory,
                                                      prefix_cache: PrefixCacheFactory) -> None:
     model = tiny_model("llama")
-    pc = prefix_cache(model, open_memory())
+    pc = prefix_cache(model, make_memory())
     ids = _text(30, 2 * BLOCK + 3)
     with torch.no_grad():
         cache = model(ids, use_cache=True)[cache_argument(model)]
@@ -114,9 +114,9 @@ def test_store_and_generate_key_their_chunks_by_scope(tiny_model: ModelFactory, 
     assert torch.equal(pc.generate(ids, scope="s", max_new_tokens=BLOCK, do_sample=False), out)
 
 
-def test_scope_is_not_spelled_by_another_namespace(tiny_model: ModelFactory, open_memory: MemoryFactory,
+def test_scope_is_not_spelled_by_another_namespace(tiny_model: ModelFactory, make_memory: MemoryFactory,
                                                    prefix_cache: PrefixCacheFactory) -> None:
-    model, memory = tiny_model("llama"), open_memory()
+    model, memory = tiny_model("llama"), make_memory()
     ids = prompt(23, 2 * BLOCK)
     scoped = prefix_cache(model, memory, namespace="a").chunk_keys(ids, scope="b")
     for namespace, scope in (("a/b", ""), ("a", "b/"), ("ab", ""), ("", "ab"), ("a\x00b", "")):
@@ -129,17 +129,17 @@ def test_scope_is_not_spelled_by_another_namespace(tiny_model: ModelFactory, ope
     pytest.param(torch.zeros(8, 64, dtype=torch.long), id="integer"),
     pytest.param(torch.zeros(64), id="1-d"),
 ])
-def test_bad_inputs_embeds_raise(bad: torch.Tensor, tiny_model: ModelFactory, open_memory: MemoryFactory,
+def test_bad_inputs_embeds_raise(bad: torch.Tensor, tiny_model: ModelFactory, make_memory: MemoryFactory,
                                  prefix_cache: PrefixCacheFactory) -> None:
-    pc = prefix_cache(tiny_model("llama"), open_memory())
+    pc = prefix_cache(tiny_model("llama"), make_memory())
     with pytest.raises(InvalidKeyError, match="inputs_embeds"):
         pc.prefill(prompt(24, 8), inputs_embeds=bad)
 
 
 @pytest.mark.parametrize("method", ["prefill", "lookup", "chunk_keys", "prefetch"])
-def test_a_scope_that_is_not_a_str_raises(method: str, tiny_model: ModelFactory, open_memory: MemoryFactory,
+def test_a_scope_that_is_not_a_str_raises(method: str, tiny_model: ModelFactory, make_memory: MemoryFactory,
                                           prefix_cache: PrefixCacheFactory) -> None:
-    pc = prefix_cache(tiny_model("llama"), open_memory())
+    pc = prefix_cache(tiny_model("llama"), make_memory())
     with pytest.raises(InvalidKeyError, match="scope"):
         getattr(pc, method)(prompt(25, 2 * BLOCK), scope=b"image")
 
@@ -169,9 +169,9 @@ def _llava_embeds(model: LlavaForConditionalGeneration, ids: torch.Tensor, pixel
 
 
 def test_llava_prefill_from_merged_embeddings_matches_its_own_forward(
-        llava: LlavaForConditionalGeneration, open_memory: MemoryFactory,
+        llava: LlavaForConditionalGeneration, make_memory: MemoryFactory,
         prefix_cache: PrefixCacheFactory) -> None:
-    pc = prefix_cache(llava, open_memory())
+    pc = prefix_cache(llava, make_memory())
     assert cache_argument(llava) in ("cache", "past_key_values")  # NOTE: 5.19: past_key_values
     pixels = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(5))
     head = torch.cat([torch.tensor([[1]]), torch.full((1, 16), IMAGE_TOKEN), _text(26, BLOCK + 3)], dim=1)
@@ -195,9 +195,9 @@ def test_llava_prefill_from_merged_embeddings_matches_its_own_forward(
         assert (step - whole).abs().max().item() <= EXACT
 
 
-def test_llava_text_only_prompt_reuses_by_ids(llava: LlavaForConditionalGeneration, open_memory: MemoryFactory,
+def test_llava_text_only_prompt_reuses_by_ids(llava: LlavaForConditionalGeneration, make_memory: MemoryFactory,
                                               prefix_cache: PrefixCacheFactory) -> None:
-    memory: kvmem.Memory = open_memory()
+    memory: kvmem.Memory = make_memory()
     pc = prefix_cache(llava, memory)
     ids = _text(29, 3 * BLOCK + 2)
     pc.prefill(ids)

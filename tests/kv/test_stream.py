@@ -25,10 +25,10 @@ def _chunk_file(memory: kvmem.Memory, source: ChunkSource) -> Path:
 
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
 @pytest.mark.parametrize("tier", ["cpu", "disk"])
-def test_loader_fills_each_layer_with_the_stored_prefix(tiny_model: Callable, open_memory: Callable,
+def test_loader_fills_each_layer_with_the_stored_prefix(tiny_model: Callable, make_memory: Callable,
                                                        prefix_cache: Callable, arch: str, tier: str) -> None:
     model = tiny_model(arch)
-    memory = open_memory(cpu_bytes="64MiB" if tier == "cpu" else 0)
+    memory = make_memory(cpu_bytes="64MiB" if tier == "cpu" else 0)
     sources = stored_sources(memory, prefix_cache(model, memory))
     assert {s.tier for s in sources} == {tier}
     full = new_cache(model)  # records every token, sliding layers included
@@ -50,10 +50,10 @@ def test_loader_fills_each_layer_with_the_stored_prefix(tiny_model: Callable, op
             assert torch.equal(layer.values, want.values[:, :, :tokens])
 
 
-def test_a_corrupt_layer_segment_is_reported_with_its_chunk(tiny_model: Callable, open_memory: Callable,
+def test_a_corrupt_layer_segment_is_reported_with_its_chunk(tiny_model: Callable, make_memory: Callable,
                                                             prefix_cache: Callable) -> None:
     model = tiny_model("llama")
-    memory = open_memory(cpu_bytes=0)
+    memory = make_memory(cpu_bytes=0)
     sources = stored_sources(memory, prefix_cache(model, memory))
     path = _chunk_file(memory, sources[2])
     data = bytearray(path.read_bytes())
@@ -68,10 +68,10 @@ def test_a_corrupt_layer_segment_is_reported_with_its_chunk(tiny_model: Callable
     assert info.value.key == sources[2].key and "CRC32C" in str(info.value)
 
 
-def test_a_chunk_gone_before_the_read_is_not_called_corrupt(tiny_model: Callable, open_memory: Callable,
+def test_a_chunk_gone_before_the_read_is_not_called_corrupt(tiny_model: Callable, make_memory: Callable,
                                                             prefix_cache: Callable) -> None:
     model = tiny_model("llama")
-    memory = open_memory(cpu_bytes=0)
+    memory = make_memory(cpu_bytes=0)
     sources = stored_sources(memory, prefix_cache(model, memory))
     _chunk_file(memory, sources[1]).unlink()
     cache = new_cache(model, StreamingCache)
@@ -83,10 +83,10 @@ def test_a_chunk_gone_before_the_read_is_not_called_corrupt(tiny_model: Callable
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "gpt2"])
 def test_layerwise_and_load_all_give_the_same_exact_logits(tiny_model: Callable, reference: Callable,
-                                                          open_memory: Callable, prefix_cache: Callable,
+                                                          make_memory: Callable, prefix_cache: Callable,
                                                           arch: str) -> None:
     model = tiny_model(arch)
-    memory = open_memory(cpu_bytes=0)  # every chunk read from disk, in ranged reads
+    memory = make_memory(cpu_bytes=0)  # every chunk read from disk, in ranged reads
     writer = prefix_cache(model, memory)
     writer.prefill(PROMPT_B)
     writer.flush()
@@ -99,10 +99,10 @@ def test_layerwise_and_load_all_give_the_same_exact_logits(tiny_model: Callable,
 
 
 def test_corrupt_header_of_the_first_chunk_falls_back_to_a_full_prefill(tiny_model: Callable, reference: Callable,
-                                                                       open_memory: Callable,
+                                                                       make_memory: Callable,
                                                                        prefix_cache: Callable) -> None:
     model = tiny_model("qwen2")
-    memory = open_memory(cpu_bytes=0)
+    memory = make_memory(cpu_bytes=0)
     pc = prefix_cache(model, memory)
     sources = stored_sources(memory, pc)
     path = _chunk_file(memory, sources[0])

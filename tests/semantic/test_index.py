@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvmem.semantic import AutoIndex, ExactIndex, HnswIndex, VectorIndex, content_digest
+from kvmem.semantic import AutoIndex, ExactIndex, HnswIndex, VectorIndex
+from kvmem.semantic.hnsw import content_digest
 
 DIM = 8
 

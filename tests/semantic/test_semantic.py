@@ -12,11 +12,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from kvmem import Memory
-from kvmem.semantic import (
-    CachedEmbedder,
-    ExactIndex,
-    differs,
-)
+from kvmem.semantic import CachedEmbedder, ExactIndex
+from kvmem.semantic.verify import differs
 
 PARAPHRASES = [
     ("How do I reset my password?", "I forgot my password, how to reset it?"),

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvmem.semantic import RuleVerifier, differs, reason
+from kvmem.semantic import RuleVerifier
+from kvmem.semantic.verify import differs, reason
 
 REJECTED = [  # (query, candidate, rule that must fire)
     ("What is the population of Norway?", "What is the population of Sweden?", "protected"),

@@ -4,7 +4,7 @@ and the two-node prefix-reuse scenario."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,6 +12,7 @@ import torch
 
 import kvmem
 from kvmem.stores.redis import RedisTier
+from tests.conftest import MemoryFactory
 
 
 def unique_prefix(request: pytest.FixtureRequest) -> str:
@@ -28,21 +29,15 @@ def redis_tier(mem: kvmem.Memory) -> RedisTier:
     return found
 
 
-def open_memories(tmp_path: Path, default_url: str) -> Iterator[Callable[..., kvmem.Memory]]:
-    """Yields ``open_(name="a", url=None, **settings)``: a Memory with a 1 MiB CPU tier, no disk, the remote
-    tier at ``url`` (default ``default_url``); every one opened is closed afterwards."""
-    made: list[kvmem.Memory] = []
+def over_remote(make_memory: MemoryFactory, default_url: str | None = None, **defaults: object) -> MemoryFactory:
+    """``open_(name="a", url=None, **settings)``: ``make_memory`` with the remote tier at ``url`` (default
+    ``default_url``) and, unless ``defaults`` or ``settings`` say otherwise, a 1 MiB CPU tier and no disk."""
 
     def open_(name: str = "a", url: str | None = None, **settings: object) -> kvmem.Memory:
-        options: dict[str, object] = {"cpu_bytes": "1MiB", "disk_bytes": 0, "fsync": "never",
-                                      "remote_url": url or default_url, **settings}
-        mem = kvmem.Memory(str(tmp_path / name), **options)
-        made.append(mem)
-        return mem
+        options: dict[str, object] = {"cpu_bytes": "1MiB", "disk_bytes": 0, **defaults, **settings}
+        return make_memory(name, remote_url=url or default_url, **options)
 
-    yield open_
-    for mem in made:
-        mem.close()
+    return open_
 
 
 def second_node_reuses_first_nodes_prefix(tmp_path: Path, remote_url: str, catalog_url: str,

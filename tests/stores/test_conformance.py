@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +31,7 @@ from kvmem.metrics import Metrics
 from kvmem.stores import Capabilities, CpuTier, DiskTier, GpuTier, StorageTier, TieredStore
 from kvmem.stores.redis import RedisTier
 from tests.bounds import assert_bit_exact, error_bound
+from tests.conftest import MemoryFactory
 from tests.stores.blobs import blob_of
 from tests.stores.redis_helpers import unique_prefix, with_options
 
@@ -297,37 +298,24 @@ def test_memory_tier_on_meta_device_keeps_device() -> None:
 # =================================================================================================
 # Level 2: the store contract through Memory, over every tier stack and codec
 # =================================================================================================
-def open_memory(stack: str, path: Path, *, cpu: int = 64 << 20, disk: int = 64 << 20,
-                **settings: object) -> kvmem.Memory:
-    """A Memory at ``path`` whose tiers are ``stack``: one tier alone, or cpu + disk."""
-    if stack == "cpu":
-        return kvmem.Memory(str(path), cpu_bytes=cpu, disk_bytes=0, fsync="never", **settings)
-    if stack == "disk":
-        return kvmem.Memory(str(path), cpu_bytes=0, disk_bytes=disk, fsync="never", **settings)
-    if stack == "cpu+disk":
-        return kvmem.Memory(str(path), cpu_bytes=cpu, disk_bytes=disk, fsync="never", **settings)
-    assert stack == "gpu"
-    mem = kvmem.Memory(str(path), cpu_bytes=cpu, disk_bytes=0, fsync="never", **settings)
-    mem._tiers.close()
-    # NOTE: gpu_bytes needs CUDA; the GPU tier's code path runs on any torch device, so build it by hand.
-    mem._tiers = TieredStore([GpuTier(cpu, device="cpu")], mem.metrics, offload_threshold=mem.config.offload_threshold,
-                             on_removed=mem._catalog.record_removed)
-    return mem
-
-
 @pytest.fixture
-def opened(tmp_path: Path) -> Iterator[Callable[..., kvmem.Memory]]:
-    """``open_memory`` whose Memories are closed after the test."""
-    made: list[kvmem.Memory] = []
+def opened(make_memory: MemoryFactory) -> MemoryFactory:
+    """``opened(stack, cpu=64 MiB, disk=64 MiB, **settings)``: ``make_memory`` over the tiers ``stack`` names.
 
-    def make(stack: str, **kwargs: object) -> kvmem.Memory:
-        mem = open_memory(stack, tmp_path / "kvmem", **kwargs)  # type: ignore[arg-type]
-        made.append(mem)
+    ``"gpu"``: one GPU tier alone, built on the CPU device (``gpu_bytes`` needs CUDA; the GPU tier's
+    code path runs on any torch device).
+    """
+
+    def make(stack: str, *, cpu: int = 64 << 20, disk: int = 64 << 20, **settings: object) -> kvmem.Memory:
+        if stack != "gpu":
+            return make_memory(stack=stack, cpu_bytes=cpu, disk_bytes=disk, **settings)
+        mem = make_memory(stack="cpu", cpu_bytes=cpu, **settings)
+        mem._tiers.close()
+        mem._tiers = TieredStore([GpuTier(cpu, device="cpu")], mem.metrics,
+                                 offload_threshold=mem.config.offload_threshold, on_removed=mem._catalog.record_removed)
         return mem
 
-    yield make
-    for mem in made:
-        mem.close()
+    return make
 
 
 def kv(seed: int = 0, shift: float = 0.0) -> dict[str, torch.Tensor]:
@@ -381,7 +369,7 @@ def _position(buf: torch.Tensor, where: str) -> int:
 # -- round trip, miss, overwrite, delete -----------------------------------------------------------
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("stack", STACKS)
-def test_round_trip(opened: Callable[..., kvmem.Memory], stack: str, spec: str) -> None:
+def test_round_trip(opened: MemoryFactory, stack: str, spec: str) -> None:
     mem = opened(stack)
     value = kv()
     skey = mem.store("chunk", value, compression=spec)
@@ -394,7 +382,7 @@ def test_round_trip(opened: Callable[..., kvmem.Memory], stack: str, spec: str) 
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_miss(opened: Callable[..., kvmem.Memory], stack: str) -> None:
+def test_miss(opened: MemoryFactory, stack: str) -> None:
     mem = opened(stack)
     assert mem.load("never stored") is None
     assert mem.load("never stored", MISSING) is MISSING
@@ -405,7 +393,7 @@ def test_miss(opened: Callable[..., kvmem.Memory], stack: str) -> None:
 
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("stack", STACKS)
-def test_overwrite_makes_new_version(opened: Callable[..., kvmem.Memory], stack: str, spec: str) -> None:
+def test_overwrite_makes_new_version(opened: MemoryFactory, stack: str, spec: str) -> None:
     mem = opened(stack)
     v1, v2 = kv(1), kv(2, shift=10.0)
     mem.store("chunk", v1, compression=spec)
@@ -424,7 +412,7 @@ def test_overwrite_makes_new_version(opened: Callable[..., kvmem.Memory], stack:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_delete(opened: Callable[..., kvmem.Memory], stack: str) -> None:
+def test_delete(opened: MemoryFactory, stack: str) -> None:
     mem = opened(stack)
     skey = mem.store("a", kv(1))
     mem.store("b", kv(2))
@@ -442,7 +430,7 @@ def entry_value(i: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_eviction_is_lru_and_a_recent_read_survives(opened: Callable[..., kvmem.Memory], stack: str) -> None:
+def test_eviction_is_lru_and_a_recent_read_survives(opened: MemoryFactory, stack: str) -> None:
     # One tier: room for 5 entries. cpu + disk: the cpu tier holds 2 (0.7 threshold), the disk 5.
     if stack == "cpu+disk":
         mem = opened(stack, cpu=int(3.5 * ENTRY), disk=int(5.5 * ENTRY))
@@ -471,7 +459,7 @@ def test_eviction_is_lru_and_a_recent_read_survives(opened: Callable[..., kvmem.
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_value_larger_than_every_tier_is_refused(opened: Callable[..., kvmem.Memory], stack: str) -> None:
+def test_value_larger_than_every_tier_is_refused(opened: MemoryFactory, stack: str) -> None:
     mem = opened(stack, cpu=4 * ENTRY, disk=4 * ENTRY)
     mem.store("small", entry_value(1))
     with pytest.raises(kvmem.CapacityError):
@@ -484,7 +472,7 @@ def test_value_larger_than_every_tier_is_refused(opened: Callable[..., kvmem.Mem
 @pytest.mark.parametrize("spec, where", [(spec, "payload") for spec in SPECS] + [("none", "header"),
                                                                                   ("none", "trailer")])
 @pytest.mark.parametrize("stack", CRC_STACKS)
-def test_corruption_is_a_miss_never_wrong_data(opened: Callable[..., kvmem.Memory], stack: str, spec: str,
+def test_corruption_is_a_miss_never_wrong_data(opened: MemoryFactory, stack: str, spec: str,
                                                where: str) -> None:
     mem = opened(stack, **VERIFY)
     skey = mem.store("chunk", kv(3), compression=spec)
@@ -501,7 +489,7 @@ def test_corruption_is_a_miss_never_wrong_data(opened: Callable[..., kvmem.Memor
 
 
 @pytest.mark.parametrize("spec", ["none", "int4+lz4"])
-def test_corrupt_upper_copy_falls_back_to_a_good_lower_copy(opened: Callable[..., kvmem.Memory], spec: str) -> None:
+def test_corrupt_upper_copy_falls_back_to_a_good_lower_copy(opened: MemoryFactory, spec: str) -> None:
     mem = opened("cpu+disk", **VERIFY)
     value = kv(4)
     skey = mem.store("chunk", value, compression=spec)
@@ -515,7 +503,7 @@ def test_corrupt_upper_copy_falls_back_to_a_good_lower_copy(opened: Callable[...
 
 
 @pytest.mark.parametrize("stack", CRC_STACKS)
-def test_corruption_strict_raises_and_regenerate_rebuilds(opened: Callable[..., kvmem.Memory], stack: str) -> None:
+def test_corruption_strict_raises_and_regenerate_rebuilds(opened: MemoryFactory, stack: str) -> None:
     mem = opened(stack, **VERIFY)
     skey = mem.store("chunk", kv(5))
     for t in mem._tiers.tiers:
@@ -535,7 +523,7 @@ def test_corruption_strict_raises_and_regenerate_rebuilds(opened: Callable[..., 
 
 
 @pytest.mark.parametrize("stack", sorted(PERSISTENT))
-def test_truncated_or_emptied_file_is_a_miss(opened: Callable[..., kvmem.Memory], stack: str) -> None:
+def test_truncated_or_emptied_file_is_a_miss(opened: MemoryFactory, stack: str) -> None:
     mem = opened(stack, cpu=1)  # the cpu tier (if any) is too small: disk is the only copy
     skey = mem.store("a", kv(1))
     mem.store("b", kv(2))
@@ -551,13 +539,13 @@ def test_truncated_or_emptied_file_is_a_miss(opened: Callable[..., kvmem.Memory]
 # -- reopen ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("stack", STACKS)
-def test_reopen_after_close(tmp_path: Path, stack: str, spec: str) -> None:
+def test_reopen_after_close(opened: MemoryFactory, stack: str, spec: str) -> None:
     values = {f"c{i}": kv(i) for i in range(3)}
-    with open_memory(stack, tmp_path / "kvmem") as mem:
+    with opened(stack) as mem:
         for name, value in values.items():
             mem.store(name, value, compression=spec, metadata={"name": name})
         mem.store("c0", values["c0"], compression=spec, metadata={"name": "c0"})  # version 2
-    with open_memory(stack, tmp_path / "kvmem") as mem:
+    with opened(stack) as mem:
         if stack in PERSISTENT:
             for name, value in values.items():
                 assert mem.contains(name)
@@ -574,21 +562,21 @@ def test_reopen_after_close(tmp_path: Path, stack: str, spec: str) -> None:
                 assert mem.load(name, MISSING) is MISSING
 
 
-def test_reopen_sees_no_corrupt_data_after_a_file_is_damaged_while_closed(tmp_path: Path) -> None:
-    with open_memory("disk", tmp_path / "kvmem") as mem:
+def test_reopen_sees_no_corrupt_data_after_a_file_is_damaged_while_closed(opened: MemoryFactory) -> None:
+    with opened("disk") as mem:
         skey = mem.store("a", kv(1))
         mem.store("b", kv(2))
         path = tier_named(mem, "disk").path(skey)  # type: ignore[attr-defined]
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
-    with open_memory("disk", tmp_path / "kvmem") as mem:
+    with opened("disk") as mem:
         assert mem.load("a", MISSING) is MISSING
         assert crc_failures(mem) == 1
         assert_kv_matches(kv(2), mem.load("b"), "none")
 
 
-def test_stored_size_is_what_every_tier_holds(opened: Callable[..., kvmem.Memory]) -> None:
+def test_stored_size_is_what_every_tier_holds(opened: MemoryFactory) -> None:
     mem = opened("cpu+disk")
     mem.store("x", kv(1))
     stored = mem.info("x").stored_size  # type: ignore[union-attr]

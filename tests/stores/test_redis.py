@@ -9,7 +9,7 @@ does not hold is loaded from Redis.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,18 +23,16 @@ from kvmem.errors import CapacityError, ConfigError, IntegrityError
 from kvmem.redaction import redact
 from kvmem.stores import Capabilities, StorageTier, build_tiers
 from kvmem.stores.redis import RedisTier
+from tests.conftest import MemoryFactory
 from tests.servers import RedisServer
 from tests.stores.blobs import blob_of
 from tests.stores.redis_helpers import (
-    open_memories,
+    over_remote,
     redis_tier,
     second_node_reuses_first_nodes_prefix,
     unique_prefix,
     with_options,
 )
-
-MemoryFactory = Callable[..., kvmem.Memory]
-
 
 
 def key(i: int) -> str:
@@ -54,9 +52,9 @@ def tier(redis_url: str, request: pytest.FixtureRequest) -> Iterator[RedisTier]:
 
 
 @pytest.fixture
-def open_memory(tmp_path: Path, redis_url: str, request: pytest.FixtureRequest) -> Iterator[MemoryFactory]:
-    """``open_memory(name="a", url=None, **settings)``: a Memory with a 1 MiB CPU tier, no disk, Redis below."""
-    yield from open_memories(tmp_path, with_options(redis_url, prefix=unique_prefix(request)))
+def remote_memory(make_memory: MemoryFactory, redis_url: str, request: pytest.FixtureRequest) -> MemoryFactory:
+    """``remote_memory(name="a", url=None, **settings)``: a Memory with a 1 MiB CPU tier, no disk, Redis below."""
+    return over_remote(make_memory, with_options(redis_url, prefix=unique_prefix(request)))
 
 
 def commands(client: redis.Redis) -> int:
@@ -192,8 +190,8 @@ def test_size_limit_is_a_clear_error(redis_url: str, request: pytest.FixtureRequ
 
 
 # -- through Memory -------------------------------------------------------------------------------
-def test_round_trip_through_memory_loads_from_redis(open_memory: MemoryFactory) -> None:
-    mem = open_memory()
+def test_round_trip_through_memory_loads_from_redis(remote_memory: MemoryFactory) -> None:
+    mem = remote_memory()
     assert [t.name for t in mem._tiers.tiers] == ["cpu", "redis"]
     big = {"k": torch.randn(4, 64, 1024), "v": torch.randn(4, 64, 1024)}  # 2 MiB: larger than the CPU tier
     mem.store("kv", big)
@@ -201,13 +199,13 @@ def test_round_trip_through_memory_loads_from_redis(open_memory: MemoryFactory) 
     assert mem._tiers.get(mem.storage_key("kv"))[0].tier == "redis"
     got = mem.load("kv")
     assert torch.equal(got["k"], big["k"]) and torch.equal(got["v"], big["v"])
-    other = open_memory("b")  # another process's view: nothing local, all from Redis
+    other = remote_memory("b")  # another process's view: nothing local, all from Redis
     assert other._tiers.get(other.storage_key("bytes"))[0].tier == "redis"  # (and promoted to cpu)
     assert other.load("bytes") == b"\x00payload\xff" * 1000
 
 
-def test_corruption_in_redis_is_a_miss_and_regenerates(open_memory: MemoryFactory) -> None:
-    writer = open_memory("w")
+def test_corruption_in_redis_is_a_miss_and_regenerates(remote_memory: MemoryFactory) -> None:
+    writer = remote_memory("w")
     value = torch.arange(4096, dtype=torch.float32)
     skey = writer.store("x", value)
     tier = redis_tier(writer)
@@ -216,21 +214,21 @@ def test_corruption_in_redis_is_a_miss_and_regenerates(open_memory: MemoryFactor
     raw[start + header["payload_nbytes"] // 2] ^= 0xFF
     tier.client.set(tier.prefix + skey, bytes(raw))
 
-    reader = open_memory("r")
+    reader = remote_memory("r")
     assert reader.load("x") is None
     assert reader.metrics.total("kvmem_crc_failures_total") == 1
     assert tier.quarantined() == [tier.prefix + "quarantine:" + skey]
     assert torch.equal(reader.load("x", regenerate=lambda: value), value)
-    strict = open_memory("s", strict=True)
+    strict = remote_memory("s", strict=True)
     tier.client.set(tier.prefix + skey, bytes(raw))
     with pytest.raises(IntegrityError):
         strict.load("x")
 
 
-def test_prefix_keeps_deployments_apart(open_memory: MemoryFactory, redis_url: str) -> None:
+def test_prefix_keeps_deployments_apart(remote_memory: MemoryFactory, redis_url: str) -> None:
     """(Tenants within one deployment: test_redis_security.py.)"""
-    a = open_memory("a", url=with_options(redis_url, prefix="deploy-a:"))
-    b = open_memory("b", url=with_options(redis_url, prefix="deploy-b:"))
+    a = remote_memory("a", url=with_options(redis_url, prefix="deploy-a:"))
+    b = remote_memory("b", url=with_options(redis_url, prefix="deploy-b:"))
     a.store("same-key", b"from a")
     assert b.load("same-key") is None and not b.contains("same-key")
     for mem in (a, b):

@@ -9,7 +9,7 @@ does not hold is loaded from the cluster.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
@@ -24,17 +24,17 @@ from kvmem.errors import ConfigError
 from kvmem.redaction import redact
 from kvmem.stores import build_tiers
 from kvmem.stores.redis import RedisTier
+from tests.conftest import MemoryFactory
 from tests.redis_cluster import RedisCluster
 from tests.stores.blobs import blob_of
 from tests.stores.redis_helpers import (
-    open_memories,
+    over_remote,
     redis_tier,
     second_node_reuses_first_nodes_prefix,
     unique_prefix,
     with_options,
 )
 
-MemoryFactory = Callable[..., kvmem.Memory]
 ENTRIES = 50
 
 
@@ -67,9 +67,9 @@ def tier(cluster: RedisCluster, request: pytest.FixtureRequest) -> Iterator[Redi
 
 
 @pytest.fixture
-def open_memory(tmp_path: Path, cluster: RedisCluster, request: pytest.FixtureRequest) -> Iterator[MemoryFactory]:
-    """``open_memory(name="a", **settings)``: a Memory with a 1 MiB CPU tier, no disk, the cluster below."""
-    yield from open_memories(tmp_path, with_options(cluster.url, prefix=unique_prefix(request)))
+def remote_memory(make_memory: MemoryFactory, cluster: RedisCluster, request: pytest.FixtureRequest) -> MemoryFactory:
+    """``remote_memory(name="a", **settings)``: a Memory with a 1 MiB CPU tier, no disk, the cluster below."""
+    return over_remote(make_memory, with_options(cluster.url, prefix=unique_prefix(request)))
 
 
 
@@ -169,8 +169,8 @@ def test_ttl_in_cluster_mode(cluster: RedisCluster, request: pytest.FixtureReque
 
 
 # -- through Memory -------------------------------------------------------------------------------
-def test_memory_over_the_cluster(open_memory: MemoryFactory, cluster: RedisCluster) -> None:
-    writer = open_memory("w")
+def test_memory_over_the_cluster(remote_memory: MemoryFactory, cluster: RedisCluster) -> None:
+    writer = remote_memory("w")
     assert [t.name for t in writer._tiers.tiers] == ["cpu", "redis"]
     skeys = [writer.store(f"entry-{i}", value(i)) for i in range(ENTRIES)]
     tier = redis_tier(writer)
@@ -179,23 +179,23 @@ def test_memory_over_the_cluster(open_memory: MemoryFactory, cluster: RedisClust
     assert all(cluster.dbsize(s.port) >= spread[s.port] for s in cluster.servers)
     assert sorted(tier.keys()) == sorted(skeys)
 
-    reader = open_memory("r")  # another process's view: nothing local, all from the cluster, CRC-checked
+    reader = remote_memory("r")  # another process's view: nothing local, all from the cluster, CRC-checked
     for i in range(ENTRIES):
         assert reader._tiers.get(skeys[i])[0].tier in ("redis", "cpu")
         assert torch.equal(reader.load(f"entry-{i}"), value(i))
     assert reader.metrics.total("kvmem_crc_failures_total") == 0
     names = [f"entry-{i}" for i in range(ENTRIES)] + ["missing-1", "missing-2"]
-    assert open_memory("c").contains_many(names) == [True] * ENTRIES + [False, False]
+    assert remote_memory("c").contains_many(names) == [True] * ENTRIES + [False, False]
 
     assert reader.delete("entry-0") and not tier.contains(skeys[0])
-    assert open_memory("d").load("entry-0") is None
+    assert remote_memory("d").load("entry-0") is None
 
     # a value corrupted in the cluster: a miss, counted, moved aside within its slot, regenerated
     raw = bytearray(tier.client.get(tier._key(skeys[1])))
     header, start = blobfmt.parse(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
     raw[start + header["payload_nbytes"] // 2] ^= 0xFF
     tier.client.set(tier._key(skeys[1]), bytes(raw))
-    victim = open_memory("v")
+    victim = remote_memory("v")
     assert victim.load("entry-1") is None
     assert victim.metrics.total("kvmem_crc_failures_total") == 1
     assert tier.quarantined() == [tier.prefix + "quarantine:{" + skeys[1] + "}"]

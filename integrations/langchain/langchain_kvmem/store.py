@@ -73,9 +73,9 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.sql.elements import ColumnElement
 
 import kvmem
+from kvmem.catalog.schema import langgraph_items as items
+from kvmem.catalog.schema import langgraph_vectors as vectors
 from kvmem.errors import ConfigError, TierUnavailable
-from kvmem.schema import langgraph_items as items
-from kvmem.schema import langgraph_vectors as vectors
 from langchain_kvmem._filters import does_match, matches
 
 if TYPE_CHECKING:

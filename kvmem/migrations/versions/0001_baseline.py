@@ -4,7 +4,7 @@ kvmem 0.1.0 created each table with ``create_all`` when first used, so a catalog
 made holds any subset of them. This revision creates the ones missing and leaves
 the others, and their rows, as they are; the database is then at revision 0001.
 
-NOTE: a frozen copy of the 0.1.0 tables, not an import of :mod:`kvmem.schema`: that
+NOTE: a frozen copy of the 0.1.0 tables, not an import of :mod:`kvmem.catalog.schema`: that
 module moves on with later revisions, and this one must build the tables they start
 from. Never edit it; change the schema with a new revision.
 

@@ -22,12 +22,12 @@ import pytest
 import torch
 
 import kvmem
-from kvmem.cli import main
-from kvmem.cli_demo import LLAMA_3_2_1B, cpu_bytes_for, run_demo
+from kvmem.cli.demo import LLAMA_3_2_1B, cpu_bytes_for, run_demo
+from kvmem.cli.main import main
 from kvmem.metrics import Metrics
 from tests.servers import scratch_database
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "examples" / "grafana" / "kvmem-dashboard.json"
 # The metric families of the core (issue #2, part 10) the dashboard must chart.
 CORE_METRICS = {

@@ -31,12 +31,12 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 
+from kvmem.catalog.journal import Journal
+from kvmem.catalog.schema import entries
 from kvmem.errors import ConfigError, SchemaError, TierUnavailable
-from kvmem.journal import Journal
 from kvmem.migrations import upgrade_schema
 from kvmem.recovery import OnRecovered, recover_sqlite
 from kvmem.redaction import redact
-from kvmem.schema import entries
 
 __all__ = ["Catalog", "EntryRow", "dialect_insert", "unreachable"]
 
@@ -160,7 +160,7 @@ class Catalog:
             after the first one (``None``: only when :meth:`flush` is called).
         on_error: told of a database failure in that timer thread (default: logged).
         journal: a directory where upserts the database missed are also kept on disk
-            (:mod:`kvmem.journal`): a process killed during an outage loses none, the next
+            (:mod:`kvmem.catalog.journal`): a process killed during an outage loses none, the next
             catalog opened there replays them. ``None``: kept in memory only.
         on_recovered: told ``"catalog"`` when a damaged SQLite database was set aside before opening
             (a fresh one is created; see :mod:`kvmem.recovery`), ``"journal"`` for a damaged journal.

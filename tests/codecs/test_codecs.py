@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from kvmem import blob
 from kvmem.codecs import CodecSpec, parse_codec, tensor_codec
 from kvmem.codecs.lz4 import Lz4Codec
-from kvmem.codecs.pipeline import decode_value, encode_value, reframe
 from kvmem.codecs.quant import QuantCodec
+from kvmem.codecs.serialization import decode_value, encode_value, reframe
 from kvmem.errors import CodecError, ConfigError
 from tests.bounds import assert_bit_exact, error_bound, exact_under
 

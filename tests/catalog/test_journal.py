@@ -9,7 +9,7 @@ import sys
 import zlib
 from pathlib import Path
 
-from kvmem.journal import Journal
+from kvmem.catalog.journal import Journal
 
 
 def _rows(path: Path) -> list[dict[str, object]]:

@@ -22,12 +22,12 @@ import pytest
 from sqlalchemy import func, select
 
 import kvmem
+from kvmem.catalog.versions import pins, versions
 from kvmem.errors import ConfigError, PinExpired, TierUnavailable
-from kvmem.versions import pins, versions
 from tests.servers import scratch_database
 from tests.workers import check_value, make_value
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KEY = "doc"
 
 

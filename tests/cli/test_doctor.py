@@ -17,10 +17,8 @@ import pytest
 import torch
 
 import kvmem
-from kvmem.cli import main
-from kvmem.config import Config
-from kvmem.doctor import Finding, Thresholds, check, diagnose, format_number, render_findings
-from kvmem.doctor_snapshot import (
+from kvmem.cli.doctor import Finding, Thresholds, check, diagnose, format_number, render_findings
+from kvmem.cli.doctor_snapshot import (
     HistogramSummary,
     KVChunkGroup,
     LiveMetrics,
@@ -29,6 +27,8 @@ from kvmem.doctor_snapshot import (
     kv_block_size,
     take_snapshot,
 )
+from kvmem.cli.main import main
+from kvmem.config import Config
 from kvmem.kv import PrefixCache
 from kvmem.metrics import Metrics
 from kvmem.stores.areas import AreaState

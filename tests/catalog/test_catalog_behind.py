@@ -24,7 +24,7 @@ import kvmem
 from kvmem import blob as blobfmt
 from tests.workers import persistence_values
 
-WORKERS = str(Path(__file__).with_name("workers.py"))
+WORKERS = str(Path(__file__).parents[1] / "workers.py")
 TIMER = 1.0  # kvmem.api._CATALOG_FLUSH_SECONDS: a row is written at most this long after its store
 
 
@@ -170,7 +170,7 @@ def test_two_flushes_of_a_key_commit_in_the_order_their_stores_were_made(tmp_pat
     an older store (what a pin racing the flush timer once saw on PostgreSQL)."""
     from sqlalchemy import event
 
-    from kvmem.catalog import Catalog
+    from kvmem.catalog.catalog import Catalog
 
     catalog = Catalog(f"sqlite:///{tmp_path / 'c.sqlite3'}", flush_seconds=None)
     first_writing = threading.Event()

@@ -21,12 +21,12 @@ import torch
 
 import kvmem
 from kvmem import blob as blobfmt
+from kvmem.cli.doctor import check
+from kvmem.cli.doctor_snapshot import take_snapshot
 from kvmem.codecs import parse_codec
-from kvmem.codecs.pipeline import encode_value
-from kvmem.doctor import check
-from kvmem.doctor_snapshot import take_snapshot
+from kvmem.codecs.serialization import encode_value
 from kvmem.errors import ConfigError
-from kvmem.migrate import _hottest_first
+from kvmem.ops.migrate import _hottest_first
 from kvmem.stores import DiskTier
 from kvmem.stores.areas import AreaState, DiskAreas, read_state, write_state
 from tests.workers import check_value, make_value

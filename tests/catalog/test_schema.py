@@ -25,10 +25,10 @@ from sqlalchemy.engine import make_url
 import kvmem.migrations
 from kvmem import Memory
 from kvmem.agent import AgentSession
-from kvmem.catalog import Catalog
+from kvmem.catalog.catalog import Catalog
+from kvmem.catalog.schema import entries, metadata, semantic_rows
 from kvmem.errors import SchemaError
 from kvmem.migrations import SCRIPTS, VERSION_TABLE, schema_revision
-from kvmem.schema import entries, metadata, semantic_rows
 from tests.servers import scratch_database
 
 RELEASE = Path(__file__).parent / "data" / "catalog-0.1.0.sqlite3"

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvmem.cli import main
-from kvmem.cli_demo_qa import QADemoReport, RequestResult, render_qa_report
+from kvmem.cli.demo_qa import QADemoReport, RequestResult, render_qa_report
+from kvmem.cli.main import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # request, prompt, cold s, warm s, reused, computed, tier, chunks, speedup, max |dlogit|
 _REQUEST_ROW = re.compile(r"^(q\d+)\s+(\d+)\s+([\d.]+) s\s+([\d.]+) s\s+(\d+)\s+(\d+)\s+(\w+) (\d+)\s+"

@@ -25,11 +25,11 @@ from types import FrameType
 
 from kvmem import blob as blobfmt
 from kvmem.api import EntryInfo, Memory
-from kvmem.cli_demo import LLAMA_3_2_1B, cpu_bytes_for, render_report, run_demo
-from kvmem.cli_table import format_percent, render_table
+from kvmem.cli.demo import LLAMA_3_2_1B, cpu_bytes_for, render_report, run_demo
+from kvmem.cli.doctor import check, render_findings
+from kvmem.cli.doctor_snapshot import take_snapshot
+from kvmem.cli.table import format_percent, render_table
 from kvmem.config import Config, describe, format_size, load_config
-from kvmem.doctor import check, render_findings
-from kvmem.doctor_snapshot import take_snapshot
 from kvmem.errors import ConfigError, KVMemError
 from kvmem.metrics import Exporter
 
@@ -199,7 +199,7 @@ def _demo_tiers(config: Config, chunks: int) -> int:
 
 def _demo_qa(args: argparse.Namespace, config: Config, where: str) -> int:
     try:
-        from kvmem import cli_demo_qa as qa  # late: transformers is an optional extra, slow to import
+        from kvmem.cli import demo_qa as qa  # late: transformers is an optional extra, slow to import
     except ImportError as exc:
         raise ConfigError(f"kvmem demo needs transformers ({exc}); install kvmem[kv], or run kvmem demo --tiers"
                           ) from None

@@ -1,0 +1,1 @@
+"""Operations on a data directory beside the data path: garbage collection, verification, format migration."""
