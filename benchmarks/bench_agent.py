@@ -69,14 +69,16 @@ GOAL = 5.0  # speed-up at the last step
 SUFFIX = "Thought:"
 SERIES = ("plain", "kvmem", "oracle")
 LOGIT_TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2}
-_VOCABULARY = ("the order customer shipped invoice refund carrier warehouse delivery address payment card account "
-               "status item price total tax discount week day date email phone support ticket issue request tracking "
-               "number return label box damaged missing replace check confirm update record search result found not "
-               "yet again after before since until today tomorrow morning evening late early fast slow standard "
-               "express policy rule limit amount currency euro dollar pound store online app page link error code "
-               "message reply wait call tool lookup calculator answer question need should will can must first then "
-               "next last also because so but and or if when where which what who how many much more less each every "
-               "some any none all one two three four five six seven eight nine ten hundred thousand percent")
+_VOCABULARY = (
+    "the order customer shipped invoice refund carrier warehouse delivery address payment card account "
+    "status item price total tax discount week day date email phone support ticket issue request tracking "
+    "number return label box damaged missing replace check confirm update record search result found not "
+    "yet again after before since until today tomorrow morning evening late early fast slow standard "
+    "express policy rule limit amount currency euro dollar pound store online app page link error code "
+    "message reply wait call tool lookup calculator answer question need should will can must first then "
+    "next last also because so but and or if when where which what who how many much more less each every "
+    "some any none all one two three four five six seven eight nine ten hundred thousand percent"
+)
 WORDS = _VOCABULARY.split()
 
 
@@ -130,8 +132,9 @@ class Runner:
         return out.logits[0, -1].float(), out.cache
 
 
-def run_session(runner: Runner, root: Path, system: str, steps: Sequence[tuple[str, str, str]], block: int,
-                first: int) -> list[Call]:
+def run_session(
+    runner: Runner, root: Path, system: str, steps: Sequence[tuple[str, str, str]], block: int, first: int
+) -> list[Call]:
     """One fresh session of ``len(steps) + 1`` calls (the last sees every step); series order rotates from ``first``."""
     calls: list[Call] = []
     with Memory(path=str(root), cpu_bytes=4 << 30, disk_bytes=16 << 30) as mem:
@@ -142,7 +145,7 @@ def run_session(runner: Runner, root: Path, system: str, steps: Sequence[tuple[s
             ids = session.prompt_ids(SUFFIX)
             oracle_cache = copy.deepcopy(live[1]) if live else None  # NOTE: untimed; the oracle extends a copy
             times, logits, reused = {}, {}, 0
-            order = SERIES[(first + n) % 3:] + SERIES[:(first + n) % 3]
+            order = SERIES[(first + n) % 3 :] + SERIES[: (first + n) % 3]
             for name in order:
                 start = time.perf_counter()
                 if name == "plain":
@@ -158,13 +161,19 @@ def run_session(runner: Runner, root: Path, system: str, steps: Sequence[tuple[s
                     del r
                     session.flush()  # NOTE: untimed
             live = (len(ids), oracle_cache)
-            calls.append(Call(len(ids), reused, times,
-                              {s: (logits[s] - logits["plain"]).abs().max().item() for s in ("kvmem", "oracle")}))
+            calls.append(
+                Call(
+                    len(ids),
+                    reused,
+                    times,
+                    {s: (logits[s] - logits["plain"]).abs().max().item() for s in ("kvmem", "oracle")},
+                )
+            )
             if n < len(steps):
                 thought, action, observation = steps[n]
                 session.append_step(thought=thought, action=action, observation=observation)
                 new = session.prompt_ids(SUFFIX)
-                if not torch.equal(new[:len(ids)], ids):
+                if not torch.equal(new[: len(ids)], ids):
                     raise SystemExit("a step's prompt is not a prefix of the next one's: benchmark aborted")
         session.close()
     return calls
@@ -193,23 +202,33 @@ def collect(sessions: Sequence[Sequence[Call]]) -> list[StepRow]:
     for i, calls in enumerate(zip(*sessions)):
         if len({(c.prompt, c.reused) for c in calls}) != 1:
             raise SystemExit(f"step {i + 1}: repetitions disagree on prompt or reused tokens: benchmark aborted")
-        rows.append(StepRow(i + 1, calls[0].prompt, calls[0].reused,
-                            {s: [c.times[s] for c in calls] for s in SERIES},
-                            max(max(c.diff.values()) for c in calls)))
+        rows.append(
+            StepRow(
+                i + 1,
+                calls[0].prompt,
+                calls[0].reused,
+                {s: [c.times[s] for c in calls] for s in SERIES},
+                max(max(c.diff.values()) for c in calls),
+            )
+        )
     return rows
 
 
 def print_table(rows: Sequence[StepRow], repeat: int) -> None:
-    head = (f"{'step':>4} {'prompt':>6} {'new':>5} {'reused':>6} {'computed':>8} {'plain ms':>9} {'kvmem ms':>9} "
-            f"{'oracle ms':>9} {'speed-up':>8} {'kv/orcl':>8} {'max|dlogit|':>11}")
+    head = (
+        f"{'step':>4} {'prompt':>6} {'new':>5} {'reused':>6} {'computed':>8} {'plain ms':>9} {'kvmem ms':>9} "
+        f"{'oracle ms':>9} {'speed-up':>8} {'kv/orcl':>8} {'max|dlogit|':>11}"
+    )
     print(f"\nper-step TTFT, median of {repeat} (speed-up: plain / kvmem, median of per-repetition ratios)")
     print(head)
     print("-" * len(head))
     previous = 0
     for r in rows:
-        print(f"{r.step:>4} {r.prompt:>6} {r.prompt - previous:>5} {r.reused:>6} {r.prompt - r.reused:>8} "
-              f"{r.median_ms('plain'):>9.1f} {r.median_ms('kvmem'):>9.1f} {r.median_ms('oracle'):>9.1f} "
-              f"{r.ratio('plain', 'kvmem'):>7.2f}x {r.ratio('kvmem', 'oracle'):>8.2f} {r.diff:>11.1e}")
+        print(
+            f"{r.step:>4} {r.prompt:>6} {r.prompt - previous:>5} {r.reused:>6} {r.prompt - r.reused:>8} "
+            f"{r.median_ms('plain'):>9.1f} {r.median_ms('kvmem'):>9.1f} {r.median_ms('oracle'):>9.1f} "
+            f"{r.ratio('plain', 'kvmem'):>7.2f}x {r.ratio('kvmem', 'oracle'):>8.2f} {r.diff:>11.1e}"
+        )
         previous = r.prompt
 
 
@@ -219,15 +238,27 @@ def summary(rows: Sequence[StepRow], tolerance: float) -> dict[str, float | bool
     kv = sum(r.median_ms("kvmem") for r in rows)
     speedup = last.ratio("plain", "kvmem")
     worst = max(r.diff for r in rows)
-    print(f"\nall {len(rows)} calls: plain {plain:.0f} ms, kvmem {kv:.0f} ms in all ({plain / kv:.2f}x); "
-          f"tokens reused {sum(r.reused for r in rows)} of {sum(r.prompt for r in rows)}")
-    print(f"goal: at step {last.step}, >= {GOAL:g}x faster with the cache: plain {last.median_ms('plain'):.1f} ms, "
-          f"kvmem {last.median_ms('kvmem'):.1f} ms -> {speedup:.2f}x  {'PASS' if speedup >= GOAL else 'MISS'}"
-          f"{'' if last.step == 20 else f'  (NOTE: {last.step} steps, not 20)'}")
-    print(f"logits: max |kvmem or oracle - plain| {worst:.1e} ({'ok' if worst <= tolerance else 'WRONG'}, "
-          f"tolerance {tolerance:g})")
-    return {"speedup_last": speedup, "goal_met": speedup >= GOAL, "total_plain_ms": plain, "total_kvmem_ms": kv,
-            "max_logit_diff": worst, "logits_ok": worst <= tolerance}
+    print(
+        f"\nall {len(rows)} calls: plain {plain:.0f} ms, kvmem {kv:.0f} ms in all ({plain / kv:.2f}x); "
+        f"tokens reused {sum(r.reused for r in rows)} of {sum(r.prompt for r in rows)}"
+    )
+    print(
+        f"goal: at step {last.step}, >= {GOAL:g}x faster with the cache: plain {last.median_ms('plain'):.1f} ms, "
+        f"kvmem {last.median_ms('kvmem'):.1f} ms -> {speedup:.2f}x  {'PASS' if speedup >= GOAL else 'MISS'}"
+        f"{'' if last.step == 20 else f'  (NOTE: {last.step} steps, not 20)'}"
+    )
+    print(
+        f"logits: max |kvmem or oracle - plain| {worst:.1e} ({'ok' if worst <= tolerance else 'WRONG'}, "
+        f"tolerance {tolerance:g})"
+    )
+    return {
+        "speedup_last": speedup,
+        "goal_met": speedup >= GOAL,
+        "total_plain_ms": plain,
+        "total_kvmem_ms": kv,
+        "max_logit_diff": worst,
+        "logits_ok": worst <= tolerance,
+    }
 
 
 # -- main -----------------------------------------------------------------------------------------------------
@@ -236,14 +267,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--size", choices=list(SIZES), default="55m", help="model size (default 55m)")
     p.add_argument("--dtype", choices=list(DTYPES), default="fp32", help="model dtype (default fp32)")
     p.add_argument("--steps", type=int, default=None, help="model calls per session (default 20; 8 with --quick)")
-    p.add_argument("--repeat", type=int, default=None, help="sessions, each on a fresh Memory (default 3; 1 with "
-                                                            "--quick); the table shows medians")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help="sessions, each on a fresh Memory (default 3; 1 with --quick); the table shows medians",
+    )
     p.add_argument("--system", type=int, default=300, help="system prompt tokens (default 300)")
     p.add_argument("--block-size", type=int, default=64, help="tokens per KV chunk (default 64)")
     p.add_argument("--quick", action="store_true", help="smoke run: 8 calls, one repetition")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: every core)")
-    p.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temporary directory under "
-                                                          "the current directory)")
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="scratch directory (default: a temporary directory under the current directory)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the text")
     p.add_argument("--json", type=Path, default=None, help="also write every raw time as JSON to this file")
     args = p.parse_args(argv)
@@ -254,8 +293,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def measure(args: argparse.Namespace, root: Path, model: LlamaForCausalLM,
-            progress: Callable[[str], None]) -> list[StepRow]:
+def measure(
+    args: argparse.Namespace, root: Path, model: LlamaForCausalLM, progress: Callable[[str], None]
+) -> list[StepRow]:
     rng = random.Random(args.seed)
     system = words(rng, args.system - 1)  # NOTE: the session adds a blank line, no token; "Thought:" is one
     steps = make_steps(args.seed + 1, args.steps - 1)
@@ -278,31 +318,61 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float | bool]:
     started, load_start = time.perf_counter(), load_average()
     model = build_model(args.size, DTYPES[args.dtype], 8192)
     params = sum(p.numel() for p in model.parameters())
-    print(f"kvmem {kvmem.__version__}, torch {torch.__version__}, python {platform.python_version()}, "
-          f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads; scratch {root} on {filesystem_of(root)}; "
-          f"load average {load_start}")
-    print(f"{args.size} random Llama ({params / 1e6:.1f}M params), {args.dtype}; {args.steps} calls per session, "
-          f"a {args.system}-token system prompt, steps of 60-150 tokens, {args.block_size}-token chunks, CPU tier")
+    print(
+        f"kvmem {kvmem.__version__}, torch {torch.__version__}, python {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads; scratch {root} on {filesystem_of(root)}; "
+        f"load average {load_start}"
+    )
+    print(
+        f"{args.size} random Llama ({params / 1e6:.1f}M params), {args.dtype}; {args.steps} calls per session, "
+        f"a {args.system}-token system prompt, steps of 60-150 tokens, {args.block_size}-token chunks, CPU tier"
+    )
     try:
         rows = measure(args, root, model, lambda line: print(line, flush=True))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print_table(rows, args.repeat)
     result = summary(rows, LOGIT_TOLERANCE[args.dtype])
-    print(f"\n{time.perf_counter() - started:.0f} s in all; load average {load_start} at start, "
-          f"{load_average()} at end")
+    print(
+        f"\n{time.perf_counter() - started:.0f} s in all; load average {load_start} at start, {load_average()} at end"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                        "platform": platform.platform(), "load_average_start": load_start,
-                        "load_average_end": load_average()},
-            "size": args.size, "dtype": args.dtype, "params": params, "block_size": args.block_size,
-            "system_tokens": args.system, "repeat": args.repeat, "goal": GOAL, "summary": result,
-            "steps": [{"step": r.step, "prompt": r.prompt, "reused": r.reused, "times_s": r.times,
-                       "median_ms": {s: r.median_ms(s) for s in SERIES}, "speedup": r.ratio("plain", "kvmem"),
-                       "kvmem_over_oracle": r.ratio("kvmem", "oracle"), "max_logit_diff": r.diff} for r in rows],
-        }, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": {
+                        "cpus": os.cpu_count(),
+                        "torch_threads": torch.get_num_threads(),
+                        "platform": platform.platform(),
+                        "load_average_start": load_start,
+                        "load_average_end": load_average(),
+                    },
+                    "size": args.size,
+                    "dtype": args.dtype,
+                    "params": params,
+                    "block_size": args.block_size,
+                    "system_tokens": args.system,
+                    "repeat": args.repeat,
+                    "goal": GOAL,
+                    "summary": result,
+                    "steps": [
+                        {
+                            "step": r.step,
+                            "prompt": r.prompt,
+                            "reused": r.reused,
+                            "times_s": r.times,
+                            "median_ms": {s: r.median_ms(s) for s in SERIES},
+                            "speedup": r.ratio("plain", "kvmem"),
+                            "kvmem_over_oracle": r.ratio("kvmem", "oracle"),
+                            "max_logit_diff": r.diff,
+                        }
+                        for r in rows
+                    ],
+                },
+                indent=2,
+            )
+        )
         print(f"results written to {args.json}")
     return result
 

@@ -102,8 +102,8 @@ class Workload:
         self.dst = torch.zeros_like(self.src)
         self.tokens = torch.randint(0, 128256, (TOKENS,), generator=gen)
         self.keys = chunk_hashes(self.tokens, CHUNK, "bench/llama-3-8b/bf16")
-        self.chunks = [self.src[:, :, i * CHUNK:(i + 1) * CHUNK] for i in range(TOKENS // CHUNK)]
-        self.outs = [self.dst[:, :, i * CHUNK:(i + 1) * CHUNK] for i in range(TOKENS // CHUNK)]
+        self.chunks = [self.src[:, :, i * CHUNK : (i + 1) * CHUNK] for i in range(TOKENS // CHUNK)]
+        self.outs = [self.dst[:, :, i * CHUNK : (i + 1) * CHUNK] for i in range(TOKENS // CHUNK)]
         self.nbytes = self.src.numel() * self.src.element_size()
 
     def check(self, what: str) -> None:
@@ -117,8 +117,12 @@ class Peer:
 
     def __init__(self, python: str, scratch: Path) -> None:
         self.dir = scratch / "lmcache"
-        self.proc = subprocess.Popen([python, str(ROOT / "peer_lmcache.py"), "--dir", str(self.dir)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [python, str(ROOT / "peer_lmcache.py"), "--dir", str(self.dir)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.info = self.call("setup")
 
     def call(self, op: str, **args: object) -> dict:
@@ -158,14 +162,17 @@ def timed(fn: Callable[[], object]) -> float:
 
 def raw_read(paths: list[Path], buffers: list[np.ndarray], pool: ThreadPoolExecutor) -> None:
     """``readinto`` every file into its preallocated buffer, on the pool's threads."""
+
     def one(i: int) -> None:
         with open(paths[i], "rb", buffering=0) as f:
-            f.readinto(memoryview(buffers[i])[:os.fstat(f.fileno()).st_size])
+            f.readinto(memoryview(buffers[i])[: os.fstat(f.fileno()).st_size])
+
     list(pool.map(one, range(len(paths))))
 
 
 def raw_durable(directory: Path, payloads: list[np.ndarray], pool: ThreadPoolExecutor | None) -> None:
     """Write + fsync each payload to a new file, rename it, then fsync the directory once."""
+
     def one(i: int) -> None:
         tmp = directory / f"{i}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -175,6 +182,7 @@ def raw_durable(directory: Path, payloads: list[np.ndarray], pool: ThreadPoolExe
         finally:
             os.close(fd)
         os.replace(tmp, directory / f"{i}.bin")
+
     list(pool.map(one, range(len(payloads)))) if pool else [one(i) for i in range(len(payloads))]
     fd = os.open(directory, os.O_RDONLY)
     os.fsync(fd)
@@ -189,13 +197,21 @@ def run(args: argparse.Namespace, scratch: Path) -> list[Row]:
     memcpy_src = w.src.view(torch.uint8).reshape(-1).numpy()
     np.copyto(memcpy_dst, memcpy_src)  # NOTE: warm: its pages are faulted in once, before any timing
     io = ThreadPoolExecutor(4)
-    rows = {name: Row(name, w.nbytes) for name in
-            ("store -> return", "store, CRCs computed", "load, CPU tier", "load, CPU tier, cpu_verify",
-             "load, disk, warm", "load, disk, cold", "durable store")}
+    rows = {
+        name: Row(name, w.nbytes)
+        for name in (
+            "store -> return",
+            "store, CRCs computed",
+            "load, CPU tier",
+            "load, CPU tier, cpu_verify",
+            "load, disk, warm",
+            "load, disk, cold",
+            "durable store",
+        )
+    }
 
     cpu = Memory(str(scratch / "cpu"), cpu_bytes=2 * w.nbytes + (256 << 20), disk_bytes=0)
-    verified = Memory(str(scratch / "verified"), cpu_bytes=2 * w.nbytes + (256 << 20), disk_bytes=0,
-                      cpu_verify=True)
+    verified = Memory(str(scratch / "verified"), cpu_bytes=2 * w.nbytes + (256 << 20), disk_bytes=0, cpu_verify=True)
     disk = Memory(str(scratch / "disk"), cpu_bytes=0, disk_bytes=3 * w.nbytes, fsync="always")
     items = list(zip(w.keys, w.chunks))
     for mem in (cpu, verified):
@@ -262,8 +278,7 @@ def run(args: argparse.Namespace, scratch: Path) -> list[Row]:
 
 def small_items(mem: Memory, n: int, repeat: int) -> list[Row]:
     """Microseconds per call of 64 KiB stores and loads on the CPU tier (medians over ``repeat`` passes)."""
-    values = [torch.randn(SMALL // 2, generator=torch.Generator().manual_seed(i)).to(torch.bfloat16)
-              for i in range(n)]
+    values = [torch.randn(SMALL // 2, generator=torch.Generator().manual_seed(i)).to(torch.bfloat16) for i in range(n)]
     out = torch.empty_like(values[0])
     keys = [f"small/{i}" for i in range(n)]
     src, dst = values[0].view(torch.uint8).numpy(), np.empty(SMALL, np.uint8)
@@ -282,11 +297,19 @@ def small_items(mem: Memory, n: int, repeat: int) -> list[Row]:
 # -- the report -------------------------------------------------------------------------------------
 def machine_state() -> str:
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    huge = next((line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
-                 if line.startswith("AnonHugePages")), "?")
-    return (f"{os.cpu_count()} vCPUs, torch {torch.__version__} on {torch.get_num_threads()} threads, "
-            f"THP {thp.read_text().strip() if thp.exists() else 'n/a'} (AnonHugePages {huge} kB now), "
-            f"kvmem {kvmem.__version__ if hasattr(kvmem, '__version__') else ''}")
+    huge = next(
+        (
+            line.split()[1]
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("AnonHugePages")
+        ),
+        "?",
+    )
+    return (
+        f"{os.cpu_count()} vCPUs, torch {torch.__version__} on {torch.get_num_threads()} threads, "
+        f"THP {thp.read_text().strip() if thp.exists() else 'n/a'} (AnonHugePages {huge} kB now), "
+        f"kvmem {kvmem.__version__ if hasattr(kvmem, '__version__') else ''}"
+    )
 
 
 def _cell(row: Row, seconds: float | None) -> str:
@@ -305,8 +328,10 @@ def _ratio(seconds: float | None, reference: float | None) -> str:
 def report(rows: list[Row], args: argparse.Namespace, scratch: Path) -> None:
     print(f"\nmachine: {machine_state()}; scratch on {filesystem_of(scratch)}; load {load_average()}")
     print(f"median of {args.repeat}; x memcpy = np.copyto of the same bytes into a warm buffer / that time\n")
-    print("| operation | kvmem | LMCache 0.5.6 | machine reference | kvmem x memcpy | LMCache x memcpy "
-          "| kvmem / LMCache | kvmem / reference |")
+    print(
+        "| operation | kvmem | LMCache 0.5.6 | machine reference | kvmem x memcpy | LMCache x memcpy "
+        "| kvmem / LMCache | kvmem / reference |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         kv, lm, mc = row.median("kvmem"), row.median("LMCache"), row.median("memcpy")
@@ -317,10 +342,17 @@ def report(rows: list[Row], args: argparse.Namespace, scratch: Path) -> None:
         ratios = [_ratio(kv, mc), _ratio(lm, mc), _ratio(kv, lm), _ratio(kv, ref)]
         print(f"| {row.name} | " + " | ".join(cells + ratios) + " |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine_state(), "repeat": args.repeat,
-                                               "peer": getattr(args, "peer_info", None),
-                                               "rows": [{"name": r.name, "bytes": r.nbytes, "times": r.times}
-                                                        for r in rows]}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "machine": machine_state(),
+                    "repeat": args.repeat,
+                    "peer": getattr(args, "peer_info", None),
+                    "rows": [{"name": r.name, "bytes": r.nbytes, "times": r.times} for r in rows],
+                },
+                indent=2,
+            )
+        )
 
 
 def main() -> None:

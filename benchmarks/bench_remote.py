@@ -89,8 +89,10 @@ def rows_for(tier: RedisTier, values: list[object], label: str, repeat: int) -> 
     put = side_by_side(kv_put, raw_put, repeat)
     get = side_by_side(kv_get, raw_get, repeat)
     client.delete(*["raw:" + k for k in keys], *[tier.prefix + k for k in keys])
-    return [Row(f"redis store {label}", "redis-py SET", size, n, *put, TARGET),
-            Row(f"redis load {label}", "redis-py GET", size, n, *get, TARGET)]
+    return [
+        Row(f"redis store {label}", "redis-py SET", size, n, *put, TARGET),
+        Row(f"redis load {label}", "redis-py GET", size, n, *get, TARGET),
+    ]
 
 
 def report(rows: list[Row]) -> None:
@@ -100,8 +102,10 @@ def report(rows: list[Row]) -> None:
             kv, base = f"{r.gbps(r.kvmem_s):.2f} GB/s", f"{r.gbps(r.baseline_s):.2f} GB/s"
         else:
             kv, base = f"{r.us_per_op(r.kvmem_s):.0f} us/op", f"{r.us_per_op(r.baseline_s):.0f} us/op"
-        print(f"{r.operation:<22} {r.size:>10} {kv:>12} {base:>12} {r.ratio:>6.2f} {r.best_ratio:>6.2f}  "
-              f">= {r.target} {r.verdict}")
+        print(
+            f"{r.operation:<22} {r.size:>10} {kv:>12} {base:>12} {r.ratio:>6.2f} {r.best_ratio:>6.2f}  "
+            f">= {r.target} {r.verdict}"
+        )
 
 
 def two_node_ttft(url: str, prefix_len: int, repeat: int) -> None:
@@ -132,9 +136,11 @@ def two_node_ttft(url: str, prefix_len: int, repeat: int) -> None:
                 worst = max(worst, (got.logits[0, -1].float() - want).abs().max().item())
             pc.close()
     a, b = statistics.median(plain), statistics.median(mine)
-    print(f"two-node reuse TTFT ({prefix_len}-token prefix from node A via Redis + {SUFFIX} new tokens, 55m fp32, "
-          f"median of {repeat}): plain forward {a * 1e3:.0f} ms, node B with kvmem {b * 1e3:.0f} ms, "
-          f"{a / b:.2f}x faster; logits max |diff| {worst:.1e}")
+    print(
+        f"two-node reuse TTFT ({prefix_len}-token prefix from node A via Redis + {SUFFIX} new tokens, 55m fp32, "
+        f"median of {repeat}): plain forward {a * 1e3:.0f} ms, node B with kvmem {b * 1e3:.0f} ms, "
+        f"{a / b:.2f}x faster; logits max |diff| {worst:.1e}"
+    )
 
 
 def main() -> None:
@@ -154,8 +160,10 @@ def main() -> None:
     try:
         rows = rows_for(tier, [make_chunk(i) for i in range(args.chunks)], "33.5MB", args.repeat)
         rows += rows_for(tier, [make_small(i) for i in range(args.small)], "64KiB", args.repeat)
-        print(f"redis-server {tier.client.info('server')['redis_version']} at {tier.url}, "
-              f"redis-py {redis.__version__}, median of {args.repeat}")
+        print(
+            f"redis-server {tier.client.info('server')['redis_version']} at {tier.url}, "
+            f"redis-py {redis.__version__}, median of {args.repeat}"
+        )
         report(rows)
         if not args.no_ttft:
             two_node_ttft(url, 1024 if args.quick else 2048, args.repeat)

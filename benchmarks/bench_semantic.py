@@ -139,11 +139,18 @@ def run_gptcache(pairs: list[Pair], embedder: CachedEmbedder, root: Path, thresh
     for i, pair in enumerate(pairs):
         d = root / f"gpt{i}"
         d.mkdir()
-        manager = get_data_manager(CacheBase("sqlite", sql_url=f"sqlite:///{d}/sqlite.db"),
-                                   VectorBase("faiss", dimension=embedder.dim, index_path=str(d / "faiss.index")))
+        manager = get_data_manager(
+            CacheBase("sqlite", sql_url=f"sqlite:///{d}/sqlite.db"),
+            VectorBase("faiss", dimension=embedder.dim, index_path=str(d / "faiss.index")),
+        )
         cache = Cache()
-        cache.init(pre_embedding_func=get_prompt, embedding_func=embed, data_manager=manager,
-                   similarity_evaluation=SearchDistanceEvaluation(), config=Config(similarity_threshold=0.8))
+        cache.init(
+            pre_embedding_func=get_prompt,
+            embedding_func=embed,
+            data_manager=manager,
+            similarity_evaluation=SearchDistanceEvaluation(),
+            config=Config(similarity_threshold=0.8),
+        )
         put(pair.stored, "answer", cache_obj=cache)
         pair.gpt_hits = {}
         for c in thresholds:
@@ -180,8 +187,14 @@ def rates(pairs: list[Pair], hit: list[bool]) -> Rates:
     unrel = [p.label == "unrelated" for p in pairs]
     true_hits = sum(h and s for h, s in zip(hit, para))
     hits = sum(hit)
-    return Rates(hits, true_hits / hits if hits else float("nan"), frac(para), frac(near), frac(unrel),
-                 {k: frac([p.kind == k for p in pairs]) for k in NEAR_KINDS})
+    return Rates(
+        hits,
+        true_hits / hits if hits else float("nan"),
+        frac(para),
+        frac(near),
+        frac(unrel),
+        {k: frac([p.kind == k for p in pairs]) for k in NEAR_KINDS},
+    )
 
 
 def pct(x: float) -> str:
@@ -190,19 +203,24 @@ def pct(x: float) -> str:
 
 def print_rates_table(title: str, rows: list[tuple[str, Rates]]) -> None:
     print(f"\n{title}")
-    head = f"{'':>44} {'hits':>5} {'prec':>6} {'recall':>6} {'false':>6} {'unrel':>6}  " + \
-        " ".join(f"{k[:6]:>6}" for k in NEAR_KINDS)
+    head = f"{'':>44} {'hits':>5} {'prec':>6} {'recall':>6} {'false':>6} {'unrel':>6}  " + " ".join(
+        f"{k[:6]:>6}" for k in NEAR_KINDS
+    )
     print(head)
     print("-" * len(head))
     for name, r in rows:
-        print(f"{name:>44} {r.hits:5d} {pct(r.precision)} {pct(r.recall)} {pct(r.false_hit)} {pct(r.unrelated_hit)}  "
-              + " ".join(pct(r.per_kind[k]) for k in NEAR_KINDS))
+        print(
+            f"{name:>44} {r.hits:5d} {pct(r.precision)} {pct(r.recall)} {pct(r.false_hit)} {pct(r.unrelated_hit)}  "
+            + " ".join(pct(r.per_kind[k]) for k in NEAR_KINDS)
+        )
 
 
 def verdict(r: Rates) -> str:
     ok = r.false_hit <= GOAL_FALSE_HIT and r.recall >= GOAL_RECALL
-    return (f"{'PASS' if ok else 'MISS'} (false-hit {pct(r.false_hit).strip()} <= 1%, "
-            f"recall {pct(r.recall).strip()} >= 70%)")
+    return (
+        f"{'PASS' if ok else 'MISS'} (false-hit {pct(r.false_hit).strip()} <= 1%, "
+        f"recall {pct(r.recall).strip()} >= 70%)"
+    )
 
 
 # -- latency ---------------------------------------------------------------------------------
@@ -214,8 +232,9 @@ def percentiles(times: list[float]) -> tuple[float, float]:
 Search = Callable[[np.ndarray, int], list[tuple[str, float]]]
 
 
-def timed_search(search: Search, k: int, queries: np.ndarray, truth: list[str] | None,
-                 split: int) -> tuple[dict[str, float], list[str]]:
+def timed_search(
+    search: Search, k: int, queries: np.ndarray, truth: list[str] | None, split: int
+) -> tuple[dict[str, float], list[str]]:
     """p50/p99 of ``search(q, k)`` over ``queries``, recall@1 of the top ids against ``truth``
     for ``queries[:split]`` and ``queries[split:]``; and the top ids."""
     times, top = [], []
@@ -227,8 +246,12 @@ def timed_search(search: Search, k: int, queries: np.ndarray, truth: list[str] |
     p50, p99 = percentiles(times)
     truth = truth or top
     agree = [a == b for a, b in zip(top, truth)]
-    return {"p50_ms": p50, "p99_ms": p99, "recall@1 held-out": sum(agree[:split]) / split,
-            "recall@1 paraphrase": sum(agree[split:]) / (len(agree) - split)}, top
+    return {
+        "p50_ms": p50,
+        "p99_ms": p99,
+        "recall@1 held-out": sum(agree[:split]) / split,
+        "recall@1 paraphrase": sum(agree[split:]) / (len(agree) - split),
+    }, top
 
 
 class GptSearch:
@@ -241,8 +264,15 @@ class GptSearch:
         return [(str(int(i)), float(d)) for d, i in self.store.search(q, top_k=k)]  # type: ignore[attr-defined]
 
 
-def latency(stored: np.ndarray, pool: np.ndarray, held_out: np.ndarray, paraphrases: np.ndarray, sizes: list[int],
-            with_gptcache: bool, root: Path) -> list[dict[str, object]]:
+def latency(
+    stored: np.ndarray,
+    pool: np.ndarray,
+    held_out: np.ndarray,
+    paraphrases: np.ndarray,
+    sizes: list[int],
+    with_gptcache: bool,
+    root: Path,
+) -> list[dict[str, object]]:
     """Every index over ``stored`` plus the first ``n - len(stored)`` of ``pool``, for each ``n`` in ``sizes``.
 
     Each query asks for ``candidate_count(1)`` ids, what ``lookup_similar(k=1)`` asks of the index.
@@ -251,7 +281,7 @@ def latency(stored: np.ndarray, pool: np.ndarray, held_out: np.ndarray, paraphra
     queries, split = np.concatenate([held_out, paraphrases]), len(held_out)
     out: list[dict[str, object]] = []
     for n in sizes:
-        rows = np.ascontiguousarray(np.concatenate([stored, pool[:n - len(stored)]]))
+        rows = np.ascontiguousarray(np.concatenate([stored, pool[: n - len(stored)]]))
         ids = [str(i) for i in range(n)]
         exact = ExactIndex(rows.shape[1])
         exact.add(ids, rows)
@@ -284,6 +314,7 @@ def latency(stored: np.ndarray, pool: np.ndarray, held_out: np.ndarray, paraphra
         if with_gptcache:
             from gptcache.manager import VectorBase
             from gptcache.manager.vector_data.base import VectorData
+
             store = VectorBase("faiss", dimension=rows.shape[1], index_path=str(root / f"lat{n}.index"), top_k=k)
             store.mul_add([VectorData(id=i, data=v) for i, v in enumerate(rows)])
             res, _ = timed_search(GptSearch(store).search, k, queries, truth, split)
@@ -317,12 +348,16 @@ def main() -> None:
     embedder.embed(texts)  # NOTE: embeds once, batched; every later lookup reuses the cached vectors
     embed_s = time.perf_counter() - t0
     default = embedder.threshold
-    print(f"kvmem semantic benchmark  |  {platform.node()}  load {load_average()}  |  embedder {embedder.name} "
-          f"(load {load_s:.1f}s, {len(texts)} texts in {embed_s:.1f}s = {len(texts) / embed_s:.0f}/s), "
-          f"default threshold {default}")
+    print(
+        f"kvmem semantic benchmark  |  {platform.node()}  load {load_average()}  |  embedder {embedder.name} "
+        f"(load {load_s:.1f}s, {len(texts)} texts in {embed_s:.1f}s = {len(texts) / embed_s:.0f}/s), "
+        f"default threshold {default}"
+    )
     counts = {k: sum(p.kind == k for p in pairs) for k in ["paraphrase", *NEAR_KINDS, "unrelated"]}
-    print(f"{len(pairs)} pairs from {', '.join(p.name for p in args.data)}: "
-          + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    print(
+        f"{len(pairs)} pairs from {', '.join(p.name for p in args.data)}: "
+        + ", ".join(f"{k} {v}" for k, v in counts.items())
+    )
 
     gpt_reason = None if not args.no_gptcache else "--no-gptcache"
     gpt_reason = gpt_reason or gptcache_available()
@@ -343,20 +378,26 @@ def main() -> None:
         # consistency: the sweep's model of a hit must reproduce the real default-threshold calls
         model_off = [p.score >= default for p in pairs]
         model_on = [p.score >= default and p.verified for p in pairs]
-        bad = sum(a != p.hit_default_off for a, p in zip(model_off, pairs)) + \
-            sum(a != p.hit_default_on for a, p in zip(model_on, pairs))
+        bad = sum(a != p.hit_default_off for a, p in zip(model_off, pairs)) + sum(
+            a != p.hit_default_on for a, p in zip(model_on, pairs)
+        )
         if bad:
             print(f"WARNING: the sweep disagrees with {bad} real lookup_similar calls at the default threshold")
 
         rows: list[tuple[str, Rates]] = []
         for name in [path.stem for path in args.data] + ["all"]:
             part = [p for p in pairs if name in ("all", p.dataset)]
-            rows += [(f"{name}: kvmem @{default} verify=on", rates(part, [p.hit_default_on for p in part])),
-                     (f"{name}: kvmem @{default} verify=off", rates(part, [p.hit_default_off for p in part]))]
+            rows += [
+                (f"{name}: kvmem @{default} verify=on", rates(part, [p.hit_default_on for p in part])),
+                (f"{name}: kvmem @{default} verify=off", rates(part, [p.hit_default_off for p in part])),
+            ]
             if gpt_reason is None:
                 rows.append((f"{name}: GPTCache s=0.8 (cos>=0.6)", rates(part, [p.gpt_hits[0.6] for p in part])))
-        print_rates_table("Default threshold, per set (prec = precision; recall on paraphrases; false = near-miss "
-                          "hit rate; unrel = unrelated hit rate; then near-miss hit rate per kind)", rows)
+        print_rates_table(
+            "Default threshold, per set (prec = precision; recall on paraphrases; false = near-miss "
+            "hit rate; unrel = unrelated hit rate; then near-miss hit rate per kind)",
+            rows,
+        )
         print("\nGoal at the default threshold, kvmem with the verifier on:")
         for name, r in rows:
             if "verify=on" in name:
@@ -373,13 +414,15 @@ def main() -> None:
         sweep_rows: list[tuple[str, Rates]] = []
         for c in SWEEP:
             sweep_rows.append((f"kvmem cos>={c:.2f} verify=off", rates(pairs, [p.score >= c for p in pairs])))
-            sweep_rows.append((f"kvmem cos>={c:.2f} verify=on",
-                               rates(pairs, [p.score >= c and p.verified for p in pairs])))
+            sweep_rows.append(
+                (f"kvmem cos>={c:.2f} verify=on", rates(pairs, [p.score >= c and p.verified for p in pairs]))
+            )
             if gpt_reason is None:
                 sweep_rows.append((f"GPTCache s={(c + 1) / 2:.3f}", rates(pairs, [p.gpt_hits[c] for p in pairs])))
-        print_rates_table("Threshold sweep, all sets (cosine threshold; GPTCache's similarity_threshold "
-                          "s = (cos + 1) / 2)",
-                          sweep_rows)
+        print_rates_table(
+            "Threshold sweep, all sets (cosine threshold; GPTCache's similarity_threshold s = (cos + 1) / 2)",
+            sweep_rows,
+        )
 
         # score bands, to read where a threshold can and cannot separate
         print("\nCosine score bands (min / median / max) and verifier acceptance per kind")
@@ -389,8 +432,10 @@ def main() -> None:
                 continue
             sc = [p.score for p in sel]
             acc = sum(p.verified for p in sel) / len(sel)
-            print(f"  {kind:>10}: {min(sc):.3f} / {statistics.median(sc):.3f} / {max(sc):.3f}   "
-                  f"verifier accepts {pct(acc)}")
+            print(
+                f"  {kind:>10}: {min(sc):.3f} / {statistics.median(sc):.3f} / {max(sc):.3f}   "
+                f"verifier accepts {pct(acc)}"
+            )
         misses = [p for p in pairs if p.label != "paraphrase" and p.hit_default_on]
         if misses:
             print(f"\nFalse hits of kvmem @{default} verify=on:")
@@ -408,24 +453,36 @@ def main() -> None:
         para = embedder.embed(sorted({p.query for p in pairs if p.label == "paraphrase"}))
         _, corpus = embedded_corpus(n_max + n_queries, embedder.inner.embed, embedder.name)
         lat = latency(stored, corpus[n_queries:], corpus[:n_queries], para, sizes, gpt_reason is None, root)
-        print(f"\nLookup latency, excluding the embedding, over {n_queries} + {len(para)} queries, each for the "
-              f"{candidate_count(1)} nearest (what lookup_similar(k=1) fetches).\nIndexed: the {len(stored)} stored "
-              f"texts of the paraphrase pairs, then real sentences (benchmarks/corpus.py) up to N. Queries: "
-              f"{n_queries} sentences not indexed\n(held-out) and the {len(para)} paraphrase queries. recall@1: "
-              "the same top id as ExactIndex.")
+        print(
+            f"\nLookup latency, excluding the embedding, over {n_queries} + {len(para)} queries, each for the "
+            f"{candidate_count(1)} nearest (what lookup_similar(k=1) fetches).\nIndexed: the {len(stored)} stored "
+            f"texts of the paraphrase pairs, then real sentences (benchmarks/corpus.py) up to N. Queries: "
+            f"{n_queries} sentences not indexed\n(held-out) and the {len(para)} paraphrase queries. recall@1: "
+            "the same top id as ExactIndex."
+        )
         print(f"{'N':>7}  {'index':<76} {'p50 ms':>7} {'p99 ms':>7} {'rec@1 held-out':>14} {'rec@1 para':>10}")
         for r in lat:
-            print(f"{r['n']:>7}  {r['index']:<76} {r['p50_ms']:7.3f} {r['p99_ms']:7.3f} "
-                  f"{r['recall@1 held-out']:14.3f} {r['recall@1 paraphrase']:10.3f}")
+            print(
+                f"{r['n']:>7}  {r['index']:<76} {r['p50_ms']:7.3f} {r['p99_ms']:7.3f} "
+                f"{r['recall@1 held-out']:14.3f} {r['recall@1 paraphrase']:10.3f}"
+            )
         print("Goal (req 6): <= 1 ms p50 at 100k with recall@1 >= 0.99.")
 
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "default_threshold": default, "gptcache": gpt_reason or "ok",
-            "default": {n: r.__dict__ for n, r in rows}, "sweep": {n: r.__dict__ for n, r in sweep_rows},
-            "latency": lat, "pairs": [{k: v for k, v in p.__dict__.items() if k != "gpt_hits"} for p in pairs],
-        }, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "default_threshold": default,
+                    "gptcache": gpt_reason or "ok",
+                    "default": {n: r.__dict__ for n, r in rows},
+                    "sweep": {n: r.__dict__ for n, r in sweep_rows},
+                    "latency": lat,
+                    "pairs": [{k: v for k, v in p.__dict__.items() if k != "gpt_hits"} for p in pairs],
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

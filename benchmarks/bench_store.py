@@ -131,8 +131,9 @@ class Row:
 
 
 # -- timing ----------------------------------------------------------------------
-def side_by_side(kv: Callable[[], None], base: Callable[[], None], repeat: int,
-                 before: Callable[[], None] | None = None) -> tuple[list[float], list[float]]:
+def side_by_side(
+    kv: Callable[[], None], base: Callable[[], None], repeat: int, before: Callable[[], None] | None = None
+) -> tuple[list[float], list[float]]:
     """Seconds of each repetition of ``kv`` and of ``base``, alternating which runs first.
 
     Args:
@@ -202,7 +203,7 @@ def raw_read(path: Path, buf: np.ndarray, step: int | None = None) -> None:
         size = os.fstat(fd).st_size
         view, got = memoryview(buf), 0
         while got < size:
-            n = os.readv(fd, [view[got:got + (step or size)]])
+            n = os.readv(fd, [view[got : got + (step or size)]])
             if n == 0:
                 break
             got += n
@@ -259,10 +260,12 @@ def fill(mem: Memory, values: Sequence[Chunk | torch.Tensor], prefix: str) -> li
 
 def load_all(mem: Memory, keys: Sequence[str]) -> Callable[[], None]:
     """One repetition: load every key (dropping each value before the next load)."""
+
     def run() -> None:
         for key in keys:
             if mem.load(key) is None:
                 raise SystemExit(f"kvmem missed {key} during the benchmark")
+
     return run
 
 
@@ -275,13 +278,13 @@ def bench_cpu_load(root: Path, values: Sequence[Chunk | torch.Tensor], repeat: i
         cpu = tier(mem, CpuTier)
         blobs = [cpu.get(mem.storage_key(k)).numpy() for k in keys]  # type: ignore[union-attr]
         dsts = warm_buffers(blobs)
-        kv_t, base_t = side_by_side(load_all(mem, keys), lambda: [np.copyto(d, b) for d, b in zip(dsts, blobs)],
-                                    repeat)
+        kv_t, base_t = side_by_side(load_all(mem, keys), lambda: [np.copyto(d, b) for d, b in zip(dsts, blobs)], repeat)
     return Row("CPU tier load", "np.copyto, warm buffer", size, len(values), kv_t, base_t)
 
 
-def bench_disk_load(root: Path, values: Sequence[Chunk | torch.Tensor], repeat: int, label: str,
-                    cold: bool) -> list[Row]:
+def bench_disk_load(
+    root: Path, values: Sequence[Chunk | torch.Tensor], repeat: int, label: str, cold: bool
+) -> list[Row]:
     """Loads from a disk-only Memory against raw reads of the same files (page cache warm or dropped)."""
     size = nbytes_of(values[0])
     name = f"disk-{label}-{'cold' if cold else 'warm'}"
@@ -292,21 +295,23 @@ def bench_disk_load(root: Path, values: Sequence[Chunk | torch.Tensor], repeat: 
         before = (lambda: drop_page_cache(paths)) if cold else None
         state = "cold" if cold else "warm"
         bufs = warm_buffers([np.empty(p.stat().st_size, np.uint8) for p in paths])
-        kv_t, base_t = side_by_side(load_all(mem, keys), lambda: [raw_read(p, b) for p, b in zip(paths, bufs)],
-                                    repeat, before)
+        kv_t, base_t = side_by_side(
+            load_all(mem, keys), lambda: [raw_read(p, b) for p, b in zip(paths, bufs)], repeat, before
+        )
         rows = [Row(f"disk load ({state})", "os.readv, warm buffer", size, len(values), kv_t, base_t)]
         if cold:  # NOTE: reading in steps as kvmem does keeps readahead busier than one large read here
-            kv_t, base_t = side_by_side(load_all(mem, keys),
-                                        lambda: [raw_read(p, b, 1 << 20) for p, b in zip(paths, bufs)],
-                                        repeat, before)
+            kv_t, base_t = side_by_side(
+                load_all(mem, keys), lambda: [raw_read(p, b, 1 << 20) for p, b in zip(paths, bufs)], repeat, before
+            )
             rows.append(Row("disk load (cold)", "os.readv in 1 MiB steps", size, len(values), kv_t, base_t))
         if not cold and isinstance(values[0], dict):
             rows += bench_reference_loads(root / name, values, mem, keys, repeat)
     return rows
 
 
-def bench_reference_loads(root: Path, values: Sequence[Chunk | torch.Tensor], mem: Memory, keys: list[str],
-                          repeat: int) -> list[Row]:
+def bench_reference_loads(
+    root: Path, values: Sequence[Chunk | torch.Tensor], mem: Memory, keys: list[str], repeat: int
+) -> list[Row]:
     """kvmem disk load (warm) against torch.load and safetensors.load_file of the same tensors."""
     size, n = nbytes_of(values[0]), len(values)
     pt = [root / f"ref-{i}.pt" for i in range(n)]
@@ -323,8 +328,9 @@ def bench_reference_loads(root: Path, values: Sequence[Chunk | torch.Tensor], me
     return rows
 
 
-def bench_disk_store(root: Path, values: Sequence[Chunk | torch.Tensor], repeat: int, label: str,
-                     fsync: str) -> list[Row]:
+def bench_disk_store(
+    root: Path, values: Sequence[Chunk | torch.Tensor], repeat: int, label: str, fsync: str
+) -> list[Row]:
     """kvmem store to a disk-only Memory against a raw write (+ fsync) + rename of the same bytes.
 
     Every repetition writes new files; they are deleted and the disk synced (untimed) before the next one.
@@ -334,8 +340,9 @@ def bench_disk_store(root: Path, values: Sequence[Chunk | torch.Tensor], repeat:
     raw_dir = root / f"raw-{label}-{fsync}"
     raw_dir.mkdir()
     parts = [byte_views(v) for v in values]
-    with open_memory(root, f"store-{label}-{fsync}", cpu_bytes=0, fsync=fsync,
-                     disk_bytes=4 * size * n + (64 << 20)) as mem:
+    with open_memory(
+        root, f"store-{label}-{fsync}", cpu_bytes=0, fsync=fsync, disk_bytes=4 * size * n + (64 << 20)
+    ) as mem:
         written: list[str] = []
 
         def kv() -> None:
@@ -372,17 +379,22 @@ def bench_disk_store(root: Path, values: Sequence[Chunk | torch.Tensor], repeat:
         return rows
 
 
-def bench_reference_saves(root: Path, values: Sequence[Chunk | torch.Tensor], kv: Callable[[], None],
-                          clean: Callable[[], None], repeat: int) -> list[Row]:
+def bench_reference_saves(
+    root: Path, values: Sequence[Chunk | torch.Tensor], kv: Callable[[], None], clean: Callable[[], None], repeat: int
+) -> list[Row]:
     """kvmem store (fsync="never") against torch.save and safetensors save_file (neither fsyncs)."""
     size, n = nbytes_of(values[0]), len(values)
     rows = []
-    kv_t, base_t = side_by_side(kv, lambda: [torch.save(v, root / f"{i}.pt") for i, v in enumerate(values)],
-                                repeat, before=clean)
+    kv_t, base_t = side_by_side(
+        kv, lambda: [torch.save(v, root / f"{i}.pt") for i, v in enumerate(values)], repeat, before=clean
+    )
     rows.append(Row("disk store (no fsync)", "torch.save", size, n, kv_t, base_t))
     kv_t, base_t = side_by_side(
-        kv, lambda: [save_file(v, str(root / f"{i}.safetensors")) for i, v in enumerate(values)],  # type: ignore
-        repeat, before=clean)
+        kv,
+        lambda: [save_file(v, str(root / f"{i}.safetensors")) for i, v in enumerate(values)],  # type: ignore
+        repeat,
+        before=clean,
+    )
     rows.append(Row("disk store (no fsync)", "safetensors save_file", size, n, kv_t, base_t))
     clean()
     return rows
@@ -418,9 +430,11 @@ def limits(root: Path, repeat: int) -> dict[str, float]:
     def fresh() -> None:
         np.copyto(np.empty(n, dtype=np.uint8), src)
 
-    return {"memcpy_reused_dst_GBps": best(lambda: np.copyto(dst, src)),
-            "memcpy_fresh_dst_GBps": best(fresh),
-            "crc32c_GBps": best(lambda: crc32c.crc32c(src))}
+    return {
+        "memcpy_reused_dst_GBps": best(lambda: np.copyto(dst, src)),
+        "memcpy_fresh_dst_GBps": best(fresh),
+        "crc32c_GBps": best(lambda: crc32c.crc32c(src)),
+    }
 
 
 # -- report ------------------------------------------------------------------------------
@@ -429,31 +443,46 @@ def fmt_size(n: int) -> str:
 
 
 def print_throughput(rows: Sequence[Row]) -> None:
-    head = f"{'operation':<22} {'baseline':<26} {'size':>9} {'kvmem GB/s':>10} {'base GB/s':>10} " \
-           f"{'ratio':>6} {'best':>5} {'target':>7}  result"
+    head = (
+        f"{'operation':<22} {'baseline':<26} {'size':>9} {'kvmem GB/s':>10} {'base GB/s':>10} "
+        f"{'ratio':>6} {'best':>5} {'target':>7}  result"
+    )
     print(head)
     print("-" * len(head))
     for r in rows:
         target = f">={r.target:.1f}" if r.target is not None else ""
-        print(f"{r.operation:<22} {r.baseline:<26} {fmt_size(r.size):>9} {r.gbps(r.kvmem_s):>10.2f} "
-              f"{r.gbps(r.baseline_s):>10.2f} {r.ratio:>6.2f} {r.best_ratio:>5.2f} {target:>7}  {r.verdict}")
+        print(
+            f"{r.operation:<22} {r.baseline:<26} {fmt_size(r.size):>9} {r.gbps(r.kvmem_s):>10.2f} "
+            f"{r.gbps(r.baseline_s):>10.2f} {r.ratio:>6.2f} {r.best_ratio:>5.2f} {target:>7}  {r.verdict}"
+        )
 
 
 def print_latency(rows: Sequence[Row]) -> None:
-    head = f"{'operation':<22} {'baseline':<26} {'size':>9} {'kvmem us/op':>11} {'base us/op':>10} " \
-           f"{'ratio':>6} {'best':>5}"
+    head = (
+        f"{'operation':<22} {'baseline':<26} {'size':>9} {'kvmem us/op':>11} {'base us/op':>10} "
+        f"{'ratio':>6} {'best':>5}"
+    )
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r.operation:<22} {r.baseline:<26} {fmt_size(r.size):>9} {r.us_per_op(r.kvmem_s):>11.1f} "
-              f"{r.us_per_op(r.baseline_s):>10.1f} {r.ratio:>6.2f} {r.best_ratio:>5.2f}")
+        print(
+            f"{r.operation:<22} {r.baseline:<26} {fmt_size(r.size):>9} {r.us_per_op(r.kvmem_s):>11.1f} "
+            f"{r.us_per_op(r.baseline_s):>10.1f} {r.ratio:>6.2f} {r.best_ratio:>5.2f}"
+        )
 
 
 def report_row(r: Row) -> dict[str, object]:
     """A row for the JSON output: the raw times, and what the table shows."""
-    return {**asdict(r), "kvmem_GBps": r.gbps(r.kvmem_s), "baseline_GBps": r.gbps(r.baseline_s),
-            "kvmem_us_per_op": r.us_per_op(r.kvmem_s), "baseline_us_per_op": r.us_per_op(r.baseline_s),
-            "ratio": r.ratio, "best_ratio": r.best_ratio, "verdict": r.verdict}
+    return {
+        **asdict(r),
+        "kvmem_GBps": r.gbps(r.kvmem_s),
+        "baseline_GBps": r.gbps(r.baseline_s),
+        "kvmem_us_per_op": r.us_per_op(r.kvmem_s),
+        "baseline_us_per_op": r.us_per_op(r.baseline_s),
+        "ratio": r.ratio,
+        "best_ratio": r.best_ratio,
+        "verdict": r.verdict,
+    }
 
 
 # -- main ---------------------------------------------------------------------------------
@@ -463,9 +492,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chunks", type=int, default=None, help="KV chunks per repetition (default 8; 2 with --quick)")
     p.add_argument("--small", type=int, default=None, help="64 KiB items per repetition (default 256; 32 with --quick)")
     p.add_argument("--quick", action="store_true", help="a fast smoke run (fewer chunks and repetitions)")
-    p.add_argument("--dir", type=Path, default=None,
-                   help="scratch directory on the disk to measure (default: a temporary directory under the "
-                        "current directory; avoid tmpfs)")
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="scratch directory on the disk to measure (default: a temporary directory under the "
+        "current directory; avoid tmpfs)",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the results as JSON to this file")
     args = p.parse_args(argv)
     args.repeat = args.repeat or (3 if args.quick else 5)
@@ -480,8 +513,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parent.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="kvmem-bench-", dir=parent))
     fs = filesystem_of(root)
-    print(f"kvmem {kvmem.__version__}, torch {torch.__version__}, python {platform.python_version()}, "
-          f"{os.cpu_count()} CPUs; scratch {root} on {fs}")
+    print(
+        f"kvmem {kvmem.__version__}, torch {torch.__version__}, python {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs; scratch {root} on {fs}"
+    )
     if fs.startswith(("tmpfs", "ramfs")):
         print("WARNING: the scratch directory is in memory; disk rows measure RAM. Pass --dir on a real disk.")
     try:
@@ -489,9 +524,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         phys = limits(root, args.repeat)
         print("this machine: " + ", ".join(f"{k} {v:.2f}" for k, v in phys.items()))
         chunks = [make_chunk(i) for i in range(args.chunks)]
-        print(f"\nKV chunks: Llama-3-8B layout, {TOKENS} tokens x {LAYERS} layers x {KV_HEADS} heads x {HEAD_DIM}, "
-              f"K+V bf16 = {fmt_size(nbytes_of(chunks[0]))}; {args.chunks} per repetition, "
-              f"median of {args.repeat}\n")
+        print(
+            f"\nKV chunks: Llama-3-8B layout, {TOKENS} tokens x {LAYERS} layers x {KV_HEADS} heads x {HEAD_DIM}, "
+            f"K+V bf16 = {fmt_size(nbytes_of(chunks[0]))}; {args.chunks} per repetition, "
+            f"median of {args.repeat}\n"
+        )
         big = run_suite(root, chunks, args.repeat, "kv")
         print_throughput(big)
         del chunks
@@ -503,12 +540,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         shutil.rmtree(root, ignore_errors=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "machine": {"cpus": os.cpu_count(), "filesystem": fs, "platform": platform.platform(), **phys},
-            "repeat": args.repeat, "chunks": args.chunks, "small_items": args.small,
-            "kv_chunks": [report_row(r) for r in big],
-            "small": [report_row(r) for r in small],
-        }, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": {"cpus": os.cpu_count(), "filesystem": fs, "platform": platform.platform(), **phys},
+                    "repeat": args.repeat,
+                    "chunks": args.chunks,
+                    "small_items": args.small,
+                    "kv_chunks": [report_row(r) for r in big],
+                    "small": [report_row(r) for r in small],
+                },
+                indent=2,
+            )
+        )
         print(f"\nresults written to {args.json}")
 
 

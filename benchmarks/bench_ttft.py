@@ -72,10 +72,12 @@ from kvmem.kv import PrefixCache
 from kvmem.kv.layout import cache_argument
 
 SIZES: dict[str, dict[str, int]] = {
-    "55m": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8,
-                intermediate_size=1152),
-    "250m": dict(hidden_size=1024, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4,
-                 intermediate_size=2816),
+    "55m": dict(
+        hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8, intermediate_size=1152
+    ),
+    "250m": dict(
+        hidden_size=1024, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4, intermediate_size=2816
+    ),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 LOGIT_TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2}  # max |kvmem - full| of the last position's logits
@@ -84,8 +86,15 @@ SUFFIX = 256
 BLOCK = 256
 TARGETS = {"cpu": 1.05, "disk": 1.15, "miss": 0.02}
 SERIES = ("full", "oracle", "kvmem_cpu", "disk_layerwise", "disk_load_all", "miss", "plain")
-LABELS = {"full": "full", "oracle": "oracle", "kvmem_cpu": "kvmem CPU", "disk_layerwise": "disk lw",
-          "disk_load_all": "disk all", "miss": "miss", "plain": "plain"}
+LABELS = {
+    "full": "full",
+    "oracle": "oracle",
+    "kvmem_cpu": "kvmem CPU",
+    "disk_layerwise": "disk lw",
+    "disk_load_all": "disk all",
+    "miss": "miss",
+    "plain": "plain",
+}
 CHECKED = ("oracle", "kvmem_cpu", "disk_layerwise")  # compared with ``full`` on the same prompt (repetition 0)
 FULL_LENGTH = ("full", "miss", "plain")  # series that run the model over the whole prompt
 
@@ -94,8 +103,9 @@ FULL_LENGTH = ("full", "miss", "plain")  # series that run the model over the wh
 def build_model(size: str, dtype: torch.dtype, max_tokens: int) -> LlamaForCausalLM:
     """A random-weight Llama of ``size`` (seeded), in ``dtype``, in eval mode."""
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, max_position_embeddings=max(max_tokens, 2048), tie_word_embeddings=False,
-                         **SIZES[size])
+    config = LlamaConfig(
+        vocab_size=VOCAB, max_position_embeddings=max(max_tokens, 2048), tie_word_embeddings=False, **SIZES[size]
+    )
     return LlamaForCausalLM(config).to(dtype).eval()
 
 
@@ -170,7 +180,7 @@ def time_series(series: Sequence[Series], repeat: int, warm: set[str]) -> dict[s
             s.after()
     first: dict[str, torch.Tensor] = {}
     for rep in range(repeat):
-        for s in (series if rep % 2 == 0 else list(reversed(series))):
+        for s in series if rep % 2 == 0 else list(reversed(series)):
             args = s.prepare(rep)
             start = time.perf_counter()
             logits = s.run(*args)
@@ -208,17 +218,19 @@ class Result:
         return min(self.times[num]) / min(self.times[den])
 
     def ratios(self) -> dict[str, float]:
-        return {"kvmem_cpu/oracle": self.ratio("kvmem_cpu", "oracle"),
-                "disk_layerwise/oracle": self.ratio("disk_layerwise", "oracle"),
-                "disk_load_all/oracle": self.ratio("disk_load_all", "oracle"),
-                "full/kvmem_cpu": self.ratio("full", "kvmem_cpu"),
-                "full/disk_layerwise": self.ratio("full", "disk_layerwise"),
-                "full/oracle": self.ratio("full", "oracle"),
-                "disk_load_all/disk_layerwise": self.ratio("disk_load_all", "disk_layerwise"),
-                "miss_overhead": self.ratio("miss", "plain") - 1,
-                "best:kvmem_cpu/oracle": self.best_ratio("kvmem_cpu", "oracle"),
-                "best:disk_layerwise/oracle": self.best_ratio("disk_layerwise", "oracle"),
-                "best:miss_overhead": self.best_ratio("miss", "plain") - 1}
+        return {
+            "kvmem_cpu/oracle": self.ratio("kvmem_cpu", "oracle"),
+            "disk_layerwise/oracle": self.ratio("disk_layerwise", "oracle"),
+            "disk_load_all/oracle": self.ratio("disk_load_all", "oracle"),
+            "full/kvmem_cpu": self.ratio("full", "kvmem_cpu"),
+            "full/disk_layerwise": self.ratio("full", "disk_layerwise"),
+            "full/oracle": self.ratio("full", "oracle"),
+            "disk_load_all/disk_layerwise": self.ratio("disk_load_all", "disk_layerwise"),
+            "miss_overhead": self.ratio("miss", "plain") - 1,
+            "best:kvmem_cpu/oracle": self.best_ratio("kvmem_cpu", "oracle"),
+            "best:disk_layerwise/oracle": self.best_ratio("disk_layerwise", "oracle"),
+            "best:miss_overhead": self.best_ratio("miss", "plain") - 1,
+        }
 
 
 class Bench:
@@ -266,18 +278,29 @@ class Bench:
                 ids = prompt(name, rep)
                 drop_chunk_files(self.disk_root)
                 return (ids,)
+
             return prep
 
         series = [
             Series("full", lambda rep: (prompt("full", rep),), self.forward),
-            Series("oracle", lambda rep: (prompt("oracle", rep)[:, prefix_len:], copy.deepcopy(oracle_cache)),
-                   self.forward),
-            Series("kvmem_cpu", lambda rep: (self.cpu, prompt("kvmem_cpu", rep), prefix_len), prefill,
-                   flushing(self.cpu)),
-            Series("disk_layerwise", lambda rep: (self.disk_lw,) + cold("disk_layerwise")(rep) + (prefix_len,),
-                   prefill, flushing(self.disk_lw)),
-            Series("disk_load_all", lambda rep: (self.disk_all,) + cold("disk_load_all")(rep) + (prefix_len,),
-                   prefill, flushing(self.disk_all)),
+            Series(
+                "oracle", lambda rep: (prompt("oracle", rep)[:, prefix_len:], copy.deepcopy(oracle_cache)), self.forward
+            ),
+            Series(
+                "kvmem_cpu", lambda rep: (self.cpu, prompt("kvmem_cpu", rep), prefix_len), prefill, flushing(self.cpu)
+            ),
+            Series(
+                "disk_layerwise",
+                lambda rep: (self.disk_lw,) + cold("disk_layerwise")(rep) + (prefix_len,),
+                prefill,
+                flushing(self.disk_lw),
+            ),
+            Series(
+                "disk_load_all",
+                lambda rep: (self.disk_all,) + cold("disk_load_all")(rep) + (prefix_len,),
+                prefill,
+                flushing(self.disk_all),
+            ),
             Series("miss", lambda rep: (self.miss, tokens(prefix_len + SUFFIX), 0), prefill, flushing(self.miss)),
             Series("plain", lambda rep: (tokens(prefix_len + SUFFIX),), self.forward),
         ]
@@ -307,8 +330,9 @@ class QAResult:
         return self.reused / self.requested
 
 
-def run_qa(root: Path, model: LlamaForCausalLM, users: int, rounds: int, system_len: int, doc_len: int,
-           question_len: int) -> QAResult:
+def run_qa(
+    root: Path, model: LlamaForCausalLM, users: int, rounds: int, system_len: int, doc_len: int, question_len: int
+) -> QAResult:
     """Users x rounds of prefill over a shared system prompt, a document per user and a growing list of questions.
 
     Requests go round by round (every user's round 1, then round 2, ...); each is
@@ -328,7 +352,7 @@ def run_qa(root: Path, model: LlamaForCausalLM, users: int, rounds: int, system_
             for u in range(users):
                 history[u] = torch.cat([history[u], tokens(question_len)], dim=1)
                 ids = history[u]
-                for which in ((0, 1) if n % 2 == 0 else (1, 0)):
+                for which in (0, 1) if n % 2 == 0 else (1, 0):
                     start = time.perf_counter()
                     if which == 0:
                         r = pc.prefill(ids, logits_to_keep=1)
@@ -356,52 +380,81 @@ def verdict(value: float, target: float) -> str:
 def print_config(results: Sequence[Result], tolerance: float) -> None:
     """TTFT medians and ratios of one (size, dtype), one row per prompt length."""
     r0 = results[0]
-    print(f"\n== {r0.size} ({r0.params / 1e6:.1f}M params), {r0.dtype}; prefix + {SUFFIX}-token suffix; "
-          f"median of {len(r0.times['full'])} ==\n")
+    print(
+        f"\n== {r0.size} ({r0.params / 1e6:.1f}M params), {r0.dtype}; prefix + {SUFFIX}-token suffix; "
+        f"median of {len(r0.times['full'])} ==\n"
+    )
     head = f"{'prompt':>12} " + " ".join(f"{LABELS[s]:>10}" for s in SERIES)
     print("TTFT (ms)")
     print(head)
     print("-" * len(head))
     for r in results:
         print(f"{r.prefix:>6}+{SUFFIX:<5} " + " ".join(f"{r.median_ms(s):>10.1f}" for s in SERIES))
-    cols = [("kvmem_cpu/oracle", "cpu/orcl", TARGETS["cpu"]), ("disk_layerwise/oracle", "lw/orcl", TARGETS["disk"]),
-            ("disk_load_all/oracle", "all/orcl", None), ("full/kvmem_cpu", "full/cpu", None),
-            ("full/disk_layerwise", "full/lw", None), ("full/oracle", "full/orcl", None),
-            ("disk_load_all/disk_layerwise", "all/lw", None)]
+    cols = [
+        ("kvmem_cpu/oracle", "cpu/orcl", TARGETS["cpu"]),
+        ("disk_layerwise/oracle", "lw/orcl", TARGETS["disk"]),
+        ("disk_load_all/oracle", "all/orcl", None),
+        ("full/kvmem_cpu", "full/cpu", None),
+        ("full/disk_layerwise", "full/lw", None),
+        ("full/oracle", "full/orcl", None),
+        ("disk_load_all/disk_layerwise", "all/lw", None),
+    ]
     head = f"{'prompt':>12} " + " ".join(f"{c[1]:>9}" for c in cols) + f" {'miss ovh':>9}  {'max|dlogit|':>11}  result"
-    print(f"\nratios (median of per-repetition ratios); targets: cpu/orcl <= {TARGETS['cpu']}, "
-          f"lw/orcl <= {TARGETS['disk']}, miss overhead <= {TARGETS['miss']:.0%}, |dlogit| <= {tolerance:g}")
+    print(
+        f"\nratios (median of per-repetition ratios); targets: cpu/orcl <= {TARGETS['cpu']}, "
+        f"lw/orcl <= {TARGETS['disk']}, miss overhead <= {TARGETS['miss']:.0%}, |dlogit| <= {tolerance:g}"
+    )
     print(head)
     print("-" * len(head))
     for r in results:
         rat = r.ratios()
-        checks = [verdict(rat["kvmem_cpu/oracle"], TARGETS["cpu"]),
-                  verdict(rat["disk_layerwise/oracle"], TARGETS["disk"]),
-                  verdict(rat["miss_overhead"], TARGETS["miss"]),
-                  "ok" if max(r.logit_diff["kvmem_cpu"], r.logit_diff["disk_layerwise"]) <= tolerance else "WRONG"]
+        checks = [
+            verdict(rat["kvmem_cpu/oracle"], TARGETS["cpu"]),
+            verdict(rat["disk_layerwise/oracle"], TARGETS["disk"]),
+            verdict(rat["miss_overhead"], TARGETS["miss"]),
+            "ok" if max(r.logit_diff["kvmem_cpu"], r.logit_diff["disk_layerwise"]) <= tolerance else "WRONG",
+        ]
         diff = max(r.logit_diff["kvmem_cpu"], r.logit_diff["disk_layerwise"])
-        print(f"{r.prefix:>6}+{SUFFIX:<5} " + " ".join(f"{rat[c[0]]:>9.3f}" for c in cols)
-              + f" {rat['miss_overhead']:>+9.1%}  {diff:>11.2e}  {' '.join(checks)}")
-    print("best runs (fastest / fastest): " + "; ".join(
-        f"{r.prefix}: cpu/orcl {r.best_ratio('kvmem_cpu', 'oracle'):.3f}, lw/orcl "
-        f"{r.best_ratio('disk_layerwise', 'oracle'):.3f}, miss ovh {r.best_ratio('miss', 'plain') - 1:+.1%}"
-        for r in results))
-    print("\nmax |logit - full| (last position, same prompt): "
-          + "; ".join(f"{r.prefix}: oracle {r.logit_diff['oracle']:.1e}, kvmem CPU {r.logit_diff['kvmem_cpu']:.1e}, "
-                      f"disk {r.logit_diff['disk_layerwise']:.1e}" for r in results))
+        print(
+            f"{r.prefix:>6}+{SUFFIX:<5} "
+            + " ".join(f"{rat[c[0]]:>9.3f}" for c in cols)
+            + f" {rat['miss_overhead']:>+9.1%}  {diff:>11.2e}  {' '.join(checks)}"
+        )
+    print(
+        "best runs (fastest / fastest): "
+        + "; ".join(
+            f"{r.prefix}: cpu/orcl {r.best_ratio('kvmem_cpu', 'oracle'):.3f}, lw/orcl "
+            f"{r.best_ratio('disk_layerwise', 'oracle'):.3f}, miss ovh {r.best_ratio('miss', 'plain') - 1:+.1%}"
+            for r in results
+        )
+    )
+    print(
+        "\nmax |logit - full| (last position, same prompt): "
+        + "; ".join(
+            f"{r.prefix}: oracle {r.logit_diff['oracle']:.1e}, kvmem CPU {r.logit_diff['kvmem_cpu']:.1e}, "
+            f"disk {r.logit_diff['disk_layerwise']:.1e}"
+            for r in results
+        )
+    )
 
 
 def print_qa(qa: QAResult, label: str) -> None:
     kv, plain = statistics.mean(qa.kvmem_times), statistics.mean(qa.plain_times)
-    print(f"\n== multi-round QA, {label}: {qa.users} users x {qa.rounds} rounds; shared {qa.system}-token system "
-          f"prompt, a {qa.document}-token document per user, +{qa.question} tokens of question per round ==")
+    print(
+        f"\n== multi-round QA, {label}: {qa.users} users x {qa.rounds} rounds; shared {qa.system}-token system "
+        f"prompt, a {qa.document}-token document per user, +{qa.question} tokens of question per round =="
+    )
     print(f"tokens requested {qa.requested}, reused {qa.reused}: hit rate {qa.hit_rate:.1%}")
-    print(f"mean TTFT: plain {plain * 1e3:.1f} ms, kvmem {kv * 1e3:.1f} ms -> {plain / kv:.2f}x; "
-          f"max |logit diff| {qa.max_logit_diff:.1e}")
-    per_round = [statistics.mean(qa.kvmem_times[i * qa.users:(i + 1) * qa.users]) for i in range(qa.rounds)]
-    per_plain = [statistics.mean(qa.plain_times[i * qa.users:(i + 1) * qa.users]) for i in range(qa.rounds)]
-    print("per round (mean ms, plain -> kvmem): "
-          + ", ".join(f"{i + 1}: {p * 1e3:.0f} -> {k * 1e3:.0f}" for i, (p, k) in enumerate(zip(per_plain, per_round))))
+    print(
+        f"mean TTFT: plain {plain * 1e3:.1f} ms, kvmem {kv * 1e3:.1f} ms -> {plain / kv:.2f}x; "
+        f"max |logit diff| {qa.max_logit_diff:.1e}"
+    )
+    per_round = [statistics.mean(qa.kvmem_times[i * qa.users : (i + 1) * qa.users]) for i in range(qa.rounds)]
+    per_plain = [statistics.mean(qa.plain_times[i * qa.users : (i + 1) * qa.users]) for i in range(qa.rounds)]
+    print(
+        "per round (mean ms, plain -> kvmem): "
+        + ", ".join(f"{i + 1}: {p * 1e3:.0f} -> {k * 1e3:.0f}" for i, (p, k) in enumerate(zip(per_plain, per_round)))
+    )
 
 
 def plot(results: Sequence[Result], path: Path, threads: int) -> None:
@@ -416,8 +469,12 @@ def plot(results: Sequence[Result], path: Path, threads: int) -> None:
     for r in results:
         groups.setdefault((r.size, r.dtype), []).append(r)
     fig, axes = plt.subplots(1, len(groups), figsize=(6.0 * len(groups), 4.3), squeeze=False)
-    shown = {"full": ("full prefill", "o-"), "oracle": ("oracle (prefix cache in memory)", "k--"),
-             "kvmem_cpu": ("kvmem, CPU tier", "s-"), "disk_layerwise": ("kvmem, cold disk (layer-wise)", "^-")}
+    shown = {
+        "full": ("full prefill", "o-"),
+        "oracle": ("oracle (prefix cache in memory)", "k--"),
+        "kvmem_cpu": ("kvmem, CPU tier", "s-"),
+        "disk_layerwise": ("kvmem, cold disk (layer-wise)", "^-"),
+    }
     for ax, ((_size, dtype), rs) in zip(axes[0], groups.items()):
         rs = sorted(rs, key=lambda r: r.prefix)
         x = [r.prefix + SUFFIX for r in rs]
@@ -434,8 +491,9 @@ def plot(results: Sequence[Result], path: Path, threads: int) -> None:
         ax.minorticks_off()
         ax.set_xlabel(f"prompt tokens (last {SUFFIX} new)")
         ax.set_ylabel("time to first token (ms)")
-        ax.set_title(f"TTFT, random-weight Llama {rs[0].params / 1e6:.0f}M params, {dtype}, "
-                     f"{threads} CPU threads", fontsize=10)
+        ax.set_title(
+            f"TTFT, random-weight Llama {rs[0].params / 1e6:.0f}M params, {dtype}, {threads} CPU threads", fontsize=10
+        )
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -449,17 +507,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default=None, help=f"model sizes, comma-separated, of {','.join(SIZES)} (default 55m)")
     p.add_argument("--dtypes", default=None, help="fp32 and/or bf16, comma-separated (default fp32)")
-    p.add_argument("--lengths", default=None,
-                   help="prefix lengths in tokens, multiples of 256 (default 1024,2048,4096)")
+    p.add_argument(
+        "--lengths", default=None, help="prefix lengths in tokens, multiples of 256 (default 1024,2048,4096)"
+    )
     p.add_argument("--repeat", type=int, default=None, help="repetitions per series (default 3; 2 with --quick)")
     p.add_argument("--users", type=int, default=None, help="QA users (default 4; 2 with --quick; 0: no QA run)")
     p.add_argument("--rounds", type=int, default=None, help="QA rounds per user (default 3; 2 with --quick)")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: 55m fp32, prefixes 1024 and 2048, repeat 2, small QA")
+    p.add_argument(
+        "--quick", action="store_true", help="smoke run: 55m fp32, prefixes 1024 and 2048, repeat 2, small QA"
+    )
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: every core)")
-    p.add_argument("--dir", type=Path, default=None,
-                   help="scratch directory on the disk to measure (default: a temporary directory under the current "
-                        "directory; avoid tmpfs)")
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="scratch directory on the disk to measure (default: a temporary directory under the current "
+        "directory; avoid tmpfs)",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write every raw time as JSON to this file")
     p.add_argument("--plot", type=Path, default=Path("benchmarks/ttft.png"), help="PNG plot (default %(default)s)")
     args = p.parse_args(argv)
@@ -490,9 +554,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     fs = filesystem_of(root)
     started = time.perf_counter()
     load_start = load_average()
-    print(f"kvmem {kvmem.__version__}, torch {torch.__version__}, python {platform.python_version()}, "
-          f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads; scratch {root} on {fs}; "
-          f"load average {load_start}")
+    print(
+        f"kvmem {kvmem.__version__}, torch {torch.__version__}, python {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads; scratch {root} on {fs}; "
+        f"load average {load_start}"
+    )
     if fs.startswith(("tmpfs", "ramfs")):
         print("WARNING: the scratch directory is in memory; disk rows measure RAM. Pass --dir on a real disk.")
     results: list[Result] = []
@@ -505,36 +571,67 @@ def main(argv: Sequence[str] | None = None) -> None:
                 try:
                     done = []
                     for i, n in enumerate(sorted(args.lengths)):
-                        print(f"  {size} {dtype} prefix {n}: measuring ... (load average {load_average()})",
-                              flush=True)
+                        print(f"  {size} {dtype} prefix {n}: measuring ... (load average {load_average()})", flush=True)
                         done.append(bench.measure(size, dtype, n, args.repeat, warm_full=i == 0))
                 finally:
                     bench.close()
                 results += done
                 print_config(done, LOGIT_TOLERANCE[dtype])
                 if qa is None and args.users:
-                    qa = run_qa(root, model, args.users, args.rounds, 1024 if not args.quick else 512,
-                                512 if not args.quick else 256, 64)
+                    qa = run_qa(
+                        root,
+                        model,
+                        args.users,
+                        args.rounds,
+                        1024 if not args.quick else 512,
+                        512 if not args.quick else 256,
+                        64,
+                    )
                     print_qa(qa, f"{size} {dtype}")
                 del model
     finally:
         shutil.rmtree(root, ignore_errors=True)
     plot(results, args.plot, torch.get_num_threads())
     elapsed = time.perf_counter() - started
-    print(f"\nplot written to {args.plot}; {elapsed:.0f} s in all; load average {load_start} at start, "
-          f"{load_average()} at end")
+    print(
+        f"\nplot written to {args.plot}; {elapsed:.0f} s in all; load average {load_start} at start, "
+        f"{load_average()} at end"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "filesystem": fs,
-                        "platform": platform.platform(), "load_average_start": load_start,
-                        "load_average_end": load_average()},
-            "repeat": args.repeat, "suffix": SUFFIX, "block_size": BLOCK, "targets": TARGETS,
-            "results": [{"size": r.size, "dtype": r.dtype, "params": r.params, "prefix": r.prefix,
-                         "times_s": r.times, "median_ms": {s: r.median_ms(s) for s in SERIES},
-                         "ratios": r.ratios(), "max_logit_diff_vs_full": r.logit_diff} for r in results],
-            "qa": None if qa is None else {**{k: v for k, v in vars(qa).items()}, "hit_rate": qa.hit_rate},
-        }, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": {
+                        "cpus": os.cpu_count(),
+                        "torch_threads": torch.get_num_threads(),
+                        "filesystem": fs,
+                        "platform": platform.platform(),
+                        "load_average_start": load_start,
+                        "load_average_end": load_average(),
+                    },
+                    "repeat": args.repeat,
+                    "suffix": SUFFIX,
+                    "block_size": BLOCK,
+                    "targets": TARGETS,
+                    "results": [
+                        {
+                            "size": r.size,
+                            "dtype": r.dtype,
+                            "params": r.params,
+                            "prefix": r.prefix,
+                            "times_s": r.times,
+                            "median_ms": {s: r.median_ms(s) for s in SERIES},
+                            "ratios": r.ratios(),
+                            "max_logit_diff_vs_full": r.logit_diff,
+                        }
+                        for r in results
+                    ],
+                    "qa": None if qa is None else {**{k: v for k, v in vars(qa).items()}, "hit_rate": qa.hit_rate},
+                },
+                indent=2,
+            )
+        )
         print(f"results written to {args.json}")
 
 

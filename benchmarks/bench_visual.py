@@ -72,8 +72,9 @@ def disk_files(mem: Memory, vc: VisualTokenCache, images: list[bytes]) -> list[P
     return [disk.path(mem.storage_key(vc.digest(img), vc.namespace)) for img in images]
 
 
-def bench_model(name: str, images: list[bytes], repeat: int, root: Path,
-                dtype: torch.dtype | None) -> list[dict[str, object]]:
+def bench_model(
+    name: str, images: list[bytes], repeat: int, root: Path, dtype: torch.dtype | None
+) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     t0 = time.perf_counter()
     cpu_mem = Memory(str(root / f"{name}-cpu"), disk_bytes=0, cpu_bytes="4GiB")
@@ -90,10 +91,12 @@ def bench_model(name: str, images: list[bytes], repeat: int, root: Path,
     assert torch.equal(vc_disk.encode(images), tokens)  # stored on disk, fsynced
     files = disk_files(disk_mem, vc_disk, images)
     shape = tuple(tokens.shape[1:])
-    print(f"\n{name}: tokens {shape} {tokens.dtype} ({tokens[0].nbytes / 1024:.0f} KiB an image), layer "
-          f"{enc.identity['layer']}, built in {build_s:.1f}s")
+    print(
+        f"\n{name}: tokens {shape} {tokens.dtype} ({tokens[0].nbytes / 1024:.0f} KiB an image), layer "
+        f"{enc.identity['layer']}, built in {build_s:.1f}s"
+    )
     for batch_size in (1, 8):
-        batches = [images[i:i + batch_size] for i in range(0, len(images), batch_size)]
+        batches = [images[i : i + batch_size] for i in range(0, len(images), batch_size)]
 
         def each(fn: Callable[[list[bytes]], object], batches: list[list[bytes]] = batches) -> Callable[[], None]:
             return lambda: [fn(b) for b in batches]
@@ -106,8 +109,17 @@ def bench_model(name: str, images: list[bytes], repeat: int, root: Path,
             "disk cold": median_seconds(each(vc_disk.encode), repeat, lambda: drop_page_cache(files)) / per,
         }
         for where, seconds in hits.items():
-            rows.append({"model": name, "batch": batch_size, "tier": where, "encode_ms": base * 1e3,
-                         "cached_ms": seconds * 1e3, "speedup": base / seconds, "goal": GOALS[where]})
+            rows.append(
+                {
+                    "model": name,
+                    "batch": batch_size,
+                    "tier": where,
+                    "encode_ms": base * 1e3,
+                    "cached_ms": seconds * 1e3,
+                    "speedup": base / seconds,
+                    "goal": GOALS[where],
+                }
+            )
     cpu_mem.close()
     disk_mem.close()
     return rows
@@ -119,29 +131,38 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5, help="repetitions; the table shows medians")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--dir", type=Path, default=None, help="scratch directory on the disk to measure")
-    ap.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32",
-                    help="storage dtype of the tokens (fp32: as encoded, lossless)")
+    ap.add_argument(
+        "--dtype",
+        choices=["fp32", "fp16"],
+        default="fp32",
+        help="storage dtype of the tokens (fp32: as encoded, lossless)",
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.threads:
         torch.set_num_threads(args.threads)
     images = pictures(8)
-    print(f"kvmem visual-token benchmark  |  {platform.node()}  load {load_average()}  |  torch "
-          f"{torch.__version__}, {torch.get_num_threads()} threads, CPU  |  8 PNG images 320x240, median of "
-          f"{args.repeat}")
+    print(
+        f"kvmem visual-token benchmark  |  {platform.node()}  load {load_average()}  |  torch "
+        f"{torch.__version__}, {torch.get_num_threads()} threads, CPU  |  8 PNG images 320x240, median of "
+        f"{args.repeat}"
+    )
     rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="kvmem-bench-visual-", dir=args.dir) as tmp:
         print(f"scratch: {tmp} ({filesystem_of(Path(tmp))})")
         for name in args.models.split(","):
-            rows += bench_model(name, images, args.repeat, Path(tmp),
-                                torch.float16 if args.dtype == "fp16" else None)
-    print(f"\n{'model':<10} {'batch':>5} {'tier':<10} {'encode ms/img':>13} {'cached ms/img':>13} "
-          f"{'speed-up':>9} {'goal':>6}")
+            rows += bench_model(name, images, args.repeat, Path(tmp), torch.float16 if args.dtype == "fp16" else None)
+    print(
+        f"\n{'model':<10} {'batch':>5} {'tier':<10} {'encode ms/img':>13} {'cached ms/img':>13} "
+        f"{'speed-up':>9} {'goal':>6}"
+    )
     for r in rows:
         ok = "ok" if r["speedup"] >= r["goal"] else "MISS"  # type: ignore[operator]
-        print(f"{r['model']:<10} {r['batch']:>5} {r['tier']:<10} {r['encode_ms']:13.2f} {r['cached_ms']:13.3f} "
-              f"{r['speedup']:8.0f}x {r['goal']:5.0f}x {ok}")
+        print(
+            f"{r['model']:<10} {r['batch']:>5} {r['tier']:<10} {r['encode_ms']:13.2f} {r['cached_ms']:13.3f} "
+            f"{r['speedup']:8.0f}x {r['goal']:5.0f}x {ok}"
+        )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=1))

@@ -48,8 +48,9 @@ def sentences(root: Path | None = None) -> list[str]:
     return sorted(found, key=lambda s: hashlib.sha1(s.encode()).digest())
 
 
-def embedded_corpus(n: int, embed: Callable[[list[str]], np.ndarray], embedder_name: str,
-                    batch: int = 2048) -> tuple[list[str], np.ndarray]:
+def embedded_corpus(
+    n: int, embed: Callable[[list[str]], np.ndarray], embedder_name: str, batch: int = 2048
+) -> tuple[list[str], np.ndarray]:
     """The first ``n`` sentences and their float32 embeddings.
 
     The cache file holds the embeddings of the first ``m`` sentences of this
@@ -65,9 +66,11 @@ def embedded_corpus(n: int, embed: Callable[[list[str]], np.ndarray], embedder_n
     if len(done) < n:
         from tqdm import tqdm
 
-        todo = every[len(done):n]
-        parts = [embed(todo[i:i + batch]) for i in tqdm(range(0, len(todo), batch), unit="batch",
-                                                        desc=f"embedding {len(todo)} sentences (once)")]
+        todo = every[len(done) : n]
+        parts = [
+            embed(todo[i : i + batch])
+            for i in tqdm(range(0, len(todo), batch), unit="batch", desc=f"embedding {len(todo)} sentences (once)")
+        ]
         done = np.ascontiguousarray(np.concatenate([*([done] if len(done) else []), *parts]), dtype=np.float32)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp.npy")

@@ -13,8 +13,9 @@ __all__ = ["filesystem_of", "load_average", "drop_page_cache"]
 def filesystem_of(path: Path) -> str:
     """The filesystem type ``path`` lives on (from ``df``), or ``unknown``."""
     try:
-        out = subprocess.run(["df", "--output=fstype,source", str(path)], capture_output=True, text=True,
-                             check=True).stdout.split("\n")[1]
+        out = subprocess.run(
+            ["df", "--output=fstype,source", str(path)], capture_output=True, text=True, check=True
+        ).stdout.split("\n")[1]
         return " ".join(out.split())
     except (OSError, subprocess.CalledProcessError, IndexError):
         return "unknown"

@@ -86,8 +86,9 @@ def load_corpus(holdout: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
         ``holdout``-th one goes to evaluation.
     """
     root = Path(os.__file__).parent
-    files = sorted(p for p in root.rglob("*.py")
-                   if p.is_file() and not {"site-packages", "dist-packages"} & set(p.parts))
+    files = sorted(
+        p for p in root.rglob("*.py") if p.is_file() and not {"site-packages", "dist-packages"} & set(p.parts)
+    )
     train, held, held_names = [], [], []
     for i, path in enumerate(files):
         data = np.frombuffer(path.read_bytes(), dtype=np.uint8).astype(np.int64)
@@ -101,9 +102,18 @@ def load_corpus(holdout: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
 
 
 def build_model(max_positions: int) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=688, max_position_embeddings=max_positions,
-                         bos_token_id=BOS, eos_token_id=EOS, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=688,
+        max_position_embeddings=max_positions,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        tie_word_embeddings=False,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -136,7 +146,7 @@ def train(model: LlamaForCausalLM, ids: torch.Tensor, args: argparse.Namespace) 
         for group in opt.param_groups:
             group["lr"] = lr
         offsets = torch.randint(0, len(ids) - args.seq_len - 1, (args.batch,), generator=gen)
-        batch = torch.stack([ids[o:o + args.seq_len + 1] for o in offsets.tolist()])
+        batch = torch.stack([ids[o : o + args.seq_len + 1] for o in offsets.tolist()])
         logits = model(input_ids=batch[:, :-1]).logits
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -153,8 +163,10 @@ def train(model: LlamaForCausalLM, ids: torch.Tensor, args: argparse.Namespace) 
             last_log = now
     bar.close()
     seconds = time.perf_counter() - start
-    tqdm.write(f"trained {step} steps, {step * args.batch * args.seq_len:,} tokens in {seconds:.0f}s; "
-               f"final loss (ema) {ema:.4f} nats/byte = {ema / math.log(2):.3f} bits/byte")
+    tqdm.write(
+        f"trained {step} steps, {step * args.batch * args.seq_len:,} tokens in {seconds:.0f}s; "
+        f"final loss (ema) {ema:.4f} nats/byte = {ema / math.log(2):.3f} bits/byte"
+    )
     return {"steps": step, "tokens": step * args.batch * args.seq_len, "seconds": seconds, "final_loss": ema}
 
 
@@ -164,12 +176,12 @@ def eval_windows(ids: torch.Tensor, length: int, count: int) -> list[torch.Tenso
     if total < count:
         raise SystemExit(f"held-out text has {total} windows of {length} tokens; lower --eval-seqs or --holdout")
     picks = np.linspace(0, total - 1, count).round().astype(int)
-    return [ids[i * length:(i + 1) * length] for i in picks]
+    return [ids[i * length : (i + 1) * length] for i in picks]
 
 
 def continuation_nll(logits: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
     """Per-token NLL of ``window[prefix+1:]`` from the continuation's logits ``[cont, vocab]``."""
-    targets = window[-logits.shape[0]:]
+    targets = window[-logits.shape[0] :]
     return F.cross_entropy(logits.float(), targets, reduction="none")
 
 
@@ -187,9 +199,17 @@ def evaluate(model: LlamaForCausalLM, windows: list[torch.Tensor], prefix: int, 
         bare_agree.append((bare.argmax(-1) == ref_top1[-1]).float())
     ref_ppl = math.exp(torch.cat(ref_nll).mean().item())
     bare_ppl = math.exp(torch.cat(bare_nll).mean().item())
-    rows = [Row("fp32 (full forward)", ref_ppl, 0.0, 100.0, None, None),
-            Row("no prefix (fp32)", bare_ppl, 100 * (bare_ppl / ref_ppl - 1),
-                100 * torch.cat(bare_agree).mean().item(), None, None)]
+    rows = [
+        Row("fp32 (full forward)", ref_ppl, 0.0, 100.0, None, None),
+        Row(
+            "no prefix (fp32)",
+            bare_ppl,
+            100 * (bare_ppl / ref_ppl - 1),
+            100 * torch.cat(bare_agree).mean().item(),
+            None,
+            None,
+        ),
+    ]
     sizes: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="kvmem-tinylm-") as tmp, Memory(path=tmp) as memory:
         for codec in codecs:
@@ -211,8 +231,16 @@ def evaluate(model: LlamaForCausalLM, windows: list[torch.Tensor], prefix: int, 
             pc.close()
             ppl = math.exp(torch.cat(nll).mean().item())
             sizes[codec] = round(sum(chunk_bytes) / len(chunk_bytes))
-            rows.append(Row(f"kvmem {codec}", ppl, 100 * (ppl / ref_ppl - 1),
-                            100 * torch.cat(agree).mean().item(), sizes[codec], None))
+            rows.append(
+                Row(
+                    f"kvmem {codec}",
+                    ppl,
+                    100 * (ppl / ref_ppl - 1),
+                    100 * torch.cat(agree).mean().item(),
+                    sizes[codec],
+                    None,
+                )
+            )
     base = sizes.get("bf16")
     for row in rows:
         if base and row.bytes_per_chunk:
@@ -235,8 +263,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--minutes", type=float, default=4.0, help="training time budget (wall clock)")
     p.add_argument("--out", default="benchmarks/results/tiny-lm", help="where save_pretrained writes the model")
     p.add_argument("--model", default=None, help="evaluate this saved model instead of training one")
-    p.add_argument("--seq-len", type=int, default=1024,
-                   help="training sequence length (default: the eval window, so eval positions are in-distribution)")
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        default=1024,
+        help="training sequence length (default: the eval window, so eval positions are in-distribution)",
+    )
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--holdout", type=int, default=20, help="every N-th file (sorted) is held out")
@@ -244,9 +276,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--cont", type=int, default=256, help="continuation tokens scored")
     p.add_argument("--eval-seqs", type=int, default=32)
     p.add_argument("--codecs", default="none,bf16,int8,int4")
-    p.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) // 2),
-                   help="torch threads (default: half the cores; oversubscribed threads on a shared "
-                        "machine run several times slower)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=max(1, len(os.sched_getaffinity(0)) // 2),
+        help="torch threads (default: half the cores; oversubscribed threads on a shared "
+        "machine run several times slower)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
@@ -260,31 +296,41 @@ def main() -> None:
     seed_everything(args.seed)
     torch.set_num_threads(args.threads)
     train_ids, eval_ids, eval_files = load_corpus(args.holdout)
-    print(f"corpus: {len(train_ids):,} train bytes, {len(eval_ids):,} held-out bytes ({len(eval_files)} files); "
-          f"torch {torch.__version__}, {args.threads} threads")
+    print(
+        f"corpus: {len(train_ids):,} train bytes, {len(eval_ids):,} held-out bytes ({len(eval_files)} files); "
+        f"torch {torch.__version__}, {args.threads} threads"
+    )
     training: dict[str, float] = {}
     if args.model:
         model = LlamaForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     else:
         model = build_model(max(2048, args.prefix + args.cont))
-        print(f"model: Llama {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
-              f"seq {args.seq_len} x batch {args.batch}, {args.minutes:g} min")
+        print(
+            f"model: Llama {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
+            f"seq {args.seq_len} x batch {args.batch}, {args.minutes:g} min"
+        )
         training = train(model, train_ids, args)
         model.save_pretrained(args.out)
-        Path(args.out, "training.json").write_text(json.dumps(
-            {**training, **{k: v for k, v in vars(args).items() if k != "json"}, "held_out_files": eval_files},
-            indent=1))
+        Path(args.out, "training.json").write_text(
+            json.dumps(
+                {**training, **{k: v for k, v in vars(args).items() if k != "json"}, "held_out_files": eval_files},
+                indent=1,
+            )
+        )
         print(f"saved to {args.out}")
     windows = eval_windows(eval_ids, args.prefix + args.cont + 1, args.eval_seqs)
     codecs = [c.strip() for c in args.codecs.split(",") if c.strip()]
     rows = evaluate(model, windows, args.prefix, codecs)
-    print(f"\ncontinuation perplexity (bytes), {len(windows)} held-out windows: "
-          f"{args.prefix}-token prefix KV + {args.cont} scored tokens, block_size {BLOCK_SIZE}")
+    print(
+        f"\ncontinuation perplexity (bytes), {len(windows)} held-out windows: "
+        f"{args.prefix}-token prefix KV + {args.cont} scored tokens, block_size {BLOCK_SIZE}"
+    )
     print_table(rows)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"args": vars(args), "training": training,
-                                               "rows": [asdict(r) for r in rows]}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"args": vars(args), "training": training, "rows": [asdict(r) for r in rows]}, indent=1)
+        )
         print(f"wrote {args.json}")
 
 

@@ -48,8 +48,12 @@ from langchain_kvmem import KVMemCache, KVMemStore
 
 USER = "user-7"
 FACTS = ["My favourite colour is teal.", "I am allergic to peanuts.", "I live in Lyon and work night shifts."]
-QUESTIONS = ["What is the capital of France?", "What is the capital of France?",
-             "What's the capital city of France?", "What is the capital of Germany?"]
+QUESTIONS = [
+    "What is the capital of France?",
+    "What is the capital of France?",
+    "What's the capital city of France?",
+    "What is the capital of Germany?",
+]
 
 
 class ScriptedChat(GenericFakeChatModel):
@@ -88,18 +92,29 @@ def run_agent(memory: kvmem.Memory, model: ScriptedChat, question: str) -> list[
 
 
 def remember(memory: kvmem.Memory) -> list[str]:
-    model = ScriptedChat(messages=calls(
-        AIMessage("", tool_calls=[{"name": "save_memory", "args": {"fact": fact}, "id": f"call-{i}"}
-                                  for i, fact in enumerate(FACTS)]),
-        AIMessage("Noted, I will remember that.")))
+    model = ScriptedChat(
+        messages=calls(
+            AIMessage(
+                "",
+                tool_calls=[
+                    {"name": "save_memory", "args": {"fact": fact}, "id": f"call-{i}"} for i, fact in enumerate(FACTS)
+                ],
+            ),
+            AIMessage("Noted, I will remember that."),
+        )
+    )
     return run_agent(memory, model, "Please remember: " + " ".join(FACTS))
 
 
 def recall_in_this_process(memory: kvmem.Memory) -> list[str]:
-    model = ScriptedChat(messages=calls(
-        AIMessage("", tool_calls=[{"name": "recall", "args": {"query": "what should the user not eat?"},
-                                   "id": "call-1"}]),
-        AIMessage("You told me you are allergic to peanuts.")))
+    model = ScriptedChat(
+        messages=calls(
+            AIMessage(
+                "", tool_calls=[{"name": "recall", "args": {"query": "what should the user not eat?"}, "id": "call-1"}]
+            ),
+            AIMessage("You told me you are allergic to peanuts."),
+        )
+    )
     return run_agent(memory, model, "Is there any food I should avoid?")
 
 
@@ -125,8 +140,9 @@ class CountingChat(GenericFakeChatModel):
 
 def ask_with_cache(memory: kvmem.Memory) -> list[tuple[str, str, bool]]:
     """Each question through a cached chat model: (question, answer, served from the cache)."""
-    model = CountingChat(messages=iter([AIMessage("Paris."), AIMessage("Berlin.")]),
-                         cache=KVMemCache(memory, semantic=True))
+    model = CountingChat(
+        messages=iter([AIMessage("Paris."), AIMessage("Berlin.")]), cache=KVMemCache(memory, semantic=True)
+    )
     rows = []
     for question in QUESTIONS:
         before = model.calls
@@ -152,8 +168,9 @@ def main(argv: Sequence[str] | None = None) -> Report:
             report.run1 = remember(memory)
             report.saved = len(open_store(memory).search(("memories", USER), limit=10))
         print(f"run 1 (pid {os.getpid()}):\n  " + "\n  ".join(report.run1))
-        out = subprocess.run([sys.executable, __file__, "--recall", "--path", str(path)], capture_output=True,
-                             text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, __file__, "--recall", "--path", str(path)], capture_output=True, text=True, check=True
+        )
         report.run2 = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"run 2 (pid {report.run2['pid']}, a second process):\n  " + "\n  ".join(report.run2["transcript"]))
         with kvmem.Memory(str(path)) as memory:

@@ -60,25 +60,47 @@ from kvmem.kv import PrefixCache
 from kvmem.multimodal import VisualTokenCache
 from kvmem.multimodal.llava import LlavaImageEncoder
 
-SYSTEM = ("You are a careful visual assistant. Look at the picture above and answer each question about it in one "
-          "short sentence. Name colours, shapes and positions exactly as they appear; say so when something is not "
-          "visible, and never guess beyond what the picture shows. Keep answers consistent with earlier ones.")
-QUESTIONS = ("What is in the picture?", "What colour is the circle?", "How many shapes can you see?",
-             "Is the square left or right of the circle?", "What is in the background?",
-             "Describe the picture in one sentence.")
+SYSTEM = (
+    "You are a careful visual assistant. Look at the picture above and answer each question about it in one "
+    "short sentence. Name colours, shapes and positions exactly as they appear; say so when something is not "
+    "visible, and never guess beyond what the picture shows. Keep answers consistent with earlier ones."
+)
+QUESTIONS = (
+    "What is in the picture?",
+    "What colour is the circle?",
+    "How many shapes can you see?",
+    "Is the square left or right of the circle?",
+    "What is in the background?",
+    "Describe the picture in one sentence.",
+)
 TINY_VOCAB = 2048
 
 
 # -- model, tokenizer, image -------------------------------------------------------------------------------------
 def tiny_llava(seed: int) -> LlavaForConditionalGeneration:
     """A tiny LLaVA with random weights: a 4-layer CLIP tower on 224 px images (196 patches) and a 4-layer Llama."""
-    vision = CLIPVisionConfig(hidden_size=192, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-                              image_size=224, patch_size=16, projection_dim=64)
-    text = LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, bos_token_id=1,
-                       eos_token_id=2, pad_token_id=0)
-    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=TINY_VOCAB - 1,
-                         image_seq_length=196)
+    vision = CLIPVisionConfig(
+        hidden_size=192,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        image_size=224,
+        patch_size=16,
+        projection_dim=64,
+    )
+    text = LlamaConfig(
+        vocab_size=TINY_VOCAB,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=TINY_VOCAB - 1, image_seq_length=196)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return LlavaForConditionalGeneration(config).eval()
@@ -188,8 +210,14 @@ class Chat:
         tokenizer: ``encode(str) -> ids`` and ``decode(ids) -> str``.
     """
 
-    def __init__(self, model: LlavaForConditionalGeneration, encoder: LlavaImageEncoder, visual: VisualTokenCache,
-                 prefix: PrefixCache, tokenizer: WordTokenizer | HFTokenizer) -> None:
+    def __init__(
+        self,
+        model: LlavaForConditionalGeneration,
+        encoder: LlavaImageEncoder,
+        visual: VisualTokenCache,
+        prefix: PrefixCache,
+        tokenizer: WordTokenizer | HFTokenizer,
+    ) -> None:
         self.model, self.encoder, self.visual, self.prefix, self.tokenizer = model, encoder, visual, prefix, tokenizer
         self.device = next(model.parameters()).device
         self.image_token = model.config.image_token_id
@@ -255,28 +283,50 @@ class Chat:
         answer = self.answer(logits.clone(), cache, answer_tokens)
         self.prefix.flush()  # NOTE: the new chunks are stored before the next turn looks them up
         self.ids += answer
-        return TurnResult(number, ids.shape[1], reused, self.visual.hits > hits, plain_s * 1e3, kvmem_s * 1e3, diff,
-                          scale, same, self.tokenizer.decode(answer), {k: after[k] - before[k] for k in after})
+        return TurnResult(
+            number,
+            ids.shape[1],
+            reused,
+            self.visual.hits > hits,
+            plain_s * 1e3,
+            kvmem_s * 1e3,
+            diff,
+            scale,
+            same,
+            self.tokenizer.decode(answer),
+            {k: after[k] - before[k] for k in after},
+        )
 
 
 def _counters(memory: kvmem.Memory) -> dict[str, float]:
     m = memory.metrics
-    tensor_hits = sum(s.value for metric in m.registry.collect() for s in metric.samples
-                      if s.name == "kvmem_hits_total" and s.labels.get("kind") == "tensor")
-    return {"kv_reused_tokens": m.value("kvmem_kv_tokens_total", kind="reused"),
-            "kv_chunk_hits": m.total("kvmem_kv_chunk_hits_total"), "tensor_hits": tensor_hits}
+    tensor_hits = sum(
+        s.value
+        for metric in m.registry.collect()
+        for s in metric.samples
+        if s.name == "kvmem_hits_total" and s.labels.get("kind") == "tensor"
+    )
+    return {
+        "kv_reused_tokens": m.value("kvmem_kv_tokens_total", kind="reused"),
+        "kv_chunk_hits": m.total("kvmem_kv_chunk_hits_total"),
+        "tensor_hits": tensor_hits,
+    }
 
 
 # -- output ----------------------------------------------------------------------------------------------------
 def render(report: ChatReport) -> str:
     """The per-turn table."""
-    head = (f"{'turn':>4}  {'prompt':>6}  {'reused':>6}  {'visual':>6}  {'TTFT plain':>10}  {'TTFT kvmem':>10}  "
-            f"{'speed-up':>8}  {'max |dlogit|':>12}")
+    head = (
+        f"{'turn':>4}  {'prompt':>6}  {'reused':>6}  {'visual':>6}  {'TTFT plain':>10}  {'TTFT kvmem':>10}  "
+        f"{'speed-up':>8}  {'max |dlogit|':>12}"
+    )
     rows = [head, "-" * len(head)]
     for t in report.turns:
-        rows.append(f"{t.turn:>4}  {t.prompt_tokens:>6}  {t.reused_tokens:>6}  {'hit' if t.visual_hit else 'miss':>6}  "
-                    f"{t.ttft_plain_ms:>7.1f} ms  {t.ttft_kvmem_ms:>7.1f} ms  {t.speedup:>7.2f}x  "
-                    f"{t.max_abs_diff:>12.2e}")
+        rows.append(
+            f"{t.turn:>4}  {t.prompt_tokens:>6}  {t.reused_tokens:>6}  {'hit' if t.visual_hit else 'miss':>6}  "
+            f"{t.ttft_plain_ms:>7.1f} ms  {t.ttft_kvmem_ms:>7.1f} ms  {t.speedup:>7.2f}x  "
+            f"{t.max_abs_diff:>12.2e}"
+        )
     return "\n".join(rows)
 
 
@@ -307,18 +357,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def load(args: argparse.Namespace) -> tuple[LlavaForConditionalGeneration, LlavaImageEncoder,
-                                              WordTokenizer | HFTokenizer]:
+def load(
+    args: argparse.Namespace,
+) -> tuple[LlavaForConditionalGeneration, LlavaImageEncoder, WordTokenizer | HFTokenizer]:
     """The model (``--model`` or the tiny one), its vision encoder, and a tokenizer."""
     if args.model is None:
         model = tiny_llava(args.seed).to(args.device)
         return model, LlavaImageEncoder(model), WordTokenizer(TINY_VOCAB, model.config.image_token_id)
     model = LlavaForConditionalGeneration.from_pretrained(args.model).to(args.device).eval()
-    processor = AutoImageProcessor.from_pretrained(args.model) if (Path(args.model) / "preprocessor_config.json"
-                                                                   ).is_file() else None
+    processor = (
+        AutoImageProcessor.from_pretrained(args.model)
+        if (Path(args.model) / "preprocessor_config.json").is_file()
+        else None
+    )
     has_tokenizer = any((Path(args.model) / f).is_file() for f in ("tokenizer.json", "tokenizer.model"))
-    tokenizer = HFTokenizer(args.model) if has_tokenizer else WordTokenizer(
-        model.config.text_config.vocab_size, model.config.image_token_id)
+    tokenizer = (
+        HFTokenizer(args.model)
+        if has_tokenizer
+        else WordTokenizer(model.config.text_config.vocab_size, model.config.image_token_id)
+    )
     return model, LlavaImageEncoder(model, processor), tokenizer
 
 
@@ -335,10 +392,17 @@ def main(argv: Sequence[str] | None = None) -> ChatReport:
         visual = VisualTokenCache.from_encoder(encoder, memory=memory)
         prefix = PrefixCache(model, memory, block_size=args.block_size, compression="none")
         chat = Chat(model, encoder, visual, prefix, tokenizer)
-        report = ChatReport(args.model or f"tiny random LLaVA (seed {args.seed})", encoder.num_tokens,
-                            chat.prefix_tokens, args.block_size, rtol)
-        print(f"{report.model} on {args.device}, {dtype}: {encoder.num_tokens} image tokens, a "
-              f"{chat.prefix_tokens}-token image+system prefix, {args.block_size}-token KV chunks")
+        report = ChatReport(
+            args.model or f"tiny random LLaVA (seed {args.seed})",
+            encoder.num_tokens,
+            chat.prefix_tokens,
+            args.block_size,
+            rtol,
+        )
+        print(
+            f"{report.model} on {args.device}, {dtype}: {encoder.num_tokens} image tokens, a "
+            f"{chat.prefix_tokens}-token image+system prefix, {args.block_size}-token KV chunks"
+        )
         with torch.no_grad():  # NOTE: first calls are slow (allocation, lazy init): warm the plain way up
             warm = sample_image(args.seed + 1)
             chat.plain(warm, torch.tensor([chat.ids], device=chat.device))
@@ -353,9 +417,11 @@ def main(argv: Sequence[str] | None = None) -> ChatReport:
         report.visual_hits, report.visual_misses = visual.hits, visual.misses
     print(render(report))
     same = sum(t.same_first_token for t in report.turns)
-    print(f"visual tokens: {report.visual_hits} hit(s), {report.visual_misses} miss(es); first-token logits "
-          f"{'agree' if report.ok else 'DISAGREE'} on every turn (rtol {rtol:g} of max |logit|), the greedy first "
-          f"token on {same} of {len(report.turns)}")
+    print(
+        f"visual tokens: {report.visual_hits} hit(s), {report.visual_misses} miss(es); first-token logits "
+        f"{'agree' if report.ok else 'DISAGREE'} on every turn (rtol {rtol:g} of max |logit|), the greedy first "
+        f"token on {same} of {len(report.turns)}"
+    )
     return report
 
 

@@ -60,14 +60,17 @@ import kvmem
 from kvmem.agent import AgentSession, Step
 from kvmem.kv.layout import cache_argument
 
-QUESTION = ("Customer 1234 asks: what do orders A17 and B42 cost together, including 8% VAT, and when will "
-            "order A17 arrive?")
-SYSTEM = ("You are a customer support agent for an online shop. Answer the customer's question by thinking step "
-          "by step. Each step is written as three lines: 'Thought:' says what you need next, 'Action:' calls one "
-          "tool, 'Observation:' is the tool's answer. Tools: calculator(expression) evaluates arithmetic with "
-          "+ - * / ** and parentheses; lookup(id) returns the row of an order or a carrier from the shop's "
-          "table; finish(answer) gives the final answer to the customer. Use only facts from observations, "
-          "never guess a price or a date, and keep every answer short and polite.\n\n" + QUESTION)
+QUESTION = (
+    "Customer 1234 asks: what do orders A17 and B42 cost together, including 8% VAT, and when will order A17 arrive?"
+)
+SYSTEM = (
+    "You are a customer support agent for an online shop. Answer the customer's question by thinking step "
+    "by step. Each step is written as three lines: 'Thought:' says what you need next, 'Action:' calls one "
+    "tool, 'Observation:' is the tool's answer. Tools: calculator(expression) evaluates arithmetic with "
+    "+ - * / ** and parentheses; lookup(id) returns the row of an order or a carrier from the shop's "
+    "table; finish(answer) gives the final answer to the customer. Use only facts from observations, "
+    "never guess a price or a date, and keep every answer short and polite.\n\n" + QUESTION
+)
 TABLE = """id,kind,item,qty,unit_price,status,carrier,days
 A17,order,USB-C cable,3,12.50,shipped 2 May,DHL,
 B42,order,mechanical keyboard,1,89.00,processing,,
@@ -86,8 +89,12 @@ class ToolError(ValueError):
 
 
 _BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.Pow: operator.pow}
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+}
 _UNARY: dict[type[ast.unaryop], Callable[[float], float]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _MAX_EXPRESSION = 200  # characters
 _MAX_EXPONENT = 64  # NOTE: 9 ** 9 ** 9 would run for hours: exponents and integer results are bounded
@@ -193,14 +200,18 @@ def scripted_policy(steps: Sequence[Step]) -> tuple[str, str]:
         thought = f"B42 is {b42['qty']} x {b42['item']} at {b42['unit_price']}."
         return thought + " The subtotal is each quantity times its unit price, added up.", f'calculator("{expr}")'
     if len(steps) == 3:
-        return (f"The subtotal is {obs[2]}. VAT is 8 percent, so I multiply the subtotal by 1.08.",
-                f'calculator("{obs[2]} * 1.08")')
+        return (
+            f"The subtotal is {obs[2]}. VAT is 8 percent, so I multiply the subtotal by 1.08.",
+            f'calculator("{obs[2]} * 1.08")',
+        )
     if len(steps) == 4:
         thought = f"The total is {obs[3]}. A17 went with {a17['carrier']};"
         return thought + " I should look up how long that carrier takes.", f'lookup("{a17["carrier"]}")'
     days = _row(obs[4]).get("days", "?")
-    answer = (f"Orders A17 and B42 cost {obs[3]} together, including 8% VAT. Order A17 {a17['status']} with "
-              f"{a17['carrier']}, which delivers in {days} days.")
+    answer = (
+        f"Orders A17 and B42 cost {obs[3]} together, including 8% VAT. Order A17 {a17['status']} with "
+        f"{a17['carrier']}, which delivers in {days} days."
+    )
     return "I have everything the customer asked for.", f'finish("{answer}")'
 
 
@@ -236,9 +247,18 @@ class WordTokenizer:
 
 def tiny_llama(seed: int) -> LlamaForCausalLM:
     """A 4-layer Llama with random weights (seeded), hidden 256, GQA 4/2 heads."""
-    config = LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    config = LlamaConfig(
+        vocab_size=TINY_VOCAB,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return LlamaForCausalLM(config).eval()
@@ -347,14 +367,15 @@ def greedy(model: PreTrainedModel, tokenizer: object, logits: torch.Tensor, cach
     return str(tokenizer.decode(out, skip_special_tokens=True))  # type: ignore[attr-defined]
 
 
-def run_step(session: AgentSession, model: PreTrainedModel, tokenizer: object, tools: Tools,
-             policy: str, max_new_tokens: int) -> tuple[StepResult, bool]:
+def run_step(
+    session: AgentSession, model: PreTrainedModel, tokenizer: object, tools: Tools, policy: str, max_new_tokens: int
+) -> tuple[StepResult, bool]:
     """One ReAct step: time the prompt's prefill both ways, decide, call the tool, append the step."""
     number = len(session) + 1
     ids = session.prompt_ids(suffix=SUFFIX)
     device = next(model.parameters()).device
     timed: dict[str, float] = {}
-    for way in (("plain", "kvmem") if number % 2 else ("kvmem", "plain")):  # NOTE: alternate who goes first
+    for way in ("plain", "kvmem") if number % 2 else ("kvmem", "plain"):  # NOTE: alternate who goes first
         if way == "plain":
             plain_logits, timed[way] = plain_forward(model, ids)
         else:
@@ -371,8 +392,18 @@ def run_step(session: AgentSession, model: PreTrainedModel, tokenizer: object, t
     observation, finished = tools.call(action)
     session.append_step(thought=thought, action=action, observation=observation)
     diff = (logits.float() - plain_logits.float()).abs().max().item()
-    return StepResult(number, len(ids), result.reused_tokens, timed["plain"] * 1e3, timed["kvmem"] * 1e3, diff,
-                      plain_logits.float().abs().max().item(), thought, action, observation), finished
+    return StepResult(
+        number,
+        len(ids),
+        result.reused_tokens,
+        timed["plain"] * 1e3,
+        timed["kvmem"] * 1e3,
+        diff,
+        plain_logits.float().abs().max().item(),
+        thought,
+        action,
+        observation,
+    ), finished
 
 
 # -- the second process -------------------------------------------------------------------------------------------
@@ -389,20 +420,40 @@ def resume(args: argparse.Namespace) -> ResumeResult:
         found = digest(session.context())
         r = session.prefill(suffix=SUFFIX)
         session.close()
-        result = ResumeResult(len(session), found, found == args.expect_digest if args.expect_digest else True,
-                              int(r.reused_tokens + r.computed_tokens), int(r.reused_tokens))
-    print(f"resumed {args.resume!r} in process 2: {result.steps} steps, context sha256 {found[:16]}… "
-          f"{'matches' if result.matches else 'DIFFERS FROM'} process 1's; next prompt {result.prompt_tokens} "
-          f"tokens, {result.reused_tokens} reused from process 1's chunks")
+        result = ResumeResult(
+            len(session),
+            found,
+            found == args.expect_digest if args.expect_digest else True,
+            int(r.reused_tokens + r.computed_tokens),
+            int(r.reused_tokens),
+        )
+    print(
+        f"resumed {args.resume!r} in process 2: {result.steps} steps, context sha256 {found[:16]}… "
+        f"{'matches' if result.matches else 'DIFFERS FROM'} process 1's; next prompt {result.prompt_tokens} "
+        f"tokens, {result.reused_tokens} reused from process 1's chunks"
+    )
     print("RESUME " + json.dumps(asdict(result)))
     return result
 
 
 def resume_in_subprocess(args: argparse.Namespace, path: str, expect: str) -> ResumeResult:
     """Run this script with ``--resume`` in a second process; its result."""
-    argv = [sys.executable, str(Path(__file__).resolve()), "--resume", args.session, "--path", path,
-            "--expect-digest", expect, "--seed", str(args.seed), "--block-size", str(args.block_size),
-            "--device", args.device]
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--resume",
+        args.session,
+        "--path",
+        path,
+        "--expect-digest",
+        expect,
+        "--seed",
+        str(args.seed),
+        "--block-size",
+        str(args.block_size),
+        "--device",
+        args.device,
+    ]
     argv += ["--model", args.model] if args.model else []
     argv += ["--threads", str(args.threads)] if args.threads else []
     done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=600)
@@ -416,22 +467,30 @@ def resume_in_subprocess(args: argparse.Namespace, path: str, expect: str) -> Re
 # -- output and main -----------------------------------------------------------------------------------------------
 def render(report: AgentReport) -> str:
     """The per-step table."""
-    head = (f"{'step':>4}  {'prompt':>6}  {'reused':>6}  {'TTFT plain':>10}  {'TTFT kvmem':>10}  {'speed-up':>8}  "
-            "tool call -> observation")
+    head = (
+        f"{'step':>4}  {'prompt':>6}  {'reused':>6}  {'TTFT plain':>10}  {'TTFT kvmem':>10}  {'speed-up':>8}  "
+        "tool call -> observation"
+    )
     rows = [head, "-" * (len(head) + 30)]
     for s in report.steps:
         call = f"{s.action or '(no action)'} -> {s.observation}"
-        rows.append(f"{s.step:>4}  {s.prompt_tokens:>6}  {s.reused_tokens:>6}  {s.ttft_plain_ms:>7.1f} ms  "
-                    f"{s.ttft_kvmem_ms:>7.1f} ms  {s.speedup:>7.2f}x  {call[:90] + ('…' if len(call) > 90 else '')}")
+        rows.append(
+            f"{s.step:>4}  {s.prompt_tokens:>6}  {s.reused_tokens:>6}  {s.ttft_plain_ms:>7.1f} ms  "
+            f"{s.ttft_kvmem_ms:>7.1f} ms  {s.speedup:>7.2f}x  {call[:90] + ('…' if len(call) > 90 else '')}"
+        )
     return "\n".join(rows)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", help="a local causal LM directory with its tokenizer (default: a tiny random Llama)")
-    p.add_argument("--policy", choices=("auto", "scripted", "model"), default="auto",
-                   help="who writes thoughts and actions: the script's plan, or the model greedily (default: the "
-                        "model when it has a tokenizer, else the script)")
+    p.add_argument(
+        "--policy",
+        choices=("auto", "scripted", "model"),
+        default="auto",
+        help="who writes thoughts and actions: the script's plan, or the model greedily (default: the "
+        "model when it has a tokenizer, else the script)",
+    )
     p.add_argument("--table", help="a CSV for lookup(), first column the id (default: the built-in orders)")
     p.add_argument("--path", help="kvmem directory (default: a temporary one, removed after)")
     p.add_argument("--session", default=SESSION, help=f"session name (default {SESSION})")
@@ -442,8 +501,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's; 1 on a busy machine)")
     p.add_argument("--no-resume", action="store_true", help="skip the second process")
-    p.add_argument("--resume", metavar="NAME", help="reopen session NAME under --path, check its context against "
-                                                    "--expect-digest and prefill its next prompt (the second process)")
+    p.add_argument(
+        "--resume",
+        metavar="NAME",
+        help="reopen session NAME under --path, check its context against "
+        "--expect-digest and prefill its next prompt (the second process)",
+    )
     p.add_argument("--expect-digest", metavar="SHA256", help="with --resume: the context's expected sha256")
     args = p.parse_args(argv)
     if args.max_steps < 1 or args.block_size < 1 or args.max_new_tokens < 1:
@@ -464,18 +527,26 @@ def main(argv: Sequence[str] | None = None) -> AgentReport | ResumeResult:
     policy = args.policy if args.policy != "auto" else ("model" if has_vocabulary else "scripted")
     tools = Tools(read_table(Path(args.table).read_text() if args.table else TABLE))
     dtype = next(model.parameters()).dtype
-    report = AgentReport(args.model or f"tiny random Llama (seed {args.seed})", args.session, args.block_size,
-                         1e-4 if dtype == torch.float32 else 2e-2)
+    report = AgentReport(
+        args.model or f"tiny random Llama (seed {args.seed})",
+        args.session,
+        args.block_size,
+        1e-4 if dtype == torch.float32 else 2e-2,
+    )
     with tempfile.TemporaryDirectory(prefix="kvmem-agent-") as tmp:
         path = args.path or tmp  # NOTE: the temporary directory, unused with --path, goes at the end
         with kvmem.Memory(path, cpu_bytes="256MiB", disk_bytes="1GiB") as memory:
             session = AgentSession(args.session, memory=memory, system_prompt=SYSTEM)
             if len(session):
-                raise SystemExit(f"session {args.session!r} in {path} has {len(session)} steps already: pass "
-                                 "another --session, or --resume it")
+                raise SystemExit(
+                    f"session {args.session!r} in {path} has {len(session)} steps already: pass "
+                    "another --session, or --resume it"
+                )
             session.attach(model, tokenizer, block_size=args.block_size, compression="none")
-            print(f"{report.model} on {args.device}, {dtype}, policy {policy}: session {args.session!r}, "
-                  f"{args.block_size}-token KV chunks, kvmem at {path}\n{QUESTION}")
+            print(
+                f"{report.model} on {args.device}, {dtype}, policy {policy}: session {args.session!r}, "
+                f"{args.block_size}-token KV chunks, kvmem at {path}\n{QUESTION}"
+            )
             plain_forward(model, session.prompt_ids(suffix=SUFFIX))  # NOTE: first calls are slow: warm up
             for _ in range(args.max_steps):
                 result, finished = run_step(session, model, tokenizer, tools, policy, args.max_new_tokens)
@@ -487,8 +558,10 @@ def main(argv: Sequence[str] | None = None) -> AgentReport | ResumeResult:
             session.close()
         print(render(report))
         print(f"answer: {report.answer}" if report.answer else f"no finish() in {args.max_steps} steps")
-        print(f"last-position logits {'agree' if report.ok else 'DISAGREE'} on every step "
-              f"(rtol {report.rtol:g} of max |logit|)")
+        print(
+            f"last-position logits {'agree' if report.ok else 'DISAGREE'} on every step "
+            f"(rtol {report.rtol:g} of max |logit|)"
+        )
         if not args.no_resume:
             report.resumed = resume_in_subprocess(args, path, report.digest)
     return report

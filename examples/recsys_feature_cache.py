@@ -50,21 +50,102 @@ from torch import nn
 import kvmem
 from kvmem.config import format_size
 
-CATEGORIES = ("books", "music", "films", "games", "garden", "kitchen", "sports", "toys", "tools", "travel",
-              "beauty", "office")
+CATEGORIES = (
+    "books",
+    "music",
+    "films",
+    "games",
+    "garden",
+    "kitchen",
+    "sports",
+    "toys",
+    "tools",
+    "travel",
+    "beauty",
+    "office",
+)
 BRANDS = 40
 MAX_TOKENS = 48  # hashed text tokens per item (unigrams, then bigrams), padded or cut to this
 TOKEN_BUCKETS = 1 << 14  # bucket 0 is padding
 FEATURE_DIM = 128
 _SCORE_BATCH = 256  # users scored together
 _MAX_HISTORY = 50  # interactions per generated user: 20 to this
-_WORDS = ("red", "blue", "green", "black", "silver", "wooden", "steel", "cotton", "leather", "compact", "portable",
-          "classic", "modern", "vintage", "deluxe", "lamp", "chair", "kettle", "novel", "album", "guitar", "racket",
-          "puzzle", "drill", "tent", "camera", "brush", "stapler", "mug", "jacket", "blender", "lightweight",
-          "durable", "handmade", "organic", "wireless", "ergonomic", "waterproof", "foldable", "rechargeable",
-          "premium", "for", "with", "and", "the", "of", "in", "on", "daily", "travel", "home", "office", "kids",
-          "adults", "outdoor", "winter", "summer", "gift", "set", "pack", "edition", "series", "collection",
-          "bundle", "starter", "pro", "mini", "max", "ultra", "soft", "quiet", "fast", "bright", "warm")
+_WORDS = (
+    "red",
+    "blue",
+    "green",
+    "black",
+    "silver",
+    "wooden",
+    "steel",
+    "cotton",
+    "leather",
+    "compact",
+    "portable",
+    "classic",
+    "modern",
+    "vintage",
+    "deluxe",
+    "lamp",
+    "chair",
+    "kettle",
+    "novel",
+    "album",
+    "guitar",
+    "racket",
+    "puzzle",
+    "drill",
+    "tent",
+    "camera",
+    "brush",
+    "stapler",
+    "mug",
+    "jacket",
+    "blender",
+    "lightweight",
+    "durable",
+    "handmade",
+    "organic",
+    "wireless",
+    "ergonomic",
+    "waterproof",
+    "foldable",
+    "rechargeable",
+    "premium",
+    "for",
+    "with",
+    "and",
+    "the",
+    "of",
+    "in",
+    "on",
+    "daily",
+    "travel",
+    "home",
+    "office",
+    "kids",
+    "adults",
+    "outdoor",
+    "winter",
+    "summer",
+    "gift",
+    "set",
+    "pack",
+    "edition",
+    "series",
+    "collection",
+    "bundle",
+    "starter",
+    "pro",
+    "mini",
+    "max",
+    "ultra",
+    "soft",
+    "quiet",
+    "fast",
+    "bright",
+    "warm",
+)
 
 
 # -- catalogue ------------------------------------------------------------------------------------------------------
@@ -83,8 +164,10 @@ class Item:
 
     def content(self) -> str:
         """Canonical JSON of the item's content (not its id: same content, same features)."""
-        return json.dumps([self.title, self.description, self.category, self.brand, self.price, self.year,
-                           self.rating], ensure_ascii=False)
+        return json.dumps(
+            [self.title, self.description, self.category, self.brand, self.price, self.year, self.rating],
+            ensure_ascii=False,
+        )
 
 
 @dataclass(frozen=True)
@@ -107,15 +190,25 @@ class Catalogue:
 def _make_item(item_id: int, rng: random.Random) -> Item:
     title = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 6))).capitalize()
     description = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(15, 30)))
-    return Item(item_id, title, description, rng.choice(CATEGORIES), rng.randrange(BRANDS),
-                round(math.exp(rng.uniform(1.0, 6.5)), 2), rng.randint(2010, 2024), round(rng.uniform(1.0, 5.0), 1))
+    return Item(
+        item_id,
+        title,
+        description,
+        rng.choice(CATEGORIES),
+        rng.randrange(BRANDS),
+        round(math.exp(rng.uniform(1.0, 6.5)), 2),
+        rng.randint(2010, 2024),
+        round(rng.uniform(1.0, 5.0), 1),
+    )
 
 
 def _make_user(user_id: int, items: Sequence[Item], n_candidates: int, rng: random.Random) -> User:
     liked = set(rng.sample(CATEGORIES, 2))
     preferred = [it.item_id for it in items if it.category in liked]
-    history = [rng.choice(preferred) if preferred and rng.random() < 0.7 else rng.randrange(len(items))
-               for _ in range(rng.randint(20, _MAX_HISTORY))]
+    history = [
+        rng.choice(preferred) if preferred and rng.random() < 0.7 else rng.randrange(len(items))
+        for _ in range(rng.randint(20, _MAX_HISTORY))
+    ]
     seen = set(history)
     unseen = [it.item_id for it in items if it.item_id not in seen]
     return User(user_id, tuple(history), tuple(rng.sample(unseen, n_candidates)))
@@ -173,13 +266,16 @@ class ItemEncoder(nn.Module):
         ids = torch.zeros(len(items), MAX_TOKENS, dtype=torch.long)
         for row, item in enumerate(items):
             tokens = tokenize(item)
-            ids[row, :len(tokens)] = torch.tensor(tokens)
+            ids[row, : len(tokens)] = torch.tensor(tokens)
         mask = ids != 0
         x = self.text(self.tokens(ids) + self.position, src_key_padding_mask=~mask)
         pooled = (x * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
         numeric = torch.tensor([[math.log1p(it.price) / 7, (it.year - 2017) / 7, (it.rating - 3) / 2] for it in items])
-        attrs = [self.category(torch.tensor([CATEGORIES.index(it.category) for it in items])),
-                 self.brand(torch.tensor([it.brand for it in items])), self.numeric(numeric)]
+        attrs = [
+            self.category(torch.tensor([CATEGORIES.index(it.category) for it in items])),
+            self.brand(torch.tensor([it.brand for it in items])),
+            self.numeric(numeric),
+        ]
         return F.normalize(self.mlp(torch.cat([pooled, *attrs], dim=-1)), dim=-1)
 
 
@@ -205,8 +301,10 @@ class HistoryAttention(nn.Module):
         """
         lengths = [h["k"].shape[1] for h in histories]
         longest = max(lengths)
-        k, v = (torch.stack([F.pad(h[name], (0, 0, 0, longest - n)) for h, n in zip(histories, lengths)])
-                for name in ("k", "v"))
+        k, v = (
+            torch.stack([F.pad(h[name], (0, 0, 0, longest - n)) for h, n in zip(histories, lengths)])
+            for name in ("k", "v")
+        )
         mask = (torch.arange(longest) < torch.tensor(lengths)[:, None])[:, None, None, :]  # [users, 1, 1, longest]
         users, n, dim = candidates.shape
         q = self.q(candidates).view(users, n, self.heads, -1).transpose(1, 2)
@@ -241,8 +339,12 @@ class Recommender:
             encoder, attention = ItemEncoder().eval(), HistoryAttention().eval()
         item_fp = weights_fingerprint(encoder)
         # NOTE: a user's K/V depends on both models, so its namespace names both.
-        return cls(encoder, attention, f"recsys/item-features/{item_fp[:16]}",
-                   f"recsys/user-history/{item_fp[:16]}-{weights_fingerprint(attention)[:16]}")
+        return cls(
+            encoder,
+            attention,
+            f"recsys/item-features/{item_fp[:16]}",
+            f"recsys/user-history/{item_fp[:16]}-{weights_fingerprint(attention)[:16]}",
+        )
 
 
 def item_key(item: Item) -> str:
@@ -295,8 +397,9 @@ def _clock(result: PassResult, phase: str) -> Iterator[None]:
         result.phase_seconds[phase] += time.perf_counter() - start
 
 
-def _load_users(mem: kvmem.Memory, model: Recommender, users: Sequence[User], keys: dict[int, str],
-                result: PassResult) -> dict[int, dict[str, torch.Tensor]]:
+def _load_users(
+    mem: kvmem.Memory, model: Recommender, users: Sequence[User], keys: dict[int, str], result: PassResult
+) -> dict[int, dict[str, torch.Tensor]]:
     """Cached history K/V by user id (the misses are absent)."""
     found: dict[int, dict[str, torch.Tensor]] = {}
     with _clock(result, "load"):
@@ -310,8 +413,9 @@ def _load_users(mem: kvmem.Memory, model: Recommender, users: Sequence[User], ke
     return found
 
 
-def item_features(mem: kvmem.Memory, model: Recommender, items: Sequence[Item], result: PassResult,
-                  batch_size: int = 256) -> dict[str, torch.Tensor]:
+def item_features(
+    mem: kvmem.Memory, model: Recommender, items: Sequence[Item], result: PassResult, batch_size: int = 256
+) -> dict[str, torch.Tensor]:
     """Features by content key for ``items``: loaded when stored, else encoded in batches and stored.
 
     Items with the same content share one key and are looked up (and encoded) once.
@@ -329,7 +433,7 @@ def item_features(mem: kvmem.Memory, model: Recommender, items: Sequence[Item], 
     result.item_lookups += len(keys)
     result.item_hits += len(keys) - len(missing)
     for start in range(0, len(missing), batch_size):
-        batch = missing[start:start + batch_size]
+        batch = missing[start : start + batch_size]
         with _clock(result, "encode"), torch.no_grad():
             encoded = model.encoder([by_key[k] for k in batch])
         result.encoder_calls += 1
@@ -369,7 +473,7 @@ def score_users(mem: kvmem.Memory, model: Recommender, catalogue: Catalogue, nam
             histories[user.user_id] = _encode_history(mem, model, table[rows], user_keys[user.user_id], result)
             result.encoded_users.append(user.user_id)
         for first in range(0, len(catalogue.users), _SCORE_BATCH):
-            users = catalogue.users[first:first + _SCORE_BATCH]
+            users = catalogue.users[first : first + _SCORE_BATCH]
             candidates = table[torch.tensor([[row_of[i] for i in u.candidates] for u in users])]  # [users, n, dim]
             scores = model.attention.score([histories[u.user_id] for u in users], candidates)
             result.scores.update((u.user_id, row) for u, row in zip(users, scores))
@@ -377,8 +481,9 @@ def score_users(mem: kvmem.Memory, model: Recommender, catalogue: Catalogue, nam
     return result
 
 
-def _encode_history(mem: kvmem.Memory, model: Recommender, features: torch.Tensor, key: str,
-                    result: PassResult) -> dict[str, torch.Tensor]:
+def _encode_history(
+    mem: kvmem.Memory, model: Recommender, features: torch.Tensor, key: str, result: PassResult
+) -> dict[str, torch.Tensor]:
     """One user's history K/V from its item features ``[len(history), dim]``, stored under ``key``."""
     with _clock(result, "encode"):
         history = model.attention.encode_history(features)
@@ -395,15 +500,19 @@ def same_scores(a: PassResult, b: PassResult) -> bool:
 # -- report ---------------------------------------------------------------------------------------------------------
 def render_passes(passes: Sequence[PassResult]) -> str:
     """The per-pass table: wall time and its split, encoder work, hit rate, serving tiers, speed-up over pass 1."""
-    head = (f"{'pass':<11} {'wall':>7} {'encode':>7} {'store':>7} {'load':>7} {'encoder calls':>13} "
-            f"{'items encoded':>13} {'users encoded':>13} {'hit rate':>8}  {'served by':<10} {'speed-up':>8}")
+    head = (
+        f"{'pass':<11} {'wall':>7} {'encode':>7} {'store':>7} {'load':>7} {'encoder calls':>13} "
+        f"{'items encoded':>13} {'users encoded':>13} {'hit rate':>8}  {'served by':<10} {'speed-up':>8}"
+    )
     lines = [head, "-" * len(head)]
     for p in passes:
         tiers = ", ".join(f"{t} {n}" for t, n in sorted(p.tiers.items())) or "-"
         split = " ".join(f"{p.phase_seconds[phase]:>5.2f} s" for phase in ("encode", "store", "load"))
-        lines.append(f"{p.name:<11} {p.seconds:>5.2f} s {split} {p.encoder_calls:>13} {len(p.encoded_items):>13} "
-                     f"{len(p.encoded_users):>13} {p.hit_rate:>8.1%}  {tiers:<10} "
-                     f"{passes[0].seconds / p.seconds:>7.1f}x")
+        lines.append(
+            f"{p.name:<11} {p.seconds:>5.2f} s {split} {p.encoder_calls:>13} {len(p.encoded_items):>13} "
+            f"{len(p.encoded_users):>13} {p.hit_rate:>8.1%}  {tiers:<10} "
+            f"{passes[0].seconds / p.seconds:>7.1f}x"
+        )
     return "\n".join(lines)
 
 
@@ -411,15 +520,19 @@ def _check(first: PassResult, other: PassResult) -> tuple[bool, str]:
     n = sum(s.numel() for s in first.scores.values())
     ok = same_scores(first, other)
     verdict = "==" if ok else "!="
-    return ok, (f"{'OK' if ok else 'FAILED'}: {other.name} scores {verdict} {first.name} scores "
-                f"({len(first.scores)} users, {n} candidate scores, bit for bit)")
+    return ok, (
+        f"{'OK' if ok else 'FAILED'}: {other.name} scores {verdict} {first.name} scores "
+        f"({len(first.scores)} users, {n} candidate scores, bit for bit)"
+    )
 
 
 def _top_items(catalogue: Catalogue, result: PassResult, user_id: int, k: int = 3) -> str:
     user = catalogue.users[user_id]
     best = result.scores[user_id].topk(min(k, len(user.candidates)))
-    return "; ".join(f"#{user.candidates[i]} {catalogue.items[user.candidates[i]].title!r} ({s:+.3f})"
-                     for s, i in zip(best.values.tolist(), best.indices.tolist()))
+    return "; ".join(
+        f"#{user.candidates[i]} {catalogue.items[user.candidates[i]].title!r} ({s:+.3f})"
+        for s, i in zip(best.values.tolist(), best.indices.tolist())
+    )
 
 
 @contextmanager
@@ -435,14 +548,19 @@ def data_dir(path: str | None) -> Iterator[str]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(
-        description="A recommender feature cache on kvmem: cold, warm and reopened passes.")
+        description="A recommender feature cache on kvmem: cold, warm and reopened passes."
+    )
     parser.add_argument("--path", help="kvmem data directory (default: a temporary one, removed after)")
     parser.add_argument("--users", type=int, default=200, help="users to score (default: 200)")
     parser.add_argument("--items", type=int, default=2000, help="catalogue items (default: 2000)")
     parser.add_argument("--candidates", type=int, default=100, help="candidates ranked per user (default: 100)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the catalogue and the weights (default: 0)")
-    parser.add_argument("--fsync", choices=("always", "batch", "never"), default="never",
-                        help="kvmem's fsync setting (default: never, as fits a cache of values that can be recomputed)")
+    parser.add_argument(
+        "--fsync",
+        choices=("always", "batch", "never"),
+        default="never",
+        help="kvmem's fsync setting (default: never, as fits a cache of values that can be recomputed)",
+    )
     args = parser.parse_args(argv)
     if args.users < 1 or args.items < 60 or args.candidates < 1:
         parser.error("need --users >= 1, --items >= 60 (histories hold up to 50 items), --candidates >= 1")
@@ -456,10 +574,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = Recommender.build(args.seed)
     params = sum(p.numel() for p in model.encoder.parameters()) / 1e6
     interactions = sum(len(u.history) for u in catalogue.users)
-    print(f"catalogue   {len(catalogue.items)} items, {len(catalogue.users)} users, {interactions} interactions, "
-          f"{len(catalogue.users[0].candidates)} candidates per user (seed {args.seed})")
-    print(f"encoder     text transformer 2x128 + MLP 3x512 -> {FEATURE_DIM}-d, {params:.1f}M params "
-          f"({model.item_namespace})")
+    print(
+        f"catalogue   {len(catalogue.items)} items, {len(catalogue.users)} users, {interactions} interactions, "
+        f"{len(catalogue.users[0].candidates)} candidates per user (seed {args.seed})"
+    )
+    print(
+        f"encoder     text transformer 2x128 + MLP 3x512 -> {FEATURE_DIM}-d, {params:.1f}M params "
+        f"({model.item_namespace})"
+    )
     with data_dir(args.path) as path:
         print(f"data        {path}{'' if args.path else ' (temporary)'}, fsync={args.fsync}")
         # NOTE: features can be recomputed, so a cache may skip fsync: an entry a crash tears fails its CRC
@@ -475,8 +597,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"note: {args.path} already held entries of this catalogue, so pass 1 was not cold")
     else:
         baseline = passes[0].compute_seconds
-        print(f"no cache    {baseline:.2f} s a pass (pass 1 less its kvmem time: encode + score only); "
-              + ", ".join(f"pass {p.name} {baseline / p.seconds:.1f}x faster" for p in passes[1:]))
+        print(
+            f"no cache    {baseline:.2f} s a pass (pass 1 less its kvmem time: encode + score only); "
+            + ", ".join(f"pass {p.name} {baseline / p.seconds:.1f}x faster" for p in passes[1:])
+        )
     print(f"user 0 top  {_top_items(catalogue, passes[0], 0)}")
     checks = [_check(passes[0], p) for p in passes[1:]]
     for _, line in checks:

@@ -36,28 +36,65 @@ from kvmem.keys import chunk_hashes, content_hash
 __version__ = "0.1.0"
 
 __all__ = [
-    "store", "load", "lookup_similar", "contains", "delete", "compress", "decompress", "content_hash", "chunk_hashes",
-    "configure", "default_memory", "Memory", "Config", "load_config", "EntryInfo", "Stats",
-    "KVMemError", "IntegrityError", "CodecError", "UnsupportedValueError", "InvalidKeyError", "CapacityError",
-    "TierUnavailable", "ConfigError", "PinExpired", "VersionConflict",
+    "store",
+    "load",
+    "lookup_similar",
+    "contains",
+    "delete",
+    "compress",
+    "decompress",
+    "content_hash",
+    "chunk_hashes",
+    "configure",
+    "default_memory",
+    "Memory",
+    "Config",
+    "load_config",
+    "EntryInfo",
+    "Stats",
+    "KVMemError",
+    "IntegrityError",
+    "CodecError",
+    "UnsupportedValueError",
+    "InvalidKeyError",
+    "CapacityError",
+    "TierUnavailable",
+    "ConfigError",
+    "PinExpired",
+    "VersionConflict",
 ]
 
 
-def store(key: str | bytes, value: object, *, metadata: dict[str, Any] | None = None,
-          namespace: str | None = None, compression: str | None = None, text: str | None = None) -> str:
+def store(
+    key: str | bytes,
+    value: object,
+    *,
+    metadata: dict[str, Any] | None = None,
+    namespace: str | None = None,
+    compression: str | None = None,
+    text: str | None = None,
+) -> str:
     """Store ``value`` under ``key`` in the default memory (``text``: index it for :func:`lookup_similar`)."""
-    return default_memory().store(key, value, metadata=metadata, namespace=namespace, compression=compression,
-                                  text=text)
+    return default_memory().store(
+        key, value, metadata=metadata, namespace=namespace, compression=compression, text=text
+    )
 
 
-def lookup_similar(query: str, k: int = 3, *, namespace: str | None = None, threshold: float | None = None,
-                   verify: bool = True) -> list[Any]:
+def lookup_similar(
+    query: str, k: int = 3, *, namespace: str | None = None, threshold: float | None = None, verify: bool = True
+) -> list[Any]:
     """Entries of the default memory whose text means the same as ``query``; see :meth:`Memory.lookup_similar`."""
     return default_memory().lookup_similar(query, k, namespace=namespace, threshold=threshold, verify=verify)
 
 
-def load(key: str | bytes, default: Any = None, *, namespace: str | None = None,
-         device: torch.device | str | None = None, regenerate: Callable[[], Any] | None = None) -> Any:
+def load(
+    key: str | bytes,
+    default: Any = None,
+    *,
+    namespace: str | None = None,
+    device: torch.device | str | None = None,
+    regenerate: Callable[[], Any] | None = None,
+) -> Any:
     """The value under ``key`` in the default memory, or ``default``; see :meth:`Memory.load`."""
     return default_memory().load(key, default, namespace=namespace, device=device, regenerate=regenerate)
 

@@ -73,9 +73,16 @@ class Memory:
     and the ports of :mod:`kvmem.ports` (:attr:`database`, :meth:`chunk_store`, :meth:`record_hits`).
     """
 
-    def __init__(self, path: str | None = None, *, config: Config | None = None, config_file: str | None = None,
-                 registry: CollectorRegistry | None = None, embedder: Embedder | None = None,
-                 **settings: Any) -> None:
+    def __init__(
+        self,
+        path: str | None = None,
+        *,
+        config: Config | None = None,
+        config_file: str | None = None,
+        registry: CollectorRegistry | None = None,
+        embedder: Embedder | None = None,
+        **settings: Any,
+    ) -> None:
         if path is not None:
             settings["path"] = path
         self.config = config.replace(**settings) if config is not None else load_config(config_file, **settings)
@@ -84,14 +91,22 @@ class Memory:
         self._semantics: dict[str, SemanticIndex] = {}  # "" -> the text layer; else an embedder's name
         self._semantic_lock = threading.Lock()
         self._recovered: set[str] = set()  # labels of damaged metadata files set aside while opening
-        self._catalog = Catalog(self.config.resolved_catalog_url, flush_seconds=_CATALOG_FLUSH_SECONDS,
-                               on_error=self._catalog_failed, journal=Path(self.config.path) / "catalog-pending",
-                               on_recovered=self._file_recovered)
-        self._tiers = TieredStore(build_tiers(self.config, self._file_recovered), self.metrics,
-                                 offload_threshold=self.config.offload_threshold,
-                                 write_policy=self.config.write_policy, queue_size=self.config.write_back_queue,
-                                 retry_seconds=self.config.tier_retry_seconds,
-                                 on_removed=self._removed)
+        self._catalog = Catalog(
+            self.config.resolved_catalog_url,
+            flush_seconds=_CATALOG_FLUSH_SECONDS,
+            on_error=self._catalog_failed,
+            journal=Path(self.config.path) / "catalog-pending",
+            on_recovered=self._file_recovered,
+        )
+        self._tiers = TieredStore(
+            build_tiers(self.config, self._file_recovered),
+            self.metrics,
+            offload_threshold=self.config.offload_threshold,
+            write_policy=self.config.write_policy,
+            queue_size=self.config.write_back_queue,
+            retry_seconds=self.config.tier_retry_seconds,
+            on_removed=self._removed,
+        )
         self._versions = Versions(self._catalog, self._tiers, self.config.pin_lease_seconds)
         self._closed = False
         if self._recovered & {"catalog", "journal"}:  # rows the damaged file held, read off the blobs
@@ -132,8 +147,16 @@ class Memory:
         return storage_key(key, namespace, self.config.tenant_salt)
 
     # -- store / load -----------------------------------------------------------
-    def store(self, key: str | bytes, value: object, *, metadata: dict[str, Any] | None = None,
-              namespace: str | None = None, compression: str | None = None, text: str | None = None) -> str:
+    def store(
+        self,
+        key: str | bytes,
+        value: object,
+        *,
+        metadata: dict[str, Any] | None = None,
+        namespace: str | None = None,
+        compression: str | None = None,
+        text: str | None = None,
+    ) -> str:
         """Store ``value`` under ``key``; a key that exists gets a new version.
 
         Args:
@@ -167,8 +190,13 @@ class Memory:
         self.metrics.store_seconds.observe(time.perf_counter() - start)
         return job.skey
 
-    def store_many(self, items: Mapping[str | bytes, object] | Sequence[tuple[str | bytes, object]], *,
-                   namespace: str | None = None, compression: str | None = None) -> list[str]:
+    def store_many(
+        self,
+        items: Mapping[str | bytes, object] | Sequence[tuple[str | bytes, object]],
+        *,
+        namespace: str | None = None,
+        compression: str | None = None,
+    ) -> list[str]:
         """Store several values in one call: each copied once into the top tier, the persistent tiers
         written in parallel and made durable together, the catalog rows written in one transaction.
 
@@ -193,20 +221,27 @@ class Memory:
         self.metrics.store_seconds.observe(time.perf_counter() - start)
         return [job.skey for job in jobs]
 
-    def _prepare(self, key: str | bytes, value: object, namespace: str | None, spec: CodecSpec,
-                 metadata: dict[str, Any] | None) -> _Job:
+    def _prepare(
+        self, key: str | bytes, value: object, namespace: str | None, spec: CodecSpec, metadata: dict[str, Any] | None
+    ) -> _Job:
         """``value`` encoded as the blob ``key`` will be stored as (checked against the tiers' sizes)."""
         skey = self.storage_key(key, namespace)
         # a str key may hold lone surrogates, which no database accepts as text
         preview = key.encode("utf-8", "backslashreplace").decode() if isinstance(key, str) else key.hex()
-        encoded, raw = encode_value(value, spec, metadata, info={"namespace": namespace or "",
-                                                                 "key": preview[:256], "storage_key": skey},
-                                    blob_format=self._tiers.blob_format)
+        encoded, raw = encode_value(
+            value,
+            spec,
+            metadata,
+            info={"namespace": namespace or "", "key": preview[:256], "storage_key": skey},
+            blob_format=self._tiers.blob_format,
+        )
         largest = max((t.capacity for t in self._tiers.tiers), default=0)
         if encoded.nbytes > largest:
-            raise CapacityError(f"value of {encoded.nbytes} bytes (encoded) under key {preview[:80]!r} is larger "
-                                f"than every tier (largest: {largest} bytes); raise cpu_bytes/disk_bytes "
-                                "or store it compressed")
+            raise CapacityError(
+                f"value of {encoded.nbytes} bytes (encoded) under key {preview[:80]!r} is larger "
+                f"than every tier (largest: {largest} bytes); raise cpu_bytes/disk_bytes "
+                "or store it compressed"
+            )
         return _Job(skey, preview, namespace or "", value_kind(value), str(spec), raw, encoded, metadata or {})
 
     def _record(self, job: _Job, stored: Stored) -> None:
@@ -216,11 +251,22 @@ class Memory:
             TierUnavailable: no tier took the value (and no write-back will).
         """
         if not stored.tiers and not self.config.write_policy == "back":
-            raise TierUnavailable(f"no tier could store key {job.preview[:80]!r}: every tier that fits "
-                                  f"{job.encoded.nbytes} bytes is failing (see kvmem_tier_errors_total)")
-        self._catalog.upsert_later(job.skey, namespace=job.namespace, user_key=job.preview, kind=job.kind,
-                                  size=job.raw, stored_size=job.encoded.nbytes, codec=job.codec,
-                                  crc=_crc_of(stored.blob), tiers=stored.tiers, metadata=job.metadata)
+            raise TierUnavailable(
+                f"no tier could store key {job.preview[:80]!r}: every tier that fits "
+                f"{job.encoded.nbytes} bytes is failing (see kvmem_tier_errors_total)"
+            )
+        self._catalog.upsert_later(
+            job.skey,
+            namespace=job.namespace,
+            user_key=job.preview,
+            kind=job.kind,
+            size=job.raw,
+            stored_size=job.encoded.nbytes,
+            codec=job.codec,
+            crc=_crc_of(stored.blob),
+            tiers=stored.tiers,
+            metadata=job.metadata,
+        )
         self.metrics.stored(job.raw, job.encoded.nbytes)
 
     # -- semantic lookup ---------------------------------------------------------
@@ -240,14 +286,24 @@ class Memory:
                 from kvmem.semantic import SemanticIndex
 
                 index = self._semantics[slot] = SemanticIndex(
-                    self._catalog, self._embedder if embedder is None else embedder,
+                    self._catalog,
+                    self._embedder if embedder is None else embedder,
                     live=self._tiers.contains_many if self._sees_every_entry else None,
                     directory=Path(self.config.path) / "semantic",
-                    hnsw_from=self.config.semantic_hnsw_from, on_recovered=self._file_recovered)
+                    hnsw_from=self.config.semantic_hnsw_from,
+                    on_recovered=self._file_recovered,
+                )
             return index
 
-    def lookup_similar(self, query: str, k: int = 3, *, namespace: str | None = None,
-                       threshold: float | None = None, verify: bool = True) -> list[Match]:
+    def lookup_similar(
+        self,
+        query: str,
+        k: int = 3,
+        *,
+        namespace: str | None = None,
+        threshold: float | None = None,
+        verify: bool = True,
+    ) -> list[Match]:
         """Entries of ``namespace`` whose indexed text means the same as ``query``, best first.
 
         Only ``namespace`` is searched, never another. A candidate counts when its cosine
@@ -279,18 +335,33 @@ class Memory:
                     index.remove(skey)
                 continue
             row = self._catalog_write(functools.partial(self._catalog.get, skey))
-            matches.append(Match(index.user_key(skey), score, text, row.metadata if row is not None else {},
-                                 namespace=ns, storage_key=skey))
+            matches.append(
+                Match(
+                    index.user_key(skey),
+                    score,
+                    text,
+                    row.metadata if row is not None else {},
+                    namespace=ns,
+                    storage_key=skey,
+                )
+            )
         return matches
 
-    async def alookup_similar(self, query: str, k: int = 3, *, namespace: str | None = None,
-                              threshold: float | None = None, verify: bool = True) -> list[Match]:
+    async def alookup_similar(
+        self,
+        query: str,
+        k: int = 3,
+        *,
+        namespace: str | None = None,
+        threshold: float | None = None,
+        verify: bool = True,
+    ) -> list[Match]:
         """:meth:`lookup_similar` in a worker thread: the event loop goes on while the query is embedded."""
-        return await asyncio.to_thread(self.lookup_similar, query, k, namespace=namespace, threshold=threshold,
-                                       verify=verify)
+        return await asyncio.to_thread(
+            self.lookup_similar, query, k, namespace=namespace, threshold=threshold, verify=verify
+        )
 
-    def load_match(self, match: Match, default: V | None = None, *,
-                   device: torch.device | str | None = None) -> Any:
+    def load_match(self, match: Match, default: V | None = None, *, device: torch.device | str | None = None) -> Any:
         """The value of an entry :meth:`lookup_similar` returned, or ``default`` (e.g. evicted since).
 
         Loads by ``match.storage_key``, so it works whatever the key's type; checked like :meth:`load`.
@@ -303,8 +374,9 @@ class Memory:
         loaded = self._fetch_checked(match.storage_key, label, device)
         return self._loaded(default if loaded is None else loaded.value, start)
 
-    def fetch(self, key: str | bytes, *, namespace: str | None = None,
-              device: torch.device | str | None = None) -> Loaded | None:
+    def fetch(
+        self, key: str | bytes, *, namespace: str | None = None, device: torch.device | str | None = None
+    ) -> Loaded | None:
         """Like :meth:`load` without ``default``/``regenerate``, also telling which tier served the value.
 
         Returns:
@@ -319,8 +391,9 @@ class Memory:
         """:meth:`_fetch`, raising when only corrupt copies of ``skey`` were found under ``config.strict``."""
         loaded, corrupt = self._fetch(skey, device)
         if loaded is None and corrupt and self.config.strict:
-            raise IntegrityError(f"key {str(key)[:80]!r}: every stored copy failed its integrity check "
-                                 f"({corrupt} quarantined)")
+            raise IntegrityError(
+                f"key {str(key)[:80]!r}: every stored copy failed its integrity check ({corrupt} quarantined)"
+            )
         return loaded
 
     def _fetch(self, skey: str, device: torch.device | str | None) -> tuple[Loaded | None, int]:
@@ -343,9 +416,17 @@ class Memory:
             self._catalog_write(lambda: self._catalog.set_state(skey, "quarantined"))
         return None, corrupt
 
-    def load(self, key: str | bytes, default: V | None = None, *, namespace: str | None = None,
-             device: torch.device | str | None = None, regenerate: Callable[[], Any] | None = None,
-             strict: bool | None = None, out: torch.Tensor | None = None) -> Any:
+    def load(
+        self,
+        key: str | bytes,
+        default: V | None = None,
+        *,
+        namespace: str | None = None,
+        device: torch.device | str | None = None,
+        regenerate: Callable[[], Any] | None = None,
+        strict: bool | None = None,
+        out: torch.Tensor | None = None,
+    ) -> Any:
         """The value stored under ``key``, or ``default``.
 
         Every copy read from disk or a remote tier is CRC-checked (the CPU tier's pages were
@@ -379,8 +460,9 @@ class Memory:
         if hit:
             return self._loaded(value, start)
         if corrupt and (strict if strict is not None else self.config.strict):
-            raise IntegrityError(f"key {str(key)[:80]!r}: every stored copy failed its integrity check "
-                                 f"({corrupt} quarantined)")
+            raise IntegrityError(
+                f"key {str(key)[:80]!r}: every stored copy failed its integrity check ({corrupt} quarantined)"
+            )
         if regenerate is not None:
             value = regenerate()
             self.store(key, value, namespace=namespace)
@@ -392,8 +474,14 @@ class Memory:
         self.metrics.load_seconds.observe(time.perf_counter() - start)
         return value
 
-    def load_many(self, keys: Sequence[str | bytes], *, namespace: str | None = None,
-                  out: Sequence[torch.Tensor] | None = None, device: torch.device | str | None = None) -> list[Any]:
+    def load_many(
+        self,
+        keys: Sequence[str | bytes],
+        *,
+        namespace: str | None = None,
+        out: Sequence[torch.Tensor] | None = None,
+        device: torch.device | str | None = None,
+    ) -> list[Any]:
         """:meth:`load` for several keys: those in memory copied on this thread, the others read from their
         files several at a time (kvmem's I/O threads).
 
@@ -536,20 +624,31 @@ class Memory:
         totals = self._catalog_write(self._catalog.totals) or {"entries": 0, "size": 0, "stored_size": 0, "hits": 0}
         m = self.metrics
         hits, misses = int(m.total("kvmem_hits_total")), int(m.total("kvmem_misses_total"))
-        tiers = [TierStats(t.name, t.usage(), t.capacity, self._tiers.entry_count(t), self._tiers.healthy(t))
-                 for t in self._tiers.tiers]
-        return Stats(entries=totals["entries"], size=totals["size"], stored_size=totals["stored_size"],
-                     tiers=tiers, hits=hits, misses=misses, hit_rate=hits / (hits + misses) if hits + misses else 0.0,
-                     crc_failures=int(m.total("kvmem_crc_failures_total")),
-                     tier_errors=int(m.total("kvmem_tier_errors_total")),
-                     evictions=int(m.total("kvmem_evictions_total")),
-                     demotions=int(m.total("kvmem_demotions_total")), recorded_hits=totals["hits"])
+        tiers = [
+            TierStats(t.name, t.usage(), t.capacity, self._tiers.entry_count(t), self._tiers.healthy(t))
+            for t in self._tiers.tiers
+        ]
+        return Stats(
+            entries=totals["entries"],
+            size=totals["size"],
+            stored_size=totals["stored_size"],
+            tiers=tiers,
+            hits=hits,
+            misses=misses,
+            hit_rate=hits / (hits + misses) if hits + misses else 0.0,
+            crc_failures=int(m.total("kvmem_crc_failures_total")),
+            tier_errors=int(m.total("kvmem_tier_errors_total")),
+            evictions=int(m.total("kvmem_evictions_total")),
+            demotions=int(m.total("kvmem_demotions_total")),
+            recorded_hits=totals["hits"],
+        )
 
     def verify(self, fix: bool = False, progress: bool = True) -> VerifyReport:
         """Read every entry in every tier and check it; with ``fix``, quarantine and repair the catalog."""
         self.flush()
-        return verify_entries(self._tiers, self._catalog, self.metrics, fix=fix, progress=progress,
-                              reap=self._sees_every_entry)
+        return verify_entries(
+            self._tiers, self._catalog, self.metrics, fix=fix, progress=progress, reap=self._sees_every_entry
+        )
 
     def gc(self) -> GcReport:
         """Drop catalog rows of entries no tier holds, empty the quarantine, enforce capacities,
@@ -576,8 +675,10 @@ class Memory:
 
         disk = next((t for t in self._tiers.tiers if isinstance(t, DiskTier)), None)
         if disk is None:
-            raise ConfigError(f"migrate: {self.config.path} has no disk tier (disk_bytes=0); only disk blobs "
-                              "have a format to migrate (the others are read in every format)")
+            raise ConfigError(
+                f"migrate: {self.config.path} has no disk tier (disk_bytes=0); only disk blobs "
+                "have a format to migrate (the others are read in every format)"
+            )
         self.flush()  # buffered hits count in the hottest-first order
         return migrate_disk(disk, self._catalog, to_format, progress)
 

@@ -48,10 +48,32 @@ from kvmem.errors import IntegrityError
 from kvmem.rows import Source, byte_rows, nbytes_of
 
 __all__ = [
-    "MAGIC", "FORMATS", "FORMAT_VERSION", "ALIGN", "PAGE", "HEAD_PROBE", "alignment", "format_of",
-    "EncodedBlob", "Piece", "Header", "chain_crc", "StreamVerifier", "Verified",
-    "encode", "parse", "parse_head", "header_extent", "verify", "copy_verified", "payload_start",
-    "segment_offsets", "stored_crc", "empty_buffer", "covering_range", "verify_range",
+    "MAGIC",
+    "FORMATS",
+    "FORMAT_VERSION",
+    "ALIGN",
+    "PAGE",
+    "HEAD_PROBE",
+    "alignment",
+    "format_of",
+    "EncodedBlob",
+    "Piece",
+    "Header",
+    "chain_crc",
+    "StreamVerifier",
+    "Verified",
+    "encode",
+    "parse",
+    "parse_head",
+    "header_extent",
+    "verify",
+    "copy_verified",
+    "payload_start",
+    "segment_offsets",
+    "stored_crc",
+    "empty_buffer",
+    "covering_range",
+    "verify_range",
 ]
 
 MAGIC = b"KVMEMBL\x00"
@@ -138,8 +160,16 @@ class EncodedBlob:
         owner: what keeps the memory of ``head`` and ``pieces`` alive, when they are views.
     """
 
-    def __init__(self, head: np.ndarray, pieces: tuple[Piece, ...], nbytes: int, header: Header | None,
-                 crc_at: tuple[int, ...] = (), sealed: bool = True, owner: object = None) -> None:
+    def __init__(
+        self,
+        head: np.ndarray,
+        pieces: tuple[Piece, ...],
+        nbytes: int,
+        header: Header | None,
+        crc_at: tuple[int, ...] = (),
+        sealed: bool = True,
+        owner: object = None,
+    ) -> None:
         self.head = head
         self.pieces = pieces
         self.nbytes = nbytes
@@ -188,7 +218,7 @@ class EncodedBlob:
     def crc(self) -> int:
         """The header CRC32C (it covers the segment CRCs, so it names the whole content); seals first."""
         self.seal()
-        return int.from_bytes(self.head[_CRC_AT:_PREFIX.size].tobytes(), "little")
+        return int.from_bytes(self.head[_CRC_AT : _PREFIX.size].tobytes(), "little")
 
     def seal(self, crcs: Sequence[int] | None = None) -> None:
         """Fill in the segment CRCs (computed from the pieces unless given) and the header CRC. Idempotent.
@@ -203,9 +233,9 @@ class EncodedBlob:
             if crcs is None:
                 crcs = [chain_crc(self.segment_rows(i)) for i in range(len(self._crc_at))]
             for i, (at, crc) in enumerate(zip(self._crc_at, crcs)):
-                self.head[at:at + _CRC_WIDTH] = np.frombuffer(f"{crc:{_CRC_WIDTH}d}".encode(), np.uint8)
+                self.head[at : at + _CRC_WIDTH] = np.frombuffer(f"{crc:{_CRC_WIDTH}d}".encode(), np.uint8)
                 self.header["segments"][i][1] = crc
-            self.head[_CRC_AT:_PREFIX.size] = np.frombuffer(_header_crc(self.head).to_bytes(4, "little"), np.uint8)
+            self.head[_CRC_AT : _PREFIX.size] = np.frombuffer(_header_crc(self.head).to_bytes(4, "little"), np.uint8)
             self._sealed = True
 
     def segment_rows(self, i: int) -> list[np.ndarray]:
@@ -226,12 +256,12 @@ class EncodedBlob:
             if end <= lo or first >= hi:
                 continue
             if piece.offset > max(lo, first):
-                rows.append(_ZEROS[:piece.offset - max(lo, first)])
+                rows.append(_ZEROS[: piece.offset - max(lo, first)])
             if lo <= piece.offset and end <= hi:
                 rows += byte_rows(piece.source)
             else:
                 (whole,) = byte_rows(piece.source, min_row=0) or [_ZEROS[:0]]
-                rows.append(whole[max(lo, piece.offset) - piece.offset:min(hi, end) - piece.offset])
+                rows.append(whole[max(lo, piece.offset) - piece.offset : min(hi, end) - piece.offset])
         return rows
 
     @property
@@ -241,7 +271,7 @@ class EncodedBlob:
         out = [self.head]
         for piece in self.pieces:
             if piece.pad:
-                out.append(_ZEROS[:piece.pad])
+                out.append(_ZEROS[: piece.pad])
             out += byte_rows(piece.source)
         return tuple(out)
 
@@ -251,7 +281,7 @@ class EncodedBlob:
         dst = out.numpy()
         offset = 0
         for part in self.parts:
-            dst[offset:offset + part.size] = part
+            dst[offset : offset + part.size] = part
             offset += part.size
         return out if torch.device(device).type == "cpu" else out.to(device)
 
@@ -264,8 +294,9 @@ def chain_crc(rows: Sequence[np.ndarray]) -> int:
     return crc
 
 
-def encode(header: Header, segments: Sequence[Source], blob_format: int = FORMAT_VERSION,
-           align: int = ALIGN) -> EncodedBlob:
+def encode(
+    header: Header, segments: Sequence[Source], blob_format: int = FORMAT_VERSION, align: int = ALIGN
+) -> EncodedBlob:
     """Frame ``segments`` behind ``header``; their CRCs are computed when the blob is sealed.
 
     Each segment's offset (from the payload start) and size are recorded by the
@@ -281,8 +312,10 @@ def encode(header: Header, segments: Sequence[Source], blob_format: int = FORMAT
             from 64 to :data:`PAGE` (:func:`alignment` picks it).
     """
     if (blob_format, align) != (1, ALIGN) and not (blob_format == 2 and align in _ALIGNS):
-        raise IntegrityError(f"blob format {blob_format!r} with alignment {align!r}: accepted format 1 with "
-                             f"{ALIGN}, format 2 with a power of two from {ALIGN} to {PAGE}")
+        raise IntegrityError(
+            f"blob format {blob_format!r} with alignment {align!r}: accepted format 1 with "
+            f"{ALIGN}, format 2 with a power of two from {ALIGN} to {PAGE}"
+        )
     offset = 0
     spans: list[tuple[int, int, Source]] = []  # (pad, payload offset, source)
     ends: list[int] = []
@@ -302,8 +335,8 @@ def encode(header: Header, segments: Sequence[Source], blob_format: int = FORMAT
     start = payload_start(len(hjson), align)
     head = np.zeros(start, dtype=np.uint8)
     flags = align.bit_length() - 1 if blob_format == 2 else 0
-    head[:_PREFIX.size] = np.frombuffer(_PREFIX.pack(MAGIC, blob_format, flags, len(hjson), 0, 0), np.uint8)
-    head[_PREFIX.size:_PREFIX.size + len(hjson)] = np.frombuffer(hjson, dtype=np.uint8)
+    head[: _PREFIX.size] = np.frombuffer(_PREFIX.pack(MAGIC, blob_format, flags, len(hjson), 0, 0), np.uint8)
+    head[_PREFIX.size : _PREFIX.size + len(hjson)] = np.frombuffer(hjson, dtype=np.uint8)
     parsed = {**header, "payload_nbytes": offset, "segments": [[end, 0] for end in ends]}
     pieces = tuple(Piece(start + at, seg, pad) for pad, at, seg in spans)
     return EncodedBlob(head, pieces, start + offset, parsed, tuple(crc_at), sealed=False)
@@ -311,7 +344,7 @@ def encode(header: Header, segments: Sequence[Source], blob_format: int = FORMAT
 
 def _header_crc(head: np.ndarray) -> int:
     """CRC32C of a blob's head (prefix + header + padding), its own CRC field skipped."""
-    return crc32c.crc32c(head[_PREFIX.size:].data, crc32c.crc32c(head[:_CRC_AT].data))
+    return crc32c.crc32c(head[_PREFIX.size :].data, crc32c.crc32c(head[:_CRC_AT].data))
 
 
 def segment_offsets(sizes: list[int], align: int = ALIGN) -> list[int]:
@@ -364,7 +397,7 @@ def format_of(buf: torch.Tensor | np.ndarray) -> tuple[int, int]:
     Raises:
         IntegrityError: fewer than 24 bytes, bad magic, an unknown format or alignment.
     """
-    prefix = (buf[:_PREFIX.size] if isinstance(buf, np.ndarray) else _host(buf, 0, _PREFIX.size)).tobytes()
+    prefix = (buf[: _PREFIX.size] if isinstance(buf, np.ndarray) else _host(buf, 0, _PREFIX.size)).tobytes()
     _extent(prefix)
     _magic, version, flags, *_ = _PREFIX.unpack(prefix)
     return version, _prefix_align(version, flags)
@@ -372,19 +405,22 @@ def format_of(buf: torch.Tensor | np.ndarray) -> tuple[int, int]:
 
 def _parse_head(arr: np.ndarray) -> tuple[Header, int]:
     """:func:`parse_head` of a host uint8 array (no tensor round trips: a load's fixed cost)."""
-    prefix = arr[:_PREFIX.size].tobytes()
+    prefix = arr[: _PREFIX.size].tobytes()
     start, hlen, stored = _extent(prefix)
     if arr.size < start:
         raise IntegrityError(f"blob truncated: header ends at byte {start}, got {arr.size} bytes")
-    actual = crc32c.crc32c(arr[_PREFIX.size:start].data, crc32c.crc32c(prefix[:_CRC_AT]))
+    actual = crc32c.crc32c(arr[_PREFIX.size : start].data, crc32c.crc32c(prefix[:_CRC_AT]))
     if actual != stored:
         raise IntegrityError(f"header CRC32C mismatch: stored {stored:#010x}, computed {actual:#010x}")
     try:
-        header = json.loads(arr[_PREFIX.size:_PREFIX.size + hlen].tobytes())
+        header = json.loads(arr[_PREFIX.size : _PREFIX.size + hlen].tobytes())
         table = header["segments"]
         ends = [int(end) for end, _crc in table]
-        if ends != sorted(ends) or (ends and ends[-1] != int(header["payload_nbytes"])) or \
-                (not ends and int(header["payload_nbytes"]) != 0):
+        if (
+            ends != sorted(ends)
+            or (ends and ends[-1] != int(header["payload_nbytes"]))
+            or (not ends and int(header["payload_nbytes"]) != 0)
+        ):
             raise ValueError("segment table does not tile the payload")
     except (ValueError, KeyError, TypeError) as exc:
         raise IntegrityError(f"blob header is not valid JSON with a segment table: {exc}") from None
@@ -464,7 +500,7 @@ class StreamVerifier:
             IntegrityError: the header or a completed segment does not match its CRC.
         """
         if self.header is None:
-            if upto < _PREFIX.size or upto < _extent(data[:_PREFIX.size].tobytes())[0]:
+            if upto < _PREFIX.size or upto < _extent(data[: _PREFIX.size].tobytes())[0]:
                 return
             self.header, self.start = _parse_head(data[:upto])
             self._pos = self.start
@@ -474,12 +510,13 @@ class StreamVerifier:
             if self._pos >= upto and self.start + end > upto:
                 break  # an empty segment completes without new bytes; others wait for theirs
             stop = min(upto, self.start + end)
-            self._crc = crc32c.crc32c(data[self._pos:stop].data, self._crc)
+            self._crc = crc32c.crc32c(data[self._pos : stop].data, self._crc)
             self._pos = stop
             if stop == self.start + end:
                 if self._crc != crc:
-                    raise IntegrityError(f"segment {self._seg} CRC32C mismatch: stored {crc:#010x}, "
-                                         f"computed {self._crc:#010x}")
+                    raise IntegrityError(
+                        f"segment {self._seg} CRC32C mismatch: stored {crc:#010x}, computed {self._crc:#010x}"
+                    )
                 self._seg += 1
                 self._crc = 0
 
@@ -521,8 +558,9 @@ def verify(buf: torch.Tensor) -> tuple[Header, int]:
     return checker.finish(buf.numel())
 
 
-def copy_verified(src: torch.Tensor | np.ndarray, pin_memory: bool = False,
-                  checker: StreamVerifier | None = None) -> torch.Tensor:
+def copy_verified(
+    src: torch.Tensor | np.ndarray, pin_memory: bool = False, checker: StreamVerifier | None = None
+) -> torch.Tensor:
     """Copy a CPU blob and check its CRCs in the same pass.
 
     ``src`` is a tensor or a uint8 array (e.g. a read-only view of received bytes).
@@ -553,8 +591,11 @@ def copy_verified(src: torch.Tensor | np.ndarray, pin_memory: bool = False,
 
 def covering_range(header: Header, leaves: list[dict[str, Any]]) -> tuple[int, int]:
     """Payload-relative ``[lo, hi)`` of the whole CRC segments that hold ``leaves``' bytes."""
-    spans = [(p["off"], p["off"] + p["n"]) for leaf in leaves
-             for p in (leaf["parts"].values() if "parts" in leaf else [leaf["data"]])]
+    spans = [
+        (p["off"], p["off"] + p["n"])
+        for leaf in leaves
+        for p in (leaf["parts"].values() if "parts" in leaf else [leaf["data"]])
+    ]
     first, last = min(a for a, _ in spans), max(b for _, b in spans)
     ends = [end for end, _crc in header["segments"]]
     lo = max((e for e in ends if e <= first), default=0)
@@ -577,7 +618,7 @@ def verify_range(header: Header, data: torch.Tensor, lo: int, check: bool = True
     prev = 0
     for i, (end, crc) in enumerate(header["segments"]):
         if prev >= lo and end <= lo + data.numel():
-            actual = crc32c.crc32c(arr[prev - lo:end - lo].data)
+            actual = crc32c.crc32c(arr[prev - lo : end - lo].data)
             if actual != crc:
                 raise IntegrityError(f"segment {i} CRC32C mismatch: stored {crc:#010x}, computed {actual:#010x}")
         prev = end

@@ -21,11 +21,20 @@ from kvmem.redaction import HIDDEN, redact
 __all__ = ["Config", "load_config", "parse_size", "format_size"]
 
 _UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "kib": 1024,
-    "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
-    "g": 1000**3, "gb": 1000**3, "gib": 1024**3,
-    "t": 1000**4, "tb": 1000**4, "tib": 1024**4,
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
@@ -181,8 +190,9 @@ def _validate(c: Config) -> None:
     if c.remote_password is not None and not isinstance(c.remote_password, str):
         raise ConfigError(f"remote_password of type {type(c.remote_password).__name__}: accepted a string, or nothing")
     if c.cpu_bytes == 0 and c.disk_bytes == 0 and c.gpu_bytes == 0 and not c.remote_url:
-        raise ConfigError("gpu_bytes, cpu_bytes and disk_bytes are all 0 and no remote_url: "
-                          "at least one tier needs capacity")
+        raise ConfigError(
+            "gpu_bytes, cpu_bytes and disk_bytes are all 0 and no remote_url: at least one tier needs capacity"
+        )
     parse_codec(c.compression, field_name="compression")
 
 
@@ -219,8 +229,13 @@ def _field_types() -> dict[str, str]:
     return types
 
 
-def load_config(config_file: str | os.PathLike[str] | None = None, *, base: Config | None = None,
-                environ: Mapping[str, str] | None = None, **kwargs: object) -> Config:
+def load_config(
+    config_file: str | os.PathLike[str] | None = None,
+    *,
+    base: Config | None = None,
+    environ: Mapping[str, str] | None = None,
+    **kwargs: object,
+) -> Config:
     """Build a :class:`Config`: defaults (or ``base``) -> YAML -> ``KVMEM_*`` env -> ``kwargs``.
 
     Args:
@@ -238,8 +253,9 @@ def load_config(config_file: str | os.PathLike[str] | None = None, *, base: Conf
     return _overridden(values, sources, kwargs)
 
 
-def _layered(config_file: str | os.PathLike[str] | None,
-             env: Mapping[str, str]) -> tuple[dict[str, object], dict[str, str]]:
+def _layered(
+    config_file: str | os.PathLike[str] | None, env: Mapping[str, str]
+) -> tuple[dict[str, object], dict[str, str]]:
     """The values (and their sources) the YAML file and then the ``KVMEM_*`` environment set."""
     types = _field_types()
     values: dict[str, object] = {}
@@ -287,13 +303,16 @@ def _read_yaml(path: Path, types: Mapping[str, str]) -> dict[str, object]:
         raise ConfigError(f"config file {str(path)!r}: expected a mapping of settings, got {type(data).__name__}")
     unknown = sorted(set(data) - set(types))
     if unknown:
-        raise ConfigError(f"config file {str(path)!r}: unknown setting(s) {unknown}; "
-                          f"accepted {', '.join(sorted(types))}")
+        raise ConfigError(
+            f"config file {str(path)!r}: unknown setting(s) {unknown}; accepted {', '.join(sorted(types))}"
+        )
     return data
 
 
 def describe(config: Config) -> list[tuple[str, object, str]]:
     """``(field, value, source)`` rows for ``kvmem config``, values as :meth:`Config.shown` shows them."""
-    return [(f.name, config.shown(f.name), config.sources.get(f.name, "default"))
-            for f in fields(config) if f.name != "sources"]
-
+    return [
+        (f.name, config.shown(f.name), config.sources.get(f.name, "default"))
+        for f in fields(config)
+        if f.name != "sources"
+    ]

@@ -119,7 +119,7 @@ def chunk_hashes(token_ids: object, block_size: int, namespace: str | bytes = ""
     hashes: list[str] = []
     prev = b""
     for start in range(0, len(raw) - step + 1, step):
-        prev = _digest(_CHUNK_DOMAIN, [prev, raw[start:start + step], ns]).encode()
+        prev = _digest(_CHUNK_DOMAIN, [prev, raw[start : start + step], ns]).encode()
         hashes.append(prev.decode())
     return hashes
 
@@ -127,4 +127,3 @@ def chunk_hashes(token_ids: object, block_size: int, namespace: str | bytes = ""
 def is_storage_key(key: str) -> bool:
     """Whether ``key`` is a well-formed storage key (safe as a file name)."""
     return bool(KEY_RE.match(key))
-

@@ -78,13 +78,17 @@ def _tensor_leaf(header: dict[str, Any], out: torch.Tensor) -> dict[str, Any]:
     """The header entry of the value's one tensor, checked against ``out``."""
     tree = header.get("tree", {})
     if set(tree) != {"T"}:
-        raise OutputMismatch(f"the stored value is a {header.get('kind', 'tree')}, not one tensor: out= needs a "
-                             "tensor value (load without out=)")
+        raise OutputMismatch(
+            f"the stored value is a {header.get('kind', 'tree')}, not one tensor: out= needs a "
+            "tensor value (load without out=)"
+        )
     leaf = header["leaves"][tree["T"]]
     dtype = getattr(torch, str(leaf["dtype"]), None)
     if list(out.shape) != list(leaf["shape"]) or out.dtype != dtype:
-        raise OutputMismatch(f"out of shape {list(out.shape)} and dtype {str(out.dtype).removeprefix('torch.')} "
-                             f"cannot hold the stored tensor of shape {leaf['shape']} and dtype {leaf['dtype']}")
+        raise OutputMismatch(
+            f"out of shape {list(out.shape)} and dtype {str(out.dtype).removeprefix('torch.')} "
+            f"cannot hold the stored tensor of shape {leaf['shape']} and dtype {leaf['dtype']}"
+        )
     return leaf
 
 

@@ -39,31 +39,47 @@ class Metrics:
         self.misses = Counter("kvmem_misses_total", "Loads that found nothing usable", ["kind"], registry=r)
         self.hit_rate = Gauge("kvmem_hit_rate", "hits / (hits + misses) since start", registry=r)
         self.hit_rate.set_function(self._rate)  # computed when scraped, not on every load
-        self.load_seconds = Histogram("kvmem_load_seconds", "Latency of load()", buckets=_LATENCY_BUCKETS,
-                                      registry=r)
-        self.store_seconds = Histogram("kvmem_store_seconds", "Latency of store()", buckets=_LATENCY_BUCKETS,
-                                       registry=r)
-        self.compression_ratio = Gauge("kvmem_compression_ratio", "Raw bytes / stored bytes over all stores since "
-                                       "start: 2.0 means half the bytes saved, 1.0 none", registry=r)
-        self.crc_failures = Counter("kvmem_crc_failures_total", "Entries that failed their integrity check",
-                                    ["tier"], registry=r)
-        self.evictions = Counter("kvmem_evictions_total", "Entries dropped from a tier for room", ["tier"],
-                                 registry=r)
-        self.demotions = Counter("kvmem_demotions_total", "Entries moved to a lower tier for room", ["tier"],
-                                 registry=r)
+        self.load_seconds = Histogram("kvmem_load_seconds", "Latency of load()", buckets=_LATENCY_BUCKETS, registry=r)
+        self.store_seconds = Histogram(
+            "kvmem_store_seconds", "Latency of store()", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.compression_ratio = Gauge(
+            "kvmem_compression_ratio",
+            "Raw bytes / stored bytes over all stores since start: 2.0 means half the bytes saved, 1.0 none",
+            registry=r,
+        )
+        self.crc_failures = Counter(
+            "kvmem_crc_failures_total", "Entries that failed their integrity check", ["tier"], registry=r
+        )
+        self.evictions = Counter("kvmem_evictions_total", "Entries dropped from a tier for room", ["tier"], registry=r)
+        self.demotions = Counter(
+            "kvmem_demotions_total", "Entries moved to a lower tier for room", ["tier"], registry=r
+        )
         self.promotions = Counter("kvmem_promotions_total", "Entries copied up on a hit", ["tier"], registry=r)
-        self.tier_errors = Counter("kvmem_tier_errors_total", "Operations a failing tier could not serve",
-                                   ["tier"], registry=r)
-        self.recovered_files = Counter("kvmem_recovered_files_total", "Damaged metadata files moved aside and "
-                                       "rebuilt, by file (areas, catalog, journal, hnsw)", ["file"], registry=r)
-        self.kv_tokens = Counter("kvmem_kv_tokens_total", "Prompt tokens seen by the KV prefix cache",
-                                 ["kind"], registry=r)  # kind: requested | reused | computed
-        self.kv_chunk_hits = Counter("kvmem_kv_chunk_hits_total", "KV chunks loaded, by serving tier", ["tier"],
-                                     registry=r)
-        self.ttft_seconds = Histogram("kvmem_ttft_seconds", "Prefill time to first-token logits (prefix load + "
-                                      "forward)", buckets=_TTFT_BUCKETS, registry=r)
-        self.prefetch_seconds = Histogram("kvmem_prefetch_latency_seconds", "Time to warm one request's chunks",
-                                          buckets=_LATENCY_BUCKETS, registry=r)
+        self.tier_errors = Counter(
+            "kvmem_tier_errors_total", "Operations a failing tier could not serve", ["tier"], registry=r
+        )
+        self.recovered_files = Counter(
+            "kvmem_recovered_files_total",
+            "Damaged metadata files moved aside and rebuilt, by file (areas, catalog, journal, hnsw)",
+            ["file"],
+            registry=r,
+        )
+        self.kv_tokens = Counter(
+            "kvmem_kv_tokens_total", "Prompt tokens seen by the KV prefix cache", ["kind"], registry=r
+        )  # kind: requested | reused | computed
+        self.kv_chunk_hits = Counter(
+            "kvmem_kv_chunk_hits_total", "KV chunks loaded, by serving tier", ["tier"], registry=r
+        )
+        self.ttft_seconds = Histogram(
+            "kvmem_ttft_seconds",
+            "Prefill time to first-token logits (prefix load + forward)",
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.prefetch_seconds = Histogram(
+            "kvmem_prefetch_latency_seconds", "Time to warm one request's chunks", buckets=_LATENCY_BUCKETS, registry=r
+        )
         self._hits = 0
         self._misses = 0
         self._hit_children: dict[tuple[str, str], Counter] = {}
@@ -124,8 +140,10 @@ class Exporter:
         try:
             server, thread = start_http_server(port, addr=host, registry=collector)
         except OSError as exc:
-            raise ConfigError(f"cannot listen on {host}:{port} for /metrics ({exc.strerror or exc}): accepted a "
-                              "free port (0: any free one) on an address of this machine") from None
+            raise ConfigError(
+                f"cannot listen on {host}:{port} for /metrics ({exc.strerror or exc}): accepted a "
+                "free port (0: any free one) on an address of this machine"
+            ) from None
         self._server: WSGIServer = server
         self._thread: threading.Thread = thread
         netloc = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets

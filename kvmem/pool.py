@@ -152,8 +152,10 @@ class HostPool:
 
     def __init__(self, nbytes: int, page_bytes: int = PAGE_BYTES, pin_memory: bool | None = None) -> None:
         if nbytes < 1 or page_bytes < 64 or page_bytes % 64:
-            raise ConfigError(f"HostPool(nbytes={nbytes!r}, page_bytes={page_bytes!r}): accepted nbytes >= 1 "
-                              "and page_bytes a positive multiple of 64")
+            raise ConfigError(
+                f"HostPool(nbytes={nbytes!r}, page_bytes={page_bytes!r}): accepted nbytes >= 1 "
+                "and page_bytes a positive multiple of 64"
+            )
         self.page_bytes = page_bytes
         pages = -(-nbytes // page_bytes)
         self.nbytes = pages * page_bytes
@@ -280,7 +282,7 @@ class Allocation:
         arr = self.pool._array
         out = []
         for _off, addr, n in self.spans(start, stop):
-            leased = arr[addr:addr + n].view(_Leased)
+            leased = arr[addr : addr + n].view(_Leased)
             leased.allocation = self  # NOTE: the tensor holds the array, the array holds the allocation
             out.append(torch.from_numpy(leased))
         return out
@@ -291,13 +293,13 @@ class Allocation:
         first, n = self.runs[0]
         if stop <= n * self.pool.page_bytes:
             base = first * self.pool.page_bytes
-            return self.pool._array[base + start:base + stop]
+            return self.pool._array[base + start : base + stop]
         return None
 
     def array(self, start: int = 0, stop: int | None = None) -> list[np.ndarray]:
         """:meth:`pieces` as numpy arrays of the pool (no lease: for the allocation's owner, while it holds it)."""
         arr = self.pool._array
-        return [arr[addr:addr + n] for _off, addr, n in self.spans(start, stop)]
+        return [arr[addr : addr + n] for _off, addr, n in self.spans(start, stop)]
 
 
 class _Leased(np.ndarray):

@@ -104,7 +104,7 @@ def steps(rows: Sequence[np.ndarray], step: int) -> Iterator[list[np.ndarray]]:
     size = 0
     for row in rows:
         for lo in range(0, row.size, step):
-            piece = row[lo:lo + step]
+            piece = row[lo : lo + step]
             group.append(piece)
             size += piece.size
             if size >= step:
@@ -132,7 +132,7 @@ def copy_rows(dst: Iterable[np.ndarray], src: Iterable[np.ndarray]) -> int:
                     return done
                 continue
             n = min(s.size - s_at, d.size - d_at)
-            np.copyto(d[d_at:d_at + n], s[s_at:s_at + n])
+            np.copyto(d[d_at : d_at + n], s[s_at : s_at + n])
             s_at += n
             d_at += n
             done += n

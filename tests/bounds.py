@@ -26,8 +26,8 @@ def quant_step(x: torch.Tensor, bits: int, axis: int, group: int = 64) -> torch.
     rows = moved.reshape(-1, cols)
     steps = torch.empty_like(rows)
     for start in range(0, cols, g):
-        block = rows[:, start:start + g]
-        steps[:, start:start + g] = (block.amax(1, keepdim=True) - block.amin(1, keepdim=True)) / ((1 << bits) - 1)
+        block = rows[:, start : start + g]
+        steps[:, start : start + g] = (block.amax(1, keepdim=True) - block.amin(1, keepdim=True)) / ((1 << bits) - 1)
     return steps.reshape(moved.shape).movedim(-1, axis)
 
 

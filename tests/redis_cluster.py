@@ -33,11 +33,21 @@ class RedisCluster:
         try:
             for i in range(masters):
                 node = workdir / f"node-{i}"
-                self.servers.append(RedisServer(node, "--cluster-enabled", "yes", "--cluster-config-file",
-                                                str(node / "nodes.conf"), "--cluster-node-timeout", "2000",
-                                                # NOTE: the bus port defaults to port + 10000, past 65535 for
-                                                # high free ports: pick one of its own
-                                                "--cluster-port", str(free_port())))
+                self.servers.append(
+                    RedisServer(
+                        node,
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        str(node / "nodes.conf"),
+                        "--cluster-node-timeout",
+                        "2000",
+                        # NOTE: the bus port defaults to port + 10000, past 65535 for
+                        # high free ports: pick one of its own
+                        "--cluster-port",
+                        str(free_port()),
+                    )
+                )
             self.cli_run("--cluster", "create", *self.addresses, "--cluster-replicas", "0", "--cluster-yes")
             self.wait_ok()
         except BaseException:
@@ -54,8 +64,10 @@ class RedisCluster:
         argv = [str(self.cli), "-h", "127.0.0.1", "-p", str(port or self.servers[0].port), *args]
         done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=120)
         if done.returncode:
-            raise RuntimeError(f"redis-cli {' '.join(args[:3])} failed ({done.returncode}): "
-                               f"{(done.stdout + done.stderr).strip()[-2000:]}")
+            raise RuntimeError(
+                f"redis-cli {' '.join(args[:3])} failed ({done.returncode}): "
+                f"{(done.stdout + done.stderr).strip()[-2000:]}"
+            )
         return done.stdout
 
     def wait_ok(self, seconds: float = 30.0) -> None:
@@ -64,8 +76,13 @@ class RedisCluster:
         while True:
             states = [self.cli_run("cluster", "info", port=s.port) for s in self.servers]
             if all("cluster_state:ok" in s and "cluster_slots_assigned:16384" in s for s in states):
-                check = subprocess.run([str(self.cli), "--cluster", "check", self.addresses[0]],
-                                       check=False, capture_output=True, text=True, timeout=60)
+                check = subprocess.run(
+                    [str(self.cli), "--cluster", "check", self.addresses[0]],
+                    check=False,
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
                 if check.returncode == 0 and "[OK] All 16384 slots covered" in check.stdout:
                     return
             if time.monotonic() > deadline:

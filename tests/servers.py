@@ -72,17 +72,44 @@ class Certificates:
         directory.mkdir(parents=True, exist_ok=True)
         ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
         ca, ca_key = directory / "ca.crt", directory / "ca.key"
-        _openssl(openssl, "req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-days", "2",
-                 "-subj", "/CN=kvmem test CA")
+        _openssl(
+            openssl, "req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-days", "2", "-subj", "/CN=kvmem test CA"
+        )
         (directory / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
         for name in ("server", "client"):
             csr = directory / f"{name}.csr"
-            _openssl(openssl, "req", *ec, "-keyout", directory / f"{name}.key", "-out", csr,
-                     "-subj", f"/CN=kvmem test {name}")
-            _openssl(openssl, "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
-                     "-out", directory / f"{name}.crt", "-days", "2", "-extfile", directory / "san.cnf")
-        return cls(ca, directory / "server.crt", directory / "server.key", directory / "client.crt",
-                   directory / "client.key")
+            _openssl(
+                openssl,
+                "req",
+                *ec,
+                "-keyout",
+                directory / f"{name}.key",
+                "-out",
+                csr,
+                "-subj",
+                f"/CN=kvmem test {name}",
+            )
+            _openssl(
+                openssl,
+                "x509",
+                "-req",
+                "-in",
+                csr,
+                "-CA",
+                ca,
+                "-CAkey",
+                ca_key,
+                "-CAcreateserial",
+                "-out",
+                directory / f"{name}.crt",
+                "-days",
+                "2",
+                "-extfile",
+                directory / "san.cnf",
+            )
+        return cls(
+            ca, directory / "server.crt", directory / "server.key", directory / "client.crt", directory / "client.key"
+        )
 
 
 def _openssl(binary: str, *args: str | Path) -> None:
@@ -105,8 +132,9 @@ class RedisServer:
     :attr:`url` names the server without credentials or certificate options (``rediss://`` with ``tls``).
     """
 
-    def __init__(self, workdir: Path, *extra: str, users: Sequence[str] = (), tls: bool = False,
-                 client_certs: bool = False) -> None:
+    def __init__(
+        self, workdir: Path, *extra: str, users: Sequence[str] = (), tls: bool = False, client_certs: bool = False
+    ) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             missing("redis-server is not installed")
@@ -119,9 +147,18 @@ class RedisServer:
                 self.extra += ["--user", *rules.split()]  # NOTE: one argument per rule, as redis.conf splits them
         if self.certificates is not None:
             c = self.certificates
-            self.extra += ["--tls-port", str(self.port), "--tls-cert-file", str(c.server_cert), "--tls-key-file",
-                           str(c.server_key), "--tls-ca-cert-file", str(c.ca), "--tls-auth-clients",
-                           "yes" if client_certs else "no"]
+            self.extra += [
+                "--tls-port",
+                str(self.port),
+                "--tls-cert-file",
+                str(c.server_cert),
+                "--tls-key-file",
+                str(c.server_key),
+                "--tls-ca-cert-file",
+                str(c.ca),
+                "--tls-auth-clients",
+                "yes" if client_certs else "no",
+            ]
         self.url = f"{'rediss' if tls else 'redis'}://127.0.0.1:{self.port}/0"
         self._proc: subprocess.Popen[bytes] | None = None
         self.start()
@@ -135,9 +172,25 @@ class RedisServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         port = ["--port", "0"] if self.certificates is not None else ["--port", str(self.port)]
         log = self.workdir / "redis.log"
-        self._proc = subprocess.Popen([self.binary, *port, "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                                       "no", "--dir", str(self.workdir), "--logfile", str(log), *self.extra],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._proc = subprocess.Popen(
+            [
+                self.binary,
+                *port,
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+                "--logfile",
+                str(log),
+                *self.extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             _wait_port(self.port, alive=lambda: self._proc is not None and self._proc.poll() is None)
         except (TimeoutError, RuntimeError) as exc:
@@ -157,8 +210,10 @@ def postgres_binary(name: str) -> str | None:
     found = shutil.which(name)
     if found is not None:
         return found
-    versions = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"),
-                      key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0)
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob(f"*/bin/{name}"),
+        key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0,
+    )
     return str(versions[-1]) if versions else None
 
 
@@ -201,8 +256,7 @@ class PostgresServer:
 
     def _run(self, argv: list[str]) -> None:
         prefix = ["runuser", "-u", "postgres", "--"] if self._as_owner else []
-        done = subprocess.run(prefix + argv, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True)
+        done = subprocess.run(prefix + argv, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if done.returncode:
             raise RuntimeError(f"{' '.join(argv[:2])} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
 

@@ -21,8 +21,26 @@ ENTRY = 16_900  # bytes of one framed 16 KiB entry
 
 
 def all_dtypes() -> list[torch.dtype]:
-    names = ["float32", "float64", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "int16", "int32",
-             "int64", "uint8", "uint16", "uint32", "uint64", "bool", "complex32", "complex64", "complex128"]
+    names = [
+        "float32",
+        "float64",
+        "float16",
+        "bfloat16",
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "bool",
+        "complex32",
+        "complex64",
+        "complex128",
+    ]
     return [getattr(torch, n) for n in names if hasattr(torch, n)]
 
 
@@ -30,7 +48,7 @@ def random_bits(dtype: torch.dtype, shape: tuple[int, ...], seed: int = 0) -> to
     """A tensor of ``dtype`` whose bytes are random: every bit pattern, NaN payloads included."""
     n = int(np.prod(shape)) if shape else 1
     if dtype == torch.bool:
-        return (torch.rand(shape, generator=torch.Generator().manual_seed(seed)) > 0.5)
+        return torch.rand(shape, generator=torch.Generator().manual_seed(seed)) > 0.5
     itemsize = dtype.itemsize
     raw = torch.randint(0, 256, (n * itemsize,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
     return raw.view(dtype).reshape(shape)
@@ -76,8 +94,12 @@ def test_tensor_of_every_dtype_bit_exact(memory: kvmem.Memory, dtype: torch.dtyp
 
 def test_non_contiguous_and_grad_tensors(memory: kvmem.Memory) -> None:
     base = torch.randn(16, 32)
-    views = {"transposed": base.t(), "strided": base[::3, 1::2], "expanded": torch.randn(1, 8).expand(5, 8),
-             "offset": base[4:, 10:12]}
+    views = {
+        "transposed": base.t(),
+        "strided": base[::3, 1::2],
+        "expanded": torch.randn(1, 8).expand(5, 8),
+        "offset": base[4:, 10:12],
+    }
     for name, v in views.items():
         memory.store(name, v)
         back = memory.load(name)
@@ -90,8 +112,12 @@ def test_non_contiguous_and_grad_tensors(memory: kvmem.Memory) -> None:
 
 def test_nested_tree_of_tensors(memory: kvmem.Memory, kv_value: dict[str, torch.Tensor]) -> None:
     layers = [(kv_value["k"][i], kv_value["v"][i]) for i in range(2)]
-    value = {"layers": layers, "pos": torch.arange(32), "extra": [torch.tensor(1.5), {"mask": torch.ones(3) > 0}],
-             "config": {"model": "llama", "n": 2, "scale": 0.5, "ok": True, "none": None}}
+    value = {
+        "layers": layers,
+        "pos": torch.arange(32),
+        "extra": [torch.tensor(1.5), {"mask": torch.ones(3) > 0}],
+        "config": {"model": "llama", "n": 2, "scale": 0.5, "ok": True, "none": None},
+    }
     memory.store("kv", value)
     back = memory.load("kv")
     assert isinstance(back["layers"], list) and all(isinstance(p, tuple) and len(p) == 2 for p in back["layers"])
@@ -106,14 +132,23 @@ def test_nested_tree_of_tensors(memory: kvmem.Memory, kv_value: dict[str, torch.
     assert memory.info("kv").kind == "tree"  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("arr", [
-    np.arange(24, dtype=np.float32).reshape(2, 3, 4), np.array(7, dtype=np.int64), np.zeros((0, 3), np.float16),
-    np.arange(20, dtype=np.int32)[::3], np.asfortranarray(np.arange(12.0).reshape(3, 4)),
-    np.arange(6, dtype=">i4"), np.array([True, False]), np.array([1 + 2j, -3j], dtype=np.complex128),
-    np.frombuffer(np.random.default_rng(0).bytes(64), dtype=np.float64),  # NaN payloads and all
-    np.array(["2024-01-01", "2025-06-30"], dtype="datetime64[D]"), np.arange(5, dtype=np.uint64),
-], ids=["f32-3d", "0d", "empty", "strided", "fortran", "big-endian", "bool", "complex", "raw-bits", "datetime",
-        "u64"])
+@pytest.mark.parametrize(
+    "arr",
+    [
+        np.arange(24, dtype=np.float32).reshape(2, 3, 4),
+        np.array(7, dtype=np.int64),
+        np.zeros((0, 3), np.float16),
+        np.arange(20, dtype=np.int32)[::3],
+        np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+        np.arange(6, dtype=">i4"),
+        np.array([True, False]),
+        np.array([1 + 2j, -3j], dtype=np.complex128),
+        np.frombuffer(np.random.default_rng(0).bytes(64), dtype=np.float64),  # NaN payloads and all
+        np.array(["2024-01-01", "2025-06-30"], dtype="datetime64[D]"),
+        np.arange(5, dtype=np.uint64),
+    ],
+    ids=["f32-3d", "0d", "empty", "strided", "fortran", "big-endian", "bool", "complex", "raw-bits", "datetime", "u64"],
+)
 def test_numpy_arrays(memory: kvmem.Memory, arr: np.ndarray) -> None:
     memory.store("a", arr)
     back = memory.load("a")
@@ -123,11 +158,23 @@ def test_numpy_arrays(memory: kvmem.Memory, arr: np.ndarray) -> None:
     assert memory.info("a").kind == "ndarray"  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("value, kind", [
-    (b"", "bytes"), (b"\x00\xff" * 1000, "bytes"), ("", "str"), ("héllo wörld 🔑", "str"), ("\ud800 lone", "str"),
-    ({"a": 1, "b": [1, 2.5, None, True, "s"], "c": {"d": {}}}, "tree"), ([1, "two", 3.0], "tree"),
-    (42, "tree"), (2**70, "tree"), (None, "tree"), (False, "tree"), ((1, (2, 3)), "tree"),
-])
+@pytest.mark.parametrize(
+    "value, kind",
+    [
+        (b"", "bytes"),
+        (b"\x00\xff" * 1000, "bytes"),
+        ("", "str"),
+        ("héllo wörld 🔑", "str"),
+        ("\ud800 lone", "str"),
+        ({"a": 1, "b": [1, 2.5, None, True, "s"], "c": {"d": {}}}, "tree"),
+        ([1, "two", 3.0], "tree"),
+        (42, "tree"),
+        (2**70, "tree"),
+        (None, "tree"),
+        (False, "tree"),
+        ((1, (2, 3)), "tree"),
+    ],
+)
 def test_bytes_str_and_json(memory: kvmem.Memory, value: object, kind: str) -> None:
     memory.store("v", value)
     back = memory.load("v", MISSING)
@@ -201,8 +248,9 @@ def test_regenerate_on_corruption(tmp_path: Path) -> None:
 
 
 def test_corruption_is_a_miss_or_raises_when_strict(tmp_path: Path) -> None:
-    with kvmem.Memory(str(tmp_path / "m"), cpu_bytes="8MiB", disk_bytes="8MiB", fsync="never", strict=True,
-                      cpu_verify=True) as mem:
+    with kvmem.Memory(
+        str(tmp_path / "m"), cpu_bytes="8MiB", disk_bytes="8MiB", fsync="never", strict=True, cpu_verify=True
+    ) as mem:
         mem.store("x", torch.arange(100.0))
         corrupt_every_copy(mem, "x")
         with pytest.raises(IntegrityError, match="integrity check"):
@@ -210,8 +258,7 @@ def test_corruption_is_a_miss_or_raises_when_strict(tmp_path: Path) -> None:
         mem.store("y", torch.arange(100.0))
         corrupt_every_copy(mem, "y")
         assert mem.load("y", MISSING, strict=False) is MISSING
-    with kvmem.Memory(str(tmp_path / "n"), cpu_bytes="8MiB", disk_bytes="8MiB", fsync="never",
-                      cpu_verify=True) as mem:
+    with kvmem.Memory(str(tmp_path / "n"), cpu_bytes="8MiB", disk_bytes="8MiB", fsync="never", cpu_verify=True) as mem:
         mem.store("x", torch.arange(100.0))
         corrupt_every_copy(mem, "x")
         with pytest.raises(IntegrityError):
@@ -311,8 +358,10 @@ def test_namespaces_never_collide(memory: kvmem.Memory) -> None:
 
 def test_tenant_salt_separates(tmp_path: Path) -> None:
     path = str(tmp_path / "shared")
-    with kvmem.Memory(path, cpu_bytes="4MiB", disk_bytes="16MiB", fsync="never", tenant_salt="acme") as acme, \
-            kvmem.Memory(path, cpu_bytes="4MiB", disk_bytes="16MiB", fsync="never", tenant_salt="globex") as globex:
+    with (
+        kvmem.Memory(path, cpu_bytes="4MiB", disk_bytes="16MiB", fsync="never", tenant_salt="acme") as acme,
+        kvmem.Memory(path, cpu_bytes="4MiB", disk_bytes="16MiB", fsync="never", tenant_salt="globex") as globex,
+    ):
         acme.store("secret", b"acme data")
         assert acme.storage_key("secret") != globex.storage_key("secret")
         assert not globex.contains("secret")
@@ -345,8 +394,9 @@ def test_small_cpu_tier_demotes_to_disk_and_promotes_on_hit(tmp_path: Path) -> N
 
 
 def test_write_back_reaches_disk(tmp_path: Path) -> None:
-    with kvmem.Memory(str(tmp_path / "m"), cpu_bytes="8MiB", disk_bytes="8MiB", fsync="never",
-                      write_policy="back") as mem:
+    with kvmem.Memory(
+        str(tmp_path / "m"), cpu_bytes="8MiB", disk_bytes="8MiB", fsync="never", write_policy="back"
+    ) as mem:
         for i in range(10):
             mem.store(f"k{i}", torch.full((256,), float(i)))
     with kvmem.Memory(str(tmp_path / "m"), cpu_bytes="8MiB", disk_bytes="8MiB", fsync="never") as mem:

@@ -44,8 +44,11 @@ def _files(root: Path) -> set[Path]:
     return {p for p in root.rglob("*") if p.is_file()}
 
 
-@pytest.mark.parametrize("key", [1, 1.5, None, ["a"], ("a",), {"a": 1}, object(), torch.tensor(1), np.int64(3)],
-                         ids=lambda k: type(k).__name__)
+@pytest.mark.parametrize(
+    "key",
+    [1, 1.5, None, ["a"], ("a",), {"a": 1}, object(), torch.tensor(1), np.int64(3)],
+    ids=lambda k: type(k).__name__,
+)
 def test_key_that_is_not_str_or_bytes(mem: kvmem.Memory, key: object) -> None:
     before = _files(Path(mem.config.path))
     with pytest.raises(kvmem.InvalidKeyError, match="expected str or bytes"):
@@ -59,18 +62,31 @@ def test_key_that_is_not_str_or_bytes(mem: kvmem.Memory, key: object) -> None:
     assert _files(Path(mem.config.path)) == before
 
 
-@pytest.mark.parametrize("value", [
-    object(),
-    {1, 2},
-    {1: torch.ones(2)},
-    {"ok": {("tuple", "key"): 1}},
-    np.array([object(), 1], dtype=object),
-    {"kv": [torch.ones(2), np.array(["a", None], dtype=object)]},
-    complex(1, 2),
-    lambda: 1,
-    range(3),
-], ids=["object", "set", "int-dict-key", "nested-tuple-key", "np-object", "nested-np-object", "complex",
-        "lambda", "range"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        object(),
+        {1, 2},
+        {1: torch.ones(2)},
+        {"ok": {("tuple", "key"): 1}},
+        np.array([object(), 1], dtype=object),
+        {"kv": [torch.ones(2), np.array(["a", None], dtype=object)]},
+        complex(1, 2),
+        lambda: 1,
+        range(3),
+    ],
+    ids=[
+        "object",
+        "set",
+        "int-dict-key",
+        "nested-tuple-key",
+        "np-object",
+        "nested-np-object",
+        "complex",
+        "lambda",
+        "range",
+    ],
+)
 def test_unsupported_value(mem: kvmem.Memory, value: object) -> None:
     before = _files(Path(mem.config.path))
     with pytest.raises(kvmem.UnsupportedValueError) as err:
@@ -80,14 +96,18 @@ def test_unsupported_value(mem: kvmem.Memory, value: object) -> None:
     assert _files(Path(mem.config.path)) - before == set()
 
 
-@pytest.mark.parametrize("metadata", [
-    {"x": object()},
-    {"x": {1, 2}},
-    {"x": torch.ones(1)},
-    {"x": b"bytes"},
-    ["not", "a", "dict"],
-    "text",
-], ids=["object", "set", "tensor", "bytes", "list", "str"])
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {"x": object()},
+        {"x": {1, 2}},
+        {"x": torch.ones(1)},
+        {"x": b"bytes"},
+        ["not", "a", "dict"],
+        "text",
+    ],
+    ids=["object", "set", "tensor", "bytes", "list", "str"],
+)
 def test_metadata_that_is_not_json(mem: kvmem.Memory, metadata: object) -> None:
     with pytest.raises(kvmem.UnsupportedValueError, match="metadata"):
         mem.store("keep-bytes", b"replacement", metadata=metadata)  # type: ignore[arg-type]
@@ -152,9 +172,12 @@ def test_hostile_keys_are_stored_under_a_digest(tmp_path: Path, name: str) -> No
         assert entry[0].resolve().parent.parent == blobs
         assert entry[0].parent.name == skey[:2]
         # nothing anywhere else: only the catalog and the blob file
-        assert {f.relative_to(tmp_path).parts[:2] for f in files} <= {("kvmem", "disk"), ("kvmem", "catalog.sqlite3"),
-                                                                    ("kvmem", "catalog.sqlite3-wal"),
-                                                                    ("kvmem", "catalog.sqlite3-shm")}
+        assert {f.relative_to(tmp_path).parts[:2] for f in files} <= {
+            ("kvmem", "disk"),
+            ("kvmem", "catalog.sqlite3"),
+            ("kvmem", "catalog.sqlite3-wal"),
+            ("kvmem", "catalog.sqlite3-shm"),
+        }
         assert m.delete(key) and m.load(key, default="gone") == "gone"
     assert set(os.listdir(tmp_path.parent)) == outside_before
     assert not Path("/tmp/kvmem-escape").exists()
@@ -189,26 +212,29 @@ def test_disk_tier_refuses_anything_but_a_storage_key(tmp_path: Path) -> None:
             tier.path(bad)
 
 
-@pytest.mark.parametrize(("setting", "value"), [
-    ("cpu_bytes", "lots"),
-    ("cpu_bytes", -1),
-    ("disk_bytes", "12 parsecs"),
-    ("gpu_bytes", True),
-    ("offload_threshold", 1.5),
-    ("offload_threshold", 0),
-    ("fsync", "sometimes"),
-    ("write_policy", "around"),
-    ("write_back_queue", 0),
-    ("block_size", 0),
-    ("prefetch_depth", -1),
-    ("compression", "zip"),
-    ("compression", "int3+lz4"),
-    ("tier_retry_seconds", -1),
-    ("strict", "maybe"),
-    ("catalog_url", "not a url"),
-    ("catalog_url", "mysql://localhost/db"),
-    ("remote_url", "ftp://example.com/x"),
-])
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("cpu_bytes", "lots"),
+        ("cpu_bytes", -1),
+        ("disk_bytes", "12 parsecs"),
+        ("gpu_bytes", True),
+        ("offload_threshold", 1.5),
+        ("offload_threshold", 0),
+        ("fsync", "sometimes"),
+        ("write_policy", "around"),
+        ("write_back_queue", 0),
+        ("block_size", 0),
+        ("prefetch_depth", -1),
+        ("compression", "zip"),
+        ("compression", "int3+lz4"),
+        ("tier_retry_seconds", -1),
+        ("strict", "maybe"),
+        ("catalog_url", "not a url"),
+        ("catalog_url", "mysql://localhost/db"),
+        ("remote_url", "ftp://example.com/x"),
+    ],
+)
 def test_bad_setting_names_the_field(tmp_path: Path, setting: str, value: object) -> None:
     with pytest.raises(kvmem.ConfigError, match=setting):
         kvmem.Memory(tmp_path / "kvmem", **{setting: value})

@@ -16,13 +16,13 @@ from kvmem import blob
 from kvmem.errors import IntegrityError
 
 
-def make_blob(sizes: tuple[int, ...] = (5, 130, 0, 64, 7), meta: dict | None = None, blob_format: int = 2,
-              align: int = blob.ALIGN) -> tuple[torch.Tensor, list[np.ndarray], dict]:
+def make_blob(
+    sizes: tuple[int, ...] = (5, 130, 0, 64, 7), meta: dict | None = None, blob_format: int = 2, align: int = blob.ALIGN
+) -> tuple[torch.Tensor, list[np.ndarray], dict]:
     """A framed blob of random segments of ``sizes``; the header records their offsets and sizes."""
     rng = np.random.default_rng(sum(sizes))
     segments = [rng.integers(0, 256, size=n, dtype=np.uint8) for n in sizes]
-    header = {"kind": "test", "offsets": blob.segment_offsets(list(sizes), align), "sizes": list(sizes),
-              **(meta or {})}
+    header = {"kind": "test", "offsets": blob.segment_offsets(list(sizes), align), "sizes": list(sizes), **(meta or {})}
     return blob.encode(header, segments, blob_format, align).to_tensor(), segments, header
 
 
@@ -47,19 +47,19 @@ def test_round_trip_layout_to_the_byte(blob_format: int, align: int, flags: int)
     assert blob.format_of(buf) == (blob_format, align)
     parsed, start = blob.parse(buf)
     assert {k: v for k, v in parsed.items() if k not in ("payload_nbytes", "segments")} == header
-    assert json.loads(raw[24:24 + hlen]) == parsed
+    assert json.loads(raw[24 : 24 + hlen]) == parsed
     assert start == blob.payload_start(hlen, align) and start % align == 0
     assert all(off % align == 0 for off in header["offsets"])
-    assert raw[24 + hlen:start] == b"\0" * (start - 24 - hlen)
+    assert raw[24 + hlen : start] == b"\0" * (start - 24 - hlen)
     for off, seg in zip(header["offsets"], segments):
-        assert raw[start + off:start + off + seg.size] == seg.tobytes()
+        assert raw[start + off : start + off + seg.size] == seg.tobytes()
     assert len(raw) == start + parsed["payload_nbytes"]
     assert head_crc == _head_crc(raw, start) == blob.stored_crc(buf)
     # segment i's CRC covers [end_{i-1}, end_i) of the payload: its leading padding included
     prev = 0
     for (end, crc), off, seg in zip(parsed["segments"], header["offsets"], segments):
         assert end == off + seg.size
-        assert crc == crc32c.crc32c(raw[start + prev:start + end])
+        assert crc == crc32c.crc32c(raw[start + prev : start + end])
         prev = end
     blob.verify(buf)
 
@@ -75,8 +75,9 @@ def test_format_2_aligns_large_blobs_to_pages_and_small_ones_as_format_1() -> No
             blob.encode({"kind": "x"}, [], fmt, align)
 
 
-@pytest.mark.parametrize("version, flags, match", [(1, 6, "flags 0x0006"), (2, 5, "flags 0x0005"),
-                                                   (2, 13, "flags 0x000d")])
+@pytest.mark.parametrize(
+    "version, flags, match", [(1, 6, "flags 0x0006"), (2, 5, "flags 0x0005"), (2, 13, "flags 0x000d")]
+)
 def test_alignments_a_format_does_not_allow_are_refused(version: int, flags: int, match: str) -> None:
     buf, _, _ = make_blob()
     raw = bytearray(buf.numpy().tobytes())
@@ -114,15 +115,18 @@ def test_segments_aligned_to_64(sizes: tuple[int, ...]) -> None:
     assert all(b >= a + n for a, b, n in zip(offsets, offsets[1:], sizes))  # no overlap
     raw = buf.numpy()
     for off, seg in zip(offsets, segments):
-        np.testing.assert_array_equal(raw[start + off:start + off + seg.size], seg)
+        np.testing.assert_array_equal(raw[start + off : start + off + seg.size], seg)
     expected_payload = offsets[-1] + sizes[-1] if sizes else 0
     assert parsed["payload_nbytes"] == expected_payload
 
 
 @settings(max_examples=60, deadline=None)
-@given(segments=st.lists(st.binary(max_size=300), max_size=6),
-       meta=st.dictionaries(st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=20), st.none()), max_size=4),
-       flip=st.integers(min_value=0), mask=st.integers(min_value=1, max_value=255))
+@given(
+    segments=st.lists(st.binary(max_size=300), max_size=6),
+    meta=st.dictionaries(st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=20), st.none()), max_size=4),
+    flip=st.integers(min_value=0),
+    mask=st.integers(min_value=1, max_value=255),
+)
 def test_any_blob_round_trips_and_any_flip_is_caught(segments: list[bytes], meta: dict, flip: int, mask: int) -> None:
     arrays = [np.frombuffer(s, dtype=np.uint8) for s in segments]
     header = {"m": meta, "offsets": blob.segment_offsets([a.size for a in arrays])}
@@ -131,7 +135,7 @@ def test_any_blob_round_trips_and_any_flip_is_caught(segments: list[bytes], meta
     blob.verify(buf)
     assert parsed["m"] == meta and start % 64 == 0
     for off, s in zip(header["offsets"], segments):
-        assert buf[start + off:start + off + len(s)].numpy().tobytes() == s
+        assert buf[start + off : start + off + len(s)].numpy().tobytes() == s
     with pytest.raises(IntegrityError):
         blob.verify(flipped(buf, flip % buf.numel(), mask))
 
@@ -185,9 +189,16 @@ def test_header_length_lies() -> None:
 
 def test_header_not_json_or_without_a_segment_table() -> None:
     """Headers with a *valid* header CRC but unusable content are refused by the parser itself."""
-    for header_bytes in (b"{not json", b"[1, 2]", b'{"kind": 1}', b'{"payload_nbytes": "x", "segments": []}',
-                         b'{"payload_nbytes": 5, "segments": []}', b'{"payload_nbytes": 5, "segments": [[9, 0]]}',
-                         b'{"payload_nbytes": 9, "segments": [[9, 0], [3, 0]]}', b"\xff\xfe"):
+    for header_bytes in (
+        b"{not json",
+        b"[1, 2]",
+        b'{"kind": 1}',
+        b'{"payload_nbytes": "x", "segments": []}',
+        b'{"payload_nbytes": 5, "segments": []}',
+        b'{"payload_nbytes": 5, "segments": [[9, 0]]}',
+        b'{"payload_nbytes": 9, "segments": [[9, 0], [3, 0]]}',
+        b"\xff\xfe",
+    ):
         raw = bytearray(struct.pack("<8sHHIII", blob.MAGIC, 1, 0, len(header_bytes), 0, 0) + header_bytes)
         raw += b"\0" * (blob.payload_start(len(header_bytes)) - len(raw))
         raw[20:24] = _head_crc(bytes(raw), len(raw)).to_bytes(4, "little")
@@ -284,7 +295,7 @@ def test_parse_head_needs_only_the_head() -> None:
     parsed, start2 = blob.parse_head(buf[:start].clone())
     assert start2 == start and parsed["offsets"] == header["offsets"]
     with pytest.raises(IntegrityError, match="truncated"):
-        blob.parse_head(buf[:start - 1].clone())
+        blob.parse_head(buf[: start - 1].clone())
     with pytest.raises(IntegrityError, match="header CRC32C"):
         blob.parse_head(flipped(buf, 30)[:start].clone())
 
@@ -296,12 +307,12 @@ def test_verify_range_checks_just_the_covering_segments() -> None:
     lo, hi = blob.covering_range(parsed, [leaves[1]])
     ends = [e for e, _ in parsed["segments"]]
     assert (lo, hi) == (ends[0], ends[1]) and lo <= header["offsets"][1] < header["offsets"][1] + 3000 == hi
-    piece = buf[start + lo:start + hi].clone()
+    piece = buf[start + lo : start + hi].clone()
     blob.verify_range(parsed, piece, lo)
     with pytest.raises(IntegrityError, match="segment 1 CRC32C"):
         blob.verify_range(parsed, flipped(piece, 1234), lo)
     # damage outside the range is not this read's business
-    blob.verify_range(parsed, flipped(buf, start + 1)[start + lo:start + hi].clone(), lo)
+    blob.verify_range(parsed, flipped(buf, start + 1)[start + lo : start + hi].clone(), lo)
     blob.verify_range(parsed, flipped(piece, 5), lo, check=False)  # a tier that needs no check (GPU)
     with pytest.raises(IntegrityError, match="reads past the payload end"):
         blob.verify_range(parsed, torch.zeros(hi - lo + 9999, dtype=torch.uint8), lo)

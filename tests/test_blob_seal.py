@@ -24,8 +24,11 @@ _SLOT = re.compile(rb"\[(\d+),( {9}0)\]")
 
 def segments() -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(11)
-    return [torch.randn(3, 50, generator=g), torch.randint(0, 2**31 - 1, (17,), generator=g, dtype=torch.int32),
-            torch.randn(2, 8, generator=g).to(torch.bfloat16)]
+    return [
+        torch.randn(3, 50, generator=g),
+        torch.randint(0, 2**31 - 1, (17,), generator=g, dtype=torch.int32),
+        torch.randn(2, 8, generator=g).to(torch.bfloat16),
+    ]
 
 
 def fresh() -> blobfmt.EncodedBlob:
@@ -34,7 +37,7 @@ def fresh() -> blobfmt.EncodedBlob:
 
 def header_text(enc: blobfmt.EncodedBlob) -> bytes:
     hlen = int.from_bytes(enc.head[12:16].tobytes(), "little")
-    return enc.head[24:24 + hlen].tobytes()
+    return enc.head[24 : 24 + hlen].tobytes()
 
 
 def test_encode_is_unsealed_with_fixed_width_zero_crc_slots() -> None:
@@ -49,7 +52,7 @@ def test_encode_is_unsealed_with_fixed_width_zero_crc_slots() -> None:
     assert [int(end) for end, _ in slots] == [end for end, _crc in header["segments"]]
     assert len(enc.crc_slots()) == 3
     for at in enc.crc_slots():
-        assert enc.head[at:at + 10].tobytes() == b"         0"
+        assert enc.head[at : at + 10].tobytes() == b"         0"
     assert [crc for _end, crc in enc.header["segments"]] == [0, 0, 0]  # type: ignore[index]
     with pytest.raises(IntegrityError, match="header CRC32C mismatch"):
         blobfmt.parse_head(torch.from_numpy(enc.head.copy()))  # an unsealed head does not pass its CRC
@@ -64,7 +67,7 @@ def test_seal_fills_the_slots_in_place_and_is_idempotent() -> None:
     text = header_text(enc)
     header = json.loads(text)
     for at, (_end, crc) in zip(enc.crc_slots(), header["segments"]):
-        assert enc.head[at:at + 10].tobytes() == f"{crc:10d}".encode()
+        assert enc.head[at : at + 10].tobytes() == f"{crc:10d}".encode()
     assert header["segments"] == enc.header["segments"]  # type: ignore[index]
     enc.seal()
     enc.seal([1, 2, 3])  # sealed already: CRCs given now change nothing

@@ -74,9 +74,16 @@ def test_two_processes_share_one_directory(tmp_path: Path) -> None:
     """Two processes (two threads each) on one SQLite catalog and one disk tier."""
     path = tmp_path / "kvmem"
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVMEM_")}
-    procs = [subprocess.Popen([sys.executable, WORKERS, "churn", str(path), str(seed), "150", "2", "2"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for seed in (1, 2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, WORKERS, "churn", str(path), str(seed), "150", "2", "2"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for seed in (1, 2)
+    ]
     outputs = [p.communicate(timeout=180) for p in procs]
     for p, (out, err) in zip(procs, outputs):
         assert p.returncode == 0, f"worker failed:\n{out}\n{err[-3000:]}"

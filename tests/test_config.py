@@ -39,11 +39,25 @@ def test_config_is_frozen() -> None:
 
 
 # -- sizes ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("text, expected", [
-    ("4GiB", 4 * 1024**3), ("4 GiB", 4 * 1024**3), ("4gib", 4 * 1024**3), ("512MB", 512 * 1000**2),
-    ("512MiB", 512 * 1024**2), ("1.5KiB", 1536), ("100", 100), ("100B", 100), ("2T", 2 * 1000**4),
-    ("1TiB", 1024**4), (" 8 k ", 8000), (1024, 1024), (0, 0), (2.0, 2),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("4GiB", 4 * 1024**3),
+        ("4 GiB", 4 * 1024**3),
+        ("4gib", 4 * 1024**3),
+        ("512MB", 512 * 1000**2),
+        ("512MiB", 512 * 1024**2),
+        ("1.5KiB", 1536),
+        ("100", 100),
+        ("100B", 100),
+        ("2T", 2 * 1000**4),
+        ("1TiB", 1024**4),
+        (" 8 k ", 8000),
+        (1024, 1024),
+        (0, 0),
+        (2.0, 2),
+    ],
+)
 def test_parse_size(text: str | int, expected: int) -> None:
     assert parse_size(text) == expected
 
@@ -67,11 +81,18 @@ def test_sizes_as_strings_in_kwargs() -> None:
 
 # -- sources, in order -------------------------------------------------------------------------------
 def test_yaml_file(tmp_path: Path) -> None:
-    path = write_yaml(tmp_path / "kvmem.yaml",
-                      "block_size: 128\ncpu_bytes: 1GiB\noffload_threshold: 0.5\ncompression: int8+lz4\nstrict: true\n")
+    path = write_yaml(
+        tmp_path / "kvmem.yaml",
+        "block_size: 128\ncpu_bytes: 1GiB\noffload_threshold: 0.5\ncompression: int8+lz4\nstrict: true\n",
+    )
     c = load_config(path, environ={})
-    assert (c.block_size, c.cpu_bytes, c.offload_threshold, c.compression, c.strict) == \
-        (128, 1024**3, 0.5, "int8+lz4", True)
+    assert (c.block_size, c.cpu_bytes, c.offload_threshold, c.compression, c.strict) == (
+        128,
+        1024**3,
+        0.5,
+        "int8+lz4",
+        True,
+    )
     assert c.sources["block_size"] == str(path) and c.sources["prefetch_depth"] == "default"
 
 
@@ -100,12 +121,28 @@ def test_precedence_yaml_env_kwargs(tmp_path: Path) -> None:
 
 
 def test_environment_values_are_coerced() -> None:
-    env = {"KVMEM_OFFLOAD_THRESHOLD": "0.5", "KVMEM_STRICT": "yes", "KVMEM_CPU_BYTES": "1GiB",
-           "KVMEM_CATALOG_URL": "sqlite:////tmp/x.db", "KVMEM_TENANT_SALT": "acme", "KVMEM_PATH": "/tmp/kv",
-           "KVMEM_WRITE_POLICY": "back", "KVMEM_TIER_RETRY_SECONDS": "2.5", "KVMEM_UNRELATED": "ignored"}
+    env = {
+        "KVMEM_OFFLOAD_THRESHOLD": "0.5",
+        "KVMEM_STRICT": "yes",
+        "KVMEM_CPU_BYTES": "1GiB",
+        "KVMEM_CATALOG_URL": "sqlite:////tmp/x.db",
+        "KVMEM_TENANT_SALT": "acme",
+        "KVMEM_PATH": "/tmp/kv",
+        "KVMEM_WRITE_POLICY": "back",
+        "KVMEM_TIER_RETRY_SECONDS": "2.5",
+        "KVMEM_UNRELATED": "ignored",
+    }
     c = load_config(environ=env)
-    assert (c.offload_threshold, c.strict, c.cpu_bytes, c.catalog_url, c.tenant_salt, c.path, c.write_policy,
-            c.tier_retry_seconds) == (0.5, True, 1024**3, "sqlite:////tmp/x.db", "acme", "/tmp/kv", "back", 2.5)
+    assert (
+        c.offload_threshold,
+        c.strict,
+        c.cpu_bytes,
+        c.catalog_url,
+        c.tenant_salt,
+        c.path,
+        c.write_policy,
+        c.tier_retry_seconds,
+    ) == (0.5, True, 1024**3, "sqlite:////tmp/x.db", "acme", "/tmp/kv", "back", 2.5)
     assert load_config(environ={"KVMEM_STRICT": "off"}).strict is False
 
 
@@ -142,9 +179,12 @@ def test_the_remote_password_is_never_shown() -> None:
 
 
 def test_repr_describe_and_errors_show_no_password_in_urls_or_fields() -> None:
-    c = load_config(environ={"KVMEM_REMOTE_PASSWORD": "PW-field"}, tenant_salt="PW-salt",
-                    remote_url="redis://kvmem:PW-url@127.0.0.1:6399/0?password=PW-query",
-                    catalog_url="postgresql+psycopg://kvmem:PW-pg@db:5432/kvmem")
+    c = load_config(
+        environ={"KVMEM_REMOTE_PASSWORD": "PW-field"},
+        tenant_salt="PW-salt",
+        remote_url="redis://kvmem:PW-url@127.0.0.1:6399/0?password=PW-query",
+        catalog_url="postgresql+psycopg://kvmem:PW-pg@db:5432/kvmem",
+    )
     rows = {name: value for name, value, _ in describe(c)}
     assert rows["remote_url"] == "redis://kvmem:***@127.0.0.1:6399/0?password=***"
     assert rows["catalog_url"] == "postgresql+psycopg://kvmem:***@db:5432/kvmem"
@@ -175,33 +215,76 @@ def test_memory_from_config_object(tmp_path: Path) -> None:
 
 
 # -- refusals ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("field, value", [
-    ("block_size", 0), ("block_size", 65537), ("block_size", -1), ("block_size", 1.5), ("block_size", "abc"),
-    ("block_size", True), ("prefetch_depth", -1), ("prefetch_depth", 2000), ("prefetch_depth", "x"),
-    ("offload_threshold", 0), ("offload_threshold", 1.5), ("offload_threshold", -0.1), ("offload_threshold", "most"),
-    ("compression", "gzip"), ("compression", "int8+int4"), ("compression", 8), ("fsync", "sometimes"),
-    ("write_policy", "sideways"), ("write_back_queue", 0), ("tier_retry_seconds", -1), ("cpu_bytes", "lots"),
-    ("disk_bytes", -1), ("gpu_bytes", "1XB"), ("strict", "maybe"), ("strict", 5), ("tenant_salt", 5),
-    ("catalog_url", 5), ("remote_url", ["redis://x"]), ("path", 5), ("fsync", None),
-    ("pin_lease_seconds", 0), ("pin_lease_seconds", "soon"), ("remote_password", 1234),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("block_size", 0),
+        ("block_size", 65537),
+        ("block_size", -1),
+        ("block_size", 1.5),
+        ("block_size", "abc"),
+        ("block_size", True),
+        ("prefetch_depth", -1),
+        ("prefetch_depth", 2000),
+        ("prefetch_depth", "x"),
+        ("offload_threshold", 0),
+        ("offload_threshold", 1.5),
+        ("offload_threshold", -0.1),
+        ("offload_threshold", "most"),
+        ("compression", "gzip"),
+        ("compression", "int8+int4"),
+        ("compression", 8),
+        ("fsync", "sometimes"),
+        ("write_policy", "sideways"),
+        ("write_back_queue", 0),
+        ("tier_retry_seconds", -1),
+        ("cpu_bytes", "lots"),
+        ("disk_bytes", -1),
+        ("gpu_bytes", "1XB"),
+        ("strict", "maybe"),
+        ("strict", 5),
+        ("tenant_salt", 5),
+        ("catalog_url", 5),
+        ("remote_url", ["redis://x"]),
+        ("path", 5),
+        ("fsync", None),
+        ("pin_lease_seconds", 0),
+        ("pin_lease_seconds", "soon"),
+        ("remote_password", 1234),
+    ],
+)
 def test_invalid_values_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=field):
         load_config(environ={}, **{field: value})
 
 
-@pytest.mark.parametrize("field, value", [("block_size", "0"), ("offload_threshold", "2"), ("strict", "maybe"),
-                                          ("cpu_bytes", "4 gigs"), ("prefetch_depth", "three")])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("block_size", "0"),
+        ("offload_threshold", "2"),
+        ("strict", "maybe"),
+        ("cpu_bytes", "4 gigs"),
+        ("prefetch_depth", "three"),
+    ],
+)
 def test_invalid_environment_values_name_the_field(field: str, value: str) -> None:
     with pytest.raises(ConfigError, match=field):
         load_config(environ={f"KVMEM_{field.upper()}": value})
 
 
-@pytest.mark.parametrize("text, match", [
-    ("block_size: 0\n", "block_size"), ("fsync: maybe\n", "fsync"), ("block_size: [1, 2]\n", "block_size"),
-    ("cpu_bytes: huge\n", "cpu_bytes"), ("blocksize: 128\n", "blocksize"), ("- a\n- b\n", "mapping"),
-    ("block_size: [\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("block_size: 0\n", "block_size"),
+        ("fsync: maybe\n", "fsync"),
+        ("block_size: [1, 2]\n", "block_size"),
+        ("cpu_bytes: huge\n", "cpu_bytes"),
+        ("blocksize: 128\n", "blocksize"),
+        ("- a\n- b\n", "mapping"),
+        ("block_size: [\n", "not valid YAML"),
+    ],
+)
 def test_invalid_yaml_is_refused(tmp_path: Path, text: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         load_config(write_yaml(tmp_path / "bad.yaml", text), environ={})
@@ -237,15 +320,18 @@ def test_unknown_remote_scheme_is_refused(tmp_path: Path) -> None:
         kvmem.Memory(str(tmp_path), remote_url="ftp://example/kv")
 
 
-@pytest.mark.parametrize("setting, url, needle", [
-    ("remote_url", "memcached://kvmem:PW-1@127.0.0.1:11211/0", "scheme 'memcached' is not supported"),
-    ("remote_url", "redis://kvmem:PW-1@127.0.0.1:1/0?ttl=soon", "ttl"),
-    ("catalog_url", "mysql://kvmem:PW-1@127.0.0.1/kvmem", "backend 'mysql' is not supported"),
-    ("catalog_url", "postgresql+psycopg://kvmem:PW-1@127.0.0.1:port/kvmem", "cannot be parsed"),
-    ("catalog_url", "postgresql+psycopg://kvmem:PW-1@PW-2@127.0.0.1:1/kvmem", "percent-encode an @"),
-    ("catalog_url", "postgresql+psycopg://kvmem:PW-1@PW-2:PW-3@127.0.0.1/kvmem", "cannot be parsed"),
-    ("catalog_url", "not a url, kvmem:PW-1@127.0.0.1", "cannot be parsed"),
-])
+@pytest.mark.parametrize(
+    "setting, url, needle",
+    [
+        ("remote_url", "memcached://kvmem:PW-1@127.0.0.1:11211/0", "scheme 'memcached' is not supported"),
+        ("remote_url", "redis://kvmem:PW-1@127.0.0.1:1/0?ttl=soon", "ttl"),
+        ("catalog_url", "mysql://kvmem:PW-1@127.0.0.1/kvmem", "backend 'mysql' is not supported"),
+        ("catalog_url", "postgresql+psycopg://kvmem:PW-1@127.0.0.1:port/kvmem", "cannot be parsed"),
+        ("catalog_url", "postgresql+psycopg://kvmem:PW-1@PW-2@127.0.0.1:1/kvmem", "percent-encode an @"),
+        ("catalog_url", "postgresql+psycopg://kvmem:PW-1@PW-2:PW-3@127.0.0.1/kvmem", "cannot be parsed"),
+        ("catalog_url", "not a url, kvmem:PW-1@127.0.0.1", "cannot be parsed"),
+    ],
+)
 def test_refused_urls_do_not_show_their_password(tmp_path: Path, setting: str, url: str, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle) as refused:
         kvmem.Memory(str(tmp_path), **{setting: url}, remote_password="PW-field")

@@ -57,18 +57,21 @@ def _crc_failures(mem: kvmem.Memory) -> int:
 
 def _flip(offset: Callable[[int, int], int]) -> Callable[[Path, random.Random], None]:
     """A fault that XORs one byte, at ``offset(file size, header length)``, with a random non-zero byte."""
+
     def fault(file: Path, rng: random.Random) -> None:
         data = bytearray(file.read_bytes())
         hlen = int.from_bytes(data[12:16], "little")
         data[offset(len(data), hlen)] ^= rng.randrange(1, 256)
         file.write_bytes(bytes(data))
+
     return fault
 
 
 def _truncate(keep: Callable[[int], int]) -> Callable[[Path, random.Random], None]:
     def fault(file: Path, rng: random.Random) -> None:
         data = file.read_bytes()
-        file.write_bytes(data[:keep(len(data))])
+        file.write_bytes(data[: keep(len(data))])
+
     return fault
 
 
@@ -94,7 +97,7 @@ def _crc_rewritten_over_noise(file: Path, rng: random.Random) -> None:
     """A blanked header *with a matching header CRC*: only the framing and decoding can catch it."""
     data = bytearray(file.read_bytes())
     hlen = int.from_bytes(data[12:16], "little")
-    data[24:24 + hlen] = b" " * hlen
+    data[24 : 24 + hlen] = b" " * hlen
     start = blobfmt.payload_start(hlen)
     crc = crc32c.crc32c(bytes(data[24:start]), crc32c.crc32c(bytes(data[:20])))
     data[20:24] = crc.to_bytes(4, "little")
@@ -199,8 +202,7 @@ def test_strict_load_raises_and_regenerate_rebuilds(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("how", ["swap", "copy"])
-def test_entry_files_swapped_or_copied_onto_another_key_never_serve_the_other_value(tmp_path: Path,
-                                                                                   how: str) -> None:
+def test_entry_files_swapped_or_copied_onto_another_key_never_serve_the_other_value(tmp_path: Path, how: str) -> None:
     """Each file is an intact blob (its CRC matches), just under the wrong name."""
     path = tmp_path / "kvmem"
     keys = _store_all(path, 3)
@@ -215,7 +217,7 @@ def test_entry_files_swapped_or_copied_onto_another_key_never_serve_the_other_va
 
     with kvmem.Memory(path, **SETTINGS) as mem:
         report = mem.verify(progress=False)
-        assert sorted(k for _, k, _ in report.corrupt) == sorted([keys["e0"], keys["e1"]][:2 if how == "swap" else 1])
+        assert sorted(k for _, k, _ in report.corrupt) == sorted([keys["e0"], keys["e1"]][: 2 if how == "swap" else 1])
         got = {name: mem.load(name, default=MISS) for name in ("e0", "e1", "e2")}
         assert got["e0"] == MISS
         assert got["e1"] == MISS if how == "swap" else _same(got["e1"], _value(1))
@@ -251,8 +253,10 @@ def test_random_damage_never_returns_a_wrong_value(tmp_path: Path) -> None:
 def test_lz4_and_lossy_entries_are_checked_too(tmp_path: Path) -> None:
     path = tmp_path / "kvmem"
     with kvmem.Memory(path, **SETTINGS) as mem:
-        skeys = [mem.store(f"c{i}", _value(i), compression=codec)
-                 for i, codec in enumerate(["none+lz4", "int8+lz4", "int4", "fp16+lz4"])]
+        skeys = [
+            mem.store(f"c{i}", _value(i), compression=codec)
+            for i, codec in enumerate(["none+lz4", "int8+lz4", "int4", "fp16+lz4"])
+        ]
     for skey in skeys:
         _flip(lambda n, h: (blobfmt.payload_start(h) + n) // 2)(_file(path, skey), random.Random(skey))
     with kvmem.Memory(path, **SETTINGS) as mem:
@@ -369,8 +373,11 @@ def test_edited_catalog_rows_never_change_what_load_returns(tmp_path: Path) -> N
     path = tmp_path / "kvmem"
     keys = _store_all(path, 3)
     with sqlite3.connect(path / "catalog.sqlite3") as db:
-        db.execute("UPDATE kvmem_entries SET crc = crc + 1, size = 7, stored_size = 3, version = 41, "
-                   "codec = 'int4', kind = 'bytes' WHERE key = ?", (keys["e0"],))
+        db.execute(
+            "UPDATE kvmem_entries SET crc = crc + 1, size = 7, stored_size = 3, version = 41, "
+            "codec = 'int4', kind = 'bytes' WHERE key = ?",
+            (keys["e0"],),
+        )
         db.execute("UPDATE kvmem_entries SET key = ? WHERE key = ?", ("f" * 64, keys["e1"]))
         db.execute("DELETE FROM kvmem_entries WHERE key = ?", (keys["e2"],))
 
@@ -400,4 +407,3 @@ def test_catalog_rows_deleted_wholesale_loses_no_data(tmp_path: Path) -> None:
         assert all(_same(mem.load(f"e{i}"), _value(i)) for i in range(4))
         assert sorted(mem.verify(fix=True, progress=False).orphans) == sorted(keys.values())
         assert mem.stats().entries == 4
-

@@ -60,8 +60,9 @@ def test_sigkill_at_random_moments_never_tears_or_loses_a_returned_store(tmp_pat
                 allowed = {state[key]}
                 if in_flight[1] == key:
                     allowed.add(in_flight[2] if in_flight[0] == "store" else None)
-                assert got in allowed, (f"round {round_no}: {key} holds version {got}, "
-                                        f"expected one of {allowed} after {done} ops")
+                assert got in allowed, (
+                    f"round {round_no}: {key} holds version {got}, expected one of {allowed} after {done} ops"
+                )
                 state[key] = got
             # (a catalog row may outlive a delete killed half way: the data path never reads it)
             assert mem.verify(progress=False).corrupt == []

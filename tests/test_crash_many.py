@@ -30,8 +30,7 @@ def zygote(tmp_path: Path) -> Iterator[Zygote]:
     z.close()
 
 
-def test_sigkill_during_store_many_never_tears_or_loses_an_acknowledged_batch(tmp_path: Path,
-                                                                               zygote: Zygote) -> None:
+def test_sigkill_during_store_many_never_tears_or_loses_an_acknowledged_batch(tmp_path: Path, zygote: Zygote) -> None:
     path = tmp_path / "kvmem"
     rng = random.Random(20250317)
     state: dict[str, int | None] = {key: None for key in MANY_KEYS}
@@ -54,8 +53,10 @@ def test_sigkill_during_store_many_never_tears_or_loses_an_acknowledged_batch(tm
                 value = mem.load(key)
                 got = None if value is None else check_value(key, value)
                 allowed = {state[key]} | ({in_flight[key]} if key in in_flight else set())
-                assert got in allowed, (f"round {round_no}: {key} holds version {got}, expected one of "
-                                        f"{allowed} after {acked} acknowledged batches")
+                assert got in allowed, (
+                    f"round {round_no}: {key} holds version {got}, expected one of "
+                    f"{allowed} after {acked} acknowledged batches"
+                )
                 state[key] = got
             assert n_files == sum(v is not None for v in state.values())
             assert mem.verify(progress=False).corrupt == []

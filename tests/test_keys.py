@@ -24,8 +24,10 @@ PINNED = {
     "namespace_none": "9c8eb406f107b985a20adf5bd878995239aeb56d99ae0dbf8f09f9fa7763cf52",
     "storage_plain": "bb5291472b8b180fd6cfa3530d48f322b755b9cf44698780d9a344db1de662b0",
     "storage_salted": "2ea5c2c9725249e40dcf086b602a9050d667b43c188cfb81e011d18904449e28",
-    "chunks": ["57728756ce8675ab7ea1efd5471fa9c2de5bf7e78f67489088afe5259b4ca23f",
-               "795df6cf1810b71039d0d7b22e363f1924c3c473f272957898a3fb2018a36ec1"],
+    "chunks": [
+        "57728756ce8675ab7ea1efd5471fa9c2de5bf7e78f67489088afe5259b4ca23f",
+        "795df6cf1810b71039d0d7b22e363f1924c3c473f272957898a3fb2018a36ec1",
+    ],
 }
 
 
@@ -63,7 +65,7 @@ def ref_storage(key: str, ns: str | None = None, salt: str = "") -> str:
 def ref_chunks(ids: list[int], block: int, ns: str) -> list[str]:
     out, prev = [], b""
     for i in range(0, len(ids) - block + 1, block):
-        prev = ref_digest(b"kvmem/chunk/v1", prev, ref_tokens(ids[i:i + block]), ns.encode()).encode()
+        prev = ref_digest(b"kvmem/chunk/v1", prev, ref_tokens(ids[i : i + block]), ns.encode()).encode()
         out.append(prev.decode())
     return out
 
@@ -95,7 +97,7 @@ def test_chunk_hashes_pinned_and_constructed() -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_construction_matches_on_random_inputs(seed: int) -> None:
     rng = np.random.default_rng(seed)
-    ids = [int(x) for x in rng.integers(-2**40, 2**40, size=int(rng.integers(0, 300)))]
+    ids = [int(x) for x in rng.integers(-(2**40), 2**40, size=int(rng.integers(0, 300)))]
     ns = "model-" + str(rng.integers(1000))
     key = "".join(chr(int(c)) for c in rng.integers(32, 0x2FFF, size=20))
     assert content_hash(ids, ns) == ref_content(ids, ns)
@@ -129,17 +131,29 @@ print(json.dumps([content_hash("hello", "model-x"), content_hash([1, 2, 3], "mod
 
 
 def test_same_keys_in_other_processes_with_other_hash_seeds() -> None:
-    children = [subprocess.Popen([sys.executable, "-c", _CHILD], env={**os.environ, "PYTHONHASHSEED": seed},
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for seed in ("1", "12345")]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed in ("1", "12345")
+    ]
     results = []
     for child in children:
         out, err = child.communicate(timeout=120)
         assert child.returncode == 0, err
         results.append(json.loads(out))
     assert results[0][-1] != results[1][-1], "the two children did use different str hash seeds"
-    expected = [PINNED["content_str"], PINNED["content_tokens"], PINNED["storage_salted"],
-                PINNED["namespace_salted"], PINNED["chunks"]]
+    expected = [
+        PINNED["content_str"],
+        PINNED["content_tokens"],
+        PINNED["storage_salted"],
+        PINNED["namespace_salted"],
+        PINNED["chunks"],
+    ]
     assert results[0][:-1] == results[1][:-1] == expected
 
 
@@ -206,8 +220,9 @@ def test_namespace_separation() -> None:
 
 
 # -- bad input --------------------------------------------------------------------------------
-@pytest.mark.parametrize("data", [1.5, None, {"a": 1}, ["a", "b"], [1.0, 2.0], np.array([0.5]),
-                                  torch.tensor([1.0, 2.0]), object()])
+@pytest.mark.parametrize(
+    "data", [1.5, None, {"a": 1}, ["a", "b"], [1.0, 2.0], np.array([0.5]), torch.tensor([1.0, 2.0]), object()]
+)
 def test_content_hash_refuses_non_token_data(data: object) -> None:
     with pytest.raises(InvalidKeyError):
         content_hash(data)

@@ -25,8 +25,12 @@ SENTINEL = -7.0  # exact in bf16, fp16 and fp32
 MISSING = object()
 
 # codec -> dtype of the stored tensor (and of ``out``); whether the load copies the stored bytes as they are
-CODECS = {"none": (torch.bfloat16, True), "bf16": (torch.bfloat16, True), "fp16": (torch.float32, False),
-          "int8": (torch.bfloat16, False)}
+CODECS = {
+    "none": (torch.bfloat16, True),
+    "bf16": (torch.bfloat16, True),
+    "fp16": (torch.float32, False),
+    "int8": (torch.bfloat16, False),
+}
 # (first, last) token of the slice: rows of 32 * 64 * 2 = 4096 bytes are read straight into ``out``;
 # rows of 8 * 64 * 2 = 1024 bytes are too short for that (read whole, then copied)
 SLICES = {"long-rows": (32, 64), "short-rows": (40, 48)}
@@ -69,8 +73,7 @@ def flip_payload_byte(mem: kvmem.Memory, skey: str) -> None:
 @pytest.mark.parametrize("rows", list(SLICES))
 @pytest.mark.parametrize("codec", list(CODECS))
 @pytest.mark.parametrize("stack", STACKS)
-def test_load_into_a_slice_writes_the_slice_only(make_memory: MemoryFactory, stack: str, codec: str,
-                                                 rows: str) -> None:
+def test_load_into_a_slice_writes_the_slice_only(make_memory: MemoryFactory, stack: str, codec: str, rows: str) -> None:
     dtype, as_is = CODECS[codec]
     a, b = SLICES[rows]
     mem = make_memory(stack=stack)
@@ -213,7 +216,7 @@ def test_load_many_fills_hits_and_gives_none_for_misses(make_memory: MemoryFacto
         if g is not None:
             assert_bit_exact(values[k], g)
     cache = torch.full((2, 4, 32 * len(keys), 64), SENTINEL, dtype=torch.bfloat16)
-    outs = [cache[:, :, 32 * i:32 * (i + 1)] for i in range(len(keys))]
+    outs = [cache[:, :, 32 * i : 32 * (i + 1)] for i in range(len(keys))]
     got = mem.load_many(keys, out=outs)
     for i, (k, g) in enumerate(zip(keys, got)):
         if k in values:
@@ -251,7 +254,7 @@ def chunked_cache() -> torch.Tensor:
 
 
 def chunk(t: torch.Tensor, i: int) -> torch.Tensor:
-    return t[:, :, i * CHUNK:(i + 1) * CHUNK]
+    return t[:, :, i * CHUNK : (i + 1) * CHUNK]
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -284,8 +287,9 @@ def test_store_many_then_load_many_round_trips_chunk_slices(make_memory: MemoryF
 
 
 @pytest.mark.parametrize("stack", ["disk", "cpu+disk"])
-def test_store_many_with_fsync_always_leaves_no_temporary_files(tmp_path: Path, make_memory: MemoryFactory,
-                                                                 stack: str) -> None:
+def test_store_many_with_fsync_always_leaves_no_temporary_files(
+    tmp_path: Path, make_memory: MemoryFactory, stack: str
+) -> None:
     kv = chunked_cache()
     keys = [f"chunk-{i}" for i in range(CHUNKS)]
     with make_memory(stack=stack, fsync="always") as mem:

@@ -128,21 +128,21 @@ def test_bytes_written_through_one_view_are_seen_through_every_other() -> None:
     part = alloc.view(PAGE - 10, PAGE + 10)
     pattern = torch.arange(20, dtype=torch.uint8) + 1
     part.copy_(pattern)
-    assert torch.equal(whole[PAGE - 10:PAGE + 10], pattern)
+    assert torch.equal(whole[PAGE - 10 : PAGE + 10], pattern)
     (arr,) = alloc.array(PAGE - 10, PAGE + 10)
     assert arr.tolist() == pattern.tolist()
     arr[:] = 200  # the owner's numpy view writes the same pages
-    assert whole[PAGE - 10:PAGE + 10].tolist() == [200] * 20
+    assert whole[PAGE - 10 : PAGE + 10].tolist() == [200] * 20
     (piece,) = alloc.pieces()
     assert piece.data_ptr() == whole.data_ptr() == pool.buffer.data_ptr()
-    assert pool.buffer[PAGE - 10:PAGE + 10].tolist() == [200] * 20
+    assert pool.buffer[PAGE - 10 : PAGE + 10].tolist() == [200] * 20
 
 
 def test_a_view_outliving_its_allocation_keeps_the_pages() -> None:
     pool = HostPool(8 * PAGE, page_bytes=PAGE, pin_memory=False)
     alloc = pool.allocate(2 * PAGE)
     assert alloc is not None and alloc.runs == [(0, 2)]
-    view = alloc.view()[PAGE // 2:]  # a slice of a view holds the pages too
+    view = alloc.view()[PAGE // 2 :]  # a slice of a view holds the pages too
     view.fill_(0x5A)
     del alloc
     gc.collect()
@@ -197,14 +197,14 @@ def test_multi_run_allocation_has_no_single_view_and_its_pieces_cover_the_bytes_
     pattern = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
     at = 0
     for p in pieces:
-        p.copy_(pattern[at:at + p.numel()])
+        p.copy_(pattern[at : at + p.numel()])
         at += p.numel()
     buf = pool.buffer
     assert torch.equal(buf[0:PAGE], pattern[:PAGE])
-    assert torch.equal(buf[2 * PAGE:3 * PAGE], pattern[PAGE:2 * PAGE])
-    assert torch.equal(buf[4 * PAGE:5 * PAGE - 10], pattern[2 * PAGE:])
+    assert torch.equal(buf[2 * PAGE : 3 * PAGE], pattern[PAGE : 2 * PAGE])
+    assert torch.equal(buf[4 * PAGE : 5 * PAGE - 10], pattern[2 * PAGE :])
     assert torch.cat(alloc.pieces()).tolist() == pattern.tolist()
     straddle = alloc.pieces(PAGE - 4, PAGE + 6)
-    assert [p.tolist() for p in straddle] == [pattern[PAGE - 4:PAGE].tolist(), pattern[PAGE:PAGE + 6].tolist()]
+    assert [p.tolist() for p in straddle] == [pattern[PAGE - 4 : PAGE].tolist(), pattern[PAGE : PAGE + 6].tolist()]
     assert [a.size for a in alloc.array(10, nbytes)] == [PAGE - 10, PAGE, PAGE - 10]
     assert [span for span in alloc.spans(PAGE - 4, PAGE + 6)] == [(PAGE - 4, PAGE - 4, 4), (PAGE, 2 * PAGE, 6)]

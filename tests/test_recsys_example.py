@@ -17,8 +17,11 @@ import kvmem
 from tests.examples_loader import load_example
 
 # pass, wall, encode, store, load, encoder calls, items encoded, users encoded, hit rate, served by, speed-up
-_ROW = re.compile(r"^(\d \w+)\s+([\d.]+) s\s+([\d.]+) s\s+([\d.]+) s\s+([\d.]+) s\s+(\d+)\s+(\d+)\s+(\d+)\s+"
-                  r"([\d.]+)%\s+(.+?)\s+([\d.]+)x$", re.M)
+_ROW = re.compile(
+    r"^(\d \w+)\s+([\d.]+) s\s+([\d.]+) s\s+([\d.]+) s\s+([\d.]+) s\s+(\d+)\s+(\d+)\s+(\d+)\s+"
+    r"([\d.]+)%\s+(.+?)\s+([\d.]+)x$",
+    re.M,
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +30,9 @@ def recsys() -> ModuleType:
     return load_example("recsys_feature_cache.py")
 
 
-def test_main_runs_cold_warm_and_reopened_passes(recsys: ModuleType, tmp_path: Path, one_thread: None,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_runs_cold_warm_and_reopened_passes(
+    recsys: ModuleType, tmp_path: Path, one_thread: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     argv = ["--users", "12", "--items", "150", "--candidates", "20", "--seed", "3", "--path", str(tmp_path)]
     start = time.perf_counter()
     assert recsys.main(argv) == 0
@@ -48,8 +52,9 @@ def test_main_runs_cold_warm_and_reopened_passes(recsys: ModuleType, tmp_path: P
         assert (int(row[5]), int(row[6]), int(row[7]), float(row[8])) == (0, 0, 0, 100.0), row
         assert re.fullmatch(rf"{tier} \d+", row[9]), row  # reopened: only the disk tier survived
         assert float(row[1]) > 0 and float(row[10]) > 0
-    assert re.search(r"^no cache\s+[\d.]+ s a pass .*pass 2 warm [\d.]+x faster, pass 3 reopened [\d.]+x faster$",
-                     out, re.M)
+    assert re.search(
+        r"^no cache\s+[\d.]+ s a pass .*pass 2 warm [\d.]+x faster, pass 3 reopened [\d.]+x faster$", out, re.M
+    )
     assert re.search(r"^OK: 2 warm scores == 1 cold scores \(12 users, 240 candidate scores, bit for bit\)$", out, re.M)
     assert re.search(r"^OK: 3 reopened scores == 1 cold scores", out, re.M)
     assert (tmp_path / "catalog.sqlite3").exists()  # --path: a real directory, kept
@@ -100,8 +105,9 @@ def test_an_edit_recomputes_only_the_edited_item(recsys: ModuleType, memory: kvm
     assert recsys.same_scores(before, reverted)
 
 
-def test_a_new_interaction_recomputes_only_that_users_history(recsys: ModuleType, memory: kvmem.Memory,
-                                                              one_thread: None) -> None:
+def test_a_new_interaction_recomputes_only_that_users_history(
+    recsys: ModuleType, memory: kvmem.Memory, one_thread: None
+) -> None:
     catalogue = recsys.make_catalogue(120, 5, 15, seed=4)
     model = recsys.Recommender.build(4)
     recsys.score_users(memory, model, catalogue, "before")

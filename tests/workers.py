@@ -39,8 +39,9 @@ def _seed(key: str, ver: int) -> int:
 def make_value(key: str, ver: int, max_items: int = 4096) -> dict[str, Any]:
     """A value naming ``key`` and ``ver``, with a payload derived from both (size varies with ``ver``)."""
     n = 64 + _seed(key, ver) % max_items
-    data = torch.randint(-2**31, 2**31 - 1, (n,), dtype=torch.int32,
-                         generator=torch.Generator().manual_seed(_seed(key, ver)))
+    data = torch.randint(
+        -(2**31), 2**31 - 1, (n,), dtype=torch.int32, generator=torch.Generator().manual_seed(_seed(key, ver))
+    )
     return {"key": key, "ver": ver, "data": data}
 
 
@@ -53,8 +54,9 @@ def check_value(key: str, value: object, max_items: int = 4096) -> int:
     assert isinstance(value, dict) and set(value) == {"key", "ver", "data"}, f"{key}: malformed value {value!r:.200}"
     assert value["key"] == key, f"{key}: got the value of key {value['key']!r}"
     expected = make_value(key, value["ver"], max_items)["data"]
-    assert value["data"].dtype == expected.dtype and torch.equal(value["data"], expected), \
+    assert value["data"].dtype == expected.dtype and torch.equal(value["data"], expected), (
         f"{key}: payload of version {value['ver']} is wrong"
+    )
     return int(value["ver"])
 
 
@@ -69,8 +71,13 @@ def persistence_values() -> dict[str, tuple[object, dict[str, Any] | None]]:
     f32[0, 0, 1] = float("-inf")
     f32[0, 0, 2] = -0.0
     kv = {"k": torch.randn(2, 1, 4, 16, 8, generator=g), "v": torch.randn(2, 1, 4, 16, 8, generator=g)}
-    layers = [(torch.randn(1, 2, 8, 4, generator=g).to(torch.bfloat16),
-               torch.randn(1, 2, 8, 4, generator=g).to(torch.bfloat16)) for _ in range(3)]
+    layers = [
+        (
+            torch.randn(1, 2, 8, 4, generator=g).to(torch.bfloat16),
+            torch.randn(1, 2, 8, 4, generator=g).to(torch.bfloat16),
+        )
+        for _ in range(3)
+    ]
     return {
         "t/f32": (f32, {"dim": 7, "note": "nan, -inf, -0.0 inside"}),
         "t/bf16": (torch.randn(64, generator=g).to(torch.bfloat16), None),
@@ -78,7 +85,7 @@ def persistence_values() -> dict[str, tuple[object, dict[str, Any] | None]]:
         "t/f64": (torch.randn(9, generator=g, dtype=torch.float64), None),
         "t/i8": (torch.randint(-128, 127, (33,), dtype=torch.int8, generator=g), None),
         "t/u8": (torch.randint(0, 255, (2, 3), dtype=torch.uint8, generator=g), None),
-        "t/i64": (torch.randint(-2**62, 2**62, (5,), dtype=torch.int64, generator=g), None),
+        "t/i64": (torch.randint(-(2**62), 2**62, (5,), dtype=torch.int64, generator=g), None),
         "t/bool": (torch.rand(17, generator=g) > 0.5, None),
         "t/0d": (torch.tensor(3.25), None),
         "t/empty": (torch.empty(0, 4), None),
@@ -101,9 +108,12 @@ def same(a: object, b: object) -> bool:
         return False
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor)
-        return (a.dtype == b.dtype and a.shape == b.shape
-                and a.contiguous().reshape(-1).view(torch.uint8).tolist()
-                == b.contiguous().reshape(-1).view(torch.uint8).tolist())
+        return (
+            a.dtype == b.dtype
+            and a.shape == b.shape
+            and a.contiguous().reshape(-1).view(torch.uint8).tolist()
+            == b.contiguous().reshape(-1).view(torch.uint8).tolist()
+        )
     if isinstance(a, np.ndarray):
         assert isinstance(b, np.ndarray)
         return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
@@ -168,8 +178,10 @@ def append_steps(path: str, worker: int, n: int, catalog_url: str | None = None)
 def crash_ops(seed: int, round_no: int, n: int = 2_000) -> list[tuple[str, str, int]]:
     """The op sequence of one crash round: ``(op, key, version)`` with op ``store`` or ``delete``."""
     rng = random.Random(seed)
-    return [("delete" if rng.random() < 0.15 else "store", rng.choice(CRASH_KEYS), round_no * 1_000_000 + i)
-            for i in range(n)]
+    return [
+        ("delete" if rng.random() < 0.15 else "store", rng.choice(CRASH_KEYS), round_no * 1_000_000 + i)
+        for i in range(n)
+    ]
 
 
 def _crash_child(path: str, seed: int, round_no: int) -> None:
@@ -289,8 +301,10 @@ def _churn_process(path: str, seed: int, ops: int, threads: int, peers: int) -> 
     mem.close()
     if errors:
         raise errors[0]
-    print(f"OK demotions={stats.demotions} evictions={stats.evictions} crc={stats.crc_failures} "
-          f"hits={stats.hits}", flush=True)
+    print(
+        f"OK demotions={stats.demotions} evictions={stats.evictions} crc={stats.crc_failures} hits={stats.hits}",
+        flush=True,
+    )
 
 
 def main(argv: list[str]) -> None:

@@ -37,8 +37,15 @@ class Zygote:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVMEM_")}
         self.tag = tag
         self._err = stderr.open("w")
-        self.proc = subprocess.Popen([sys.executable, WORKERS, command, str(path)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self._err, text=True, bufsize=1, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, WORKERS, command, str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._err,
+            text=True,
+            bufsize=1,
+            env=env,
+        )
 
     def _line(self) -> str:
         assert self.proc.stdout is not None
@@ -68,8 +75,9 @@ class Zygote:
             if line.startswith("reaped"):
                 _, reaped, status = line.split()
                 assert int(reaped) == int(pid)
-                assert os.WIFSIGNALED(int(status)) and os.WTERMSIG(int(status)) == signal.SIGKILL, \
+                assert os.WIFSIGNALED(int(status)) and os.WTERMSIG(int(status)) == signal.SIGKILL, (
                     f"the child ended on its own (status {status}) before the kill: see its stderr"
+                )
                 return done
             assert line == f"{self.tag} {done}", line
             done += 1

@@ -50,12 +50,18 @@ Pair = tuple[str, str]  # (stored, query)
 # ---------------------------------------------------------------------------------------------
 PARAPHRASES: list[Pair] = [
     # real estate
-    ("How much should I budget for closing costs when buying a house?",
-     "what do closing costs usually run when you buy a home"),
-    ("What is the difference between a fixed-rate and an adjustable-rate mortgage?",
-     "Explain fixed vs adjustable rate mortgages"),
-    ("Can my landlord raise the rent in the middle of a lease?",
-     "is it legal for a landlord to increase rent mid lease?"),
+    (
+        "How much should I budget for closing costs when buying a house?",
+        "what do closing costs usually run when you buy a home",
+    ),
+    (
+        "What is the difference between a fixed-rate and an adjustable-rate mortgage?",
+        "Explain fixed vs adjustable rate mortgages",
+    ),
+    (
+        "Can my landlord raise the rent in the middle of a lease?",
+        "is it legal for a landlord to increase rent mid lease?",
+    ),
     ("How do I calculate the square footage of a room?", "how to figure out a room's square footage"),
     ("What does escrow mean in a home purchase?", "Could you please tell me what escrow is when buying a house?"),
     # automotive
@@ -72,13 +78,13 @@ PARAPHRASES: list[Pair] = [
     ("Why are the leaves on my tomato plant turning yellow?", "tomato plant leaves going yellow, what's causing it?"),
     # education
     ("How do I calculate my GPA?", "Can you explain how to work out my grade point average?"),
-    ("What is the difference between a bachelor's and a master's degree?",
-     "bachelors vs masters degree, whats the difference"),
-    ("How can I improve my child's reading comprehension?",
-     "Tips to help my kid understand what they read better?"),
+    (
+        "What is the difference between a bachelor's and a master's degree?",
+        "bachelors vs masters degree, whats the difference",
+    ),
+    ("How can I improve my child's reading comprehension?", "Tips to help my kid understand what they read better?"),
     ("When is the deadline to file the FAFSA?", "whats the FAFSA filing deadline"),
-    ("How do I write a strong college application essay?",
-     "Give me advice on writing a good college admissions essay"),
+    ("How do I write a strong college application essay?", "Give me advice on writing a good college admissions essay"),
     # legal
     ("How do I file a small claims lawsuit?", "what's the process for suing someone in small claims court"),
     ("What is the difference between a will and a living trust?", "Explain will vs living trust"),
@@ -104,12 +110,13 @@ PARAPHRASES: list[Pair] = [
     ("How do I stream my gameplay on Twitch?", "Explain how to stream games to Twitch"),
     ("What does DLC stand for in video games?", "what's DLC mean in gaming"),
     # telecom
-    ("How do I unlock my phone to use another carrier?",
-     "how to carrier unlock my phone so i can switch networks"),
+    ("How do I unlock my phone to use another carrier?", "how to carrier unlock my phone so i can switch networks"),
     ("What is the difference between 4G and 5G?", "4G vs 5G, what's the difference?"),
     ("Why is my Wi-Fi so slow?", "what could be making my wifi really slow"),
-    ("How do I port my number to a new carrier?",
-     "can you tell me how to transfer my phone number to a different provider"),
+    (
+        "How do I port my number to a new carrier?",
+        "can you tell me how to transfer my phone number to a different provider",
+    ),
     ("What does eSIM mean?", "what is an esim"),
     # insurance
     ("What is a deductible in health insurance?", "Explain what a health insurance deductible is"),
@@ -124,8 +131,10 @@ PARAPHRASES: list[Pair] = [
     ("Are heat pumps efficient in cold climates?", "do heat pumps work well where it's really cold"),
     ("How much does it cost to install solar panels?", "whats the price of getting solar panels put in"),
     # public transport
-    ("How do I get from JFK Airport to Manhattan by public transit?",
-     "best way to get to manhattan from jfk using public transport"),
+    (
+        "How do I get from JFK Airport to Manhattan by public transit?",
+        "best way to get to manhattan from jfk using public transport",
+    ),
     ("Can I bring my bike on the subway?", "are bikes allowed on the subway?"),
     ("How much is a monthly bus pass in Chicago?", "what does a monthly bus pass cost in chicago"),
     ("What time does the last train leave Penn Station?", "When's the final train out of Penn Station?"),
@@ -171,8 +180,10 @@ NEAR_MISS_ENTITY: list[Pair] = [
     ("How do I get from the airport to downtown in Boston?", "how do i get from the airport to downtown in seattle?"),
     ("What is the average rainfall in London in April?", "What is the average rainfall in Paris in April?"),
     ("Is Spanish hard to learn for English speakers?", "is mandarin hard to learn for english speakers?"),
-    ("What is the statute of limitations for breach of contract in New York?",
-     "What is the statute of limitations for breach of contract in Florida?"),
+    (
+        "What is the statute of limitations for breach of contract in New York?",
+        "What is the statute of limitations for breach of contract in Florida?",
+    ),
     ("How many calories are in an avocado?", "how many calories are in a banana?"),
     ("Who wrote the novel Dracula?", "Who wrote the novel Frankenstein?"),
     ("What is the annual tuition at Harvard?", "what is the annual tuition at stanford?"),
@@ -193,35 +204,49 @@ NEAR_MISS_PERSON: list[Pair] = [
     ("What was Arnold Schwarzenegger's workout routine?", "What was Dwayne Johnson's workout routine?"),
     ("What is Stephen King's best-selling book?", "What is Dean Koontz's best-selling book?"),
     ("What does Dr. Benjamin Spock recommend for teething?", "What does Dr. Harvey Karp recommend for teething?"),
-    ("What did Nikola Tesla contribute to alternating current?",
-     "What did George Westinghouse contribute to alternating current?"),
+    (
+        "What did Nikola Tesla contribute to alternating current?",
+        "What did George Westinghouse contribute to alternating current?",
+    ),
     ("What inventions is Alexander Graham Bell known for?", "What inventions is Guglielmo Marconi known for?"),
     ("How do I contact my insurance agent, Ms. Laura Diaz?", "How do I contact my insurance agent, Ms. Laura Ortiz?"),
-    ("What dog training methods does Cesar Millan recommend?",
-     "What dog training methods does Victoria Stilwell recommend?"),
+    (
+        "What dog training methods does Cesar Millan recommend?",
+        "What dog training methods does Victoria Stilwell recommend?",
+    ),
 ]
 
 NEAR_MISS_NUMBER: list[Pair] = [
     ("How many calories does a 30-minute run burn?", "How many calories does a 60-minute run burn?"),
-    ("What is the monthly payment on a $300,000 mortgage at 6% interest?",
-     "What is the monthly payment on a $400,000 mortgage at 6% interest?"),
+    (
+        "What is the monthly payment on a $300,000 mortgage at 6% interest?",
+        "What is the monthly payment on a $400,000 mortgage at 6% interest?",
+    ),
     ("How many hours should a six-year-old sleep?", "How many hours should a nine-year-old sleep?"),
     ("Can a 4-year-old ride in a booster seat?", "Can a 2-year-old ride in a booster seat?"),
     ("How often should I feed a 3-month-old kitten?", "How often should I feed a 6-month-old kitten?"),
     ("How much does a 10 kW solar system cost?", "How much does a 5 kW solar system cost?"),
     ("Is 16 GB of RAM enough for gaming?", "Is 8 GB of RAM enough for gaming?"),
-    ("What's the fine for driving 15 mph over the speed limit?",
-     "what's the fine for driving 25 mph over the speed limit?"),
-    ("How much does a 3 bedroom apartment rent for in Austin?",
-     "how much does a two bedroom apartment rent for in Austin?"),
+    (
+        "What's the fine for driving 15 mph over the speed limit?",
+        "what's the fine for driving 25 mph over the speed limit?",
+    ),
+    (
+        "How much does a 3 bedroom apartment rent for in Austin?",
+        "how much does a two bedroom apartment rent for in Austin?",
+    ),
     ("What is the weather forecast for the next 3 days?", "What is the weather forecast for the next ten days?"),
     ("How many plants fit in a 4x8 raised bed?", "How many plants fit in a 4x4 raised bed?"),
     ("What were the best-selling songs of the 1980s?", "What were the best-selling songs of the 1990s?"),
     ("Summarize chapter 3 of The Great Gatsby.", "Summarize chapter 5 of The Great Gatsby."),
-    ("How much does it cost to add a second line to my phone plan?",
-     "How much does it cost to add a third line to my phone plan?"),
-    ("How much does term life insurance cost for a 30-year-old?",
-     "how much does term life insurance cost for a fifty-year-old?"),
+    (
+        "How much does it cost to add a second line to my phone plan?",
+        "How much does it cost to add a third line to my phone plan?",
+    ),
+    (
+        "How much does term life insurance cost for a 30-year-old?",
+        "how much does term life insurance cost for a fifty-year-old?",
+    ),
     ("What topics are covered in 7th grade math?", "What topics are covered in 8th grade math?"),
     ("When does bus 42 stop running at night?", "When does bus 24 stop running at night?"),
     ("What are my rights under the 5th Amendment?", "What are my rights under the 4th Amendment?"),
@@ -235,20 +260,30 @@ NEAR_MISS_UNIT: list[Pair] = [
     ("Convert 60 mph to km/h.", "convert 60 km/h to mph"),
     ("How many gallons of water does a lawn need per week?", "How many inches of water does a lawn need per week?"),
     ("How much does a 20 kg bag of dog food cost?", "How much does a 20 lb bag of dog food cost?"),
-    ("What is the average price of electricity per kilowatt-hour?",
-     "What is the average price of electricity per megawatt-hour?"),
+    (
+        "What is the average price of electricity per kilowatt-hour?",
+        "What is the average price of electricity per megawatt-hour?",
+    ),
     ("How much does gas cost per gallon in Canada?", "How much does gas cost per liter in Canada?"),
     ("How many calories are burned per hour of cycling?", "how many calories are burned per mile of cycling?"),
-    ("How long does it take to download 5 GB on a 100 Mbps connection?",
-     "How long does it take to download 5 TB on a 100 Mbps connection?"),
+    (
+        "How long does it take to download 5 GB on a 100 Mbps connection?",
+        "How long does it take to download 5 TB on a 100 Mbps connection?",
+    ),
     ("What's 25 mm of rain in inches?", "What's 25 inches of rain in mm?"),
     ("How many pounds is a 100 kg bench press?", "How many kilograms is a 100 lb bench press?"),
-    ("How many hours of practice per week do I need to learn guitar?",
-     "How many hours of practice per day do I need to learn guitar?"),
-    ("How many ounces of formula should a newborn drink per feeding?",
-     "How many ounces of formula should a newborn drink per day?"),
-    ("How much is the monthly premium for basic renters insurance?",
-     "How much is the annual premium for basic renters insurance?"),
+    (
+        "How many hours of practice per week do I need to learn guitar?",
+        "How many hours of practice per day do I need to learn guitar?",
+    ),
+    (
+        "How many ounces of formula should a newborn drink per feeding?",
+        "How many ounces of formula should a newborn drink per day?",
+    ),
+    (
+        "How much is the monthly premium for basic renters insurance?",
+        "How much is the annual premium for basic renters insurance?",
+    ),
     ("What is the price per square foot for land in Phoenix?", "What is the price per acre for land in Phoenix?"),
 ]
 
@@ -263,16 +298,22 @@ NEAR_MISS_NEGATION: list[Pair] = [
     ("What happens to my property if I die with a will?", "What happens to my property if I die without a will?"),
     ("Which dog breeds shed a lot?", "Which dog breeds don't shed?"),
     ("Recommend some music with lyrics for studying.", "recommend some music without lyrics for studying"),
-    ("Which games support cross-play between PlayStation and PC?",
-     "Which games don't support cross-play between PlayStation and PC?"),
+    (
+        "Which games support cross-play between PlayStation and PC?",
+        "Which games don't support cross-play between PlayStation and PC?",
+    ),
     ("Which phone plans include international roaming?", "Which phone plans don't include international roaming?"),
-    ("Can I get a tax credit for solar panels if I own my home?",
-     "Can I get a tax credit for solar panels if I don't own my home?"),
+    (
+        "Can I get a tax credit for solar panels if I own my home?",
+        "Can I get a tax credit for solar panels if I don't own my home?",
+    ),
     ("Which subway stations have elevators?", "Which subway stations have no elevators?"),
     ("Is it normal for a 2-year-old to talk in sentences?", "Is it normal for a 2-year-old not to talk in sentences?"),
     ("Can I lose weight by running?", "Can I lose weight without running?"),
-    ("Where should I shelter during a tornado if I have a basement?",
-     "Where should I shelter during a tornado if I don't have a basement?"),
+    (
+        "Where should I shelter during a tornado if I have a basement?",
+        "Where should I shelter during a tornado if I don't have a basement?",
+    ),
     ("Which Shakespeare plays are comedies?", "Which Shakespeare plays are not comedies?"),
     ("Can I buy a house with a down payment?", "Can I buy a house with no down payment?"),
 ]
@@ -288,8 +329,10 @@ NEAR_MISS_ANTONYM: list[Pair] = [
     ("What are the advantages of homeschooling?", "What are the disadvantages of homeschooling?"),
     ("What is the easiest boss in Elden Ring?", "What is the hardest boss in Elden Ring?"),
     ("How do I increase my upload speed?", "How do I increase my download speed?"),
-    ("What is the maximum payout on a life insurance policy?",
-     "What is the minimum payout on a life insurance policy?"),
+    (
+        "What is the maximum payout on a life insurance policy?",
+        "What is the minimum payout on a life insurance policy?",
+    ),
     ("What are the largest cat breeds?", "What are the smallest cat breeds?"),
     ("How do I gain weight fast?", "How do I lose weight fast?"),
     ("How do I tune my guitar up a half step?", "How do I tune my guitar down a half step?"),
@@ -303,8 +346,10 @@ NEAR_MISS_ANTONYM: list[Pair] = [
 
 NEAR_MISS_ORDER: list[Pair] = [
     ("Is a Labrador bigger than a Golden Retriever?", "Is a Golden Retriever bigger than a Labrador?"),
-    ("What time is the first bus from the airport to downtown?",
-     "What time is the first bus from downtown to the airport?"),
+    (
+        "What time is the first bus from the airport to downtown?",
+        "What time is the first bus from downtown to the airport?",
+    ),
     ("My landlord owes me money for repairs, what can I do?", "I owe my landlord money for repairs, what can I do?"),
     ("How do I convert a PDF to a Word document?", "How do I convert a Word document to a PDF?"),
     ("How do I transfer my contacts from Android to iPhone?", "How do I transfer my contacts from iPhone to Android?"),
@@ -313,18 +358,24 @@ NEAR_MISS_ORDER: list[Pair] = [
     ("Can my employer sue me for quitting?", "Can I sue my employer for quitting?"),
     ("Can I transfer my save files from PS4 to PS5?", "Can I transfer my save files from PS5 to PS4?"),
     ("Do tomatoes need more water than peppers?", "Do peppers need more water than tomatoes?"),
-    ("Does my car insurance cover me when I drive my friend's car?",
-     "Does my car insurance cover my friend when he drives my car?"),
+    (
+        "Does my car insurance cover me when I drive my friend's car?",
+        "Does my car insurance cover my friend when he drives my car?",
+    ),
     ("Is solar power cheaper than wind power?", "Is wind power cheaper than solar power?"),
     ("Does my ex have to pay me child support?", "Do I have to pay my ex child support?"),
     ("Does running burn more calories than swimming?", "Does swimming burn more calories than running?"),
     ("How do I transpose a song from C major to G major?", "How do I transpose a song from G major to C major?"),
     ("Is Seattle rainier than Portland?", "Is Portland rainier than Seattle?"),
     ("Can dogs catch colds from humans?", "Can humans catch colds from dogs?"),
-    ("How do I transfer the house deed from my parents to me?",
-     "How do I transfer the house deed from me to my parents?"),
-    ("Can I transfer credits from a community college to a university?",
-     "Can I transfer credits from a university to a community college?"),
+    (
+        "How do I transfer the house deed from my parents to me?",
+        "How do I transfer the house deed from me to my parents?",
+    ),
+    (
+        "Can I transfer credits from a community college to a university?",
+        "Can I transfer credits from a university to a community college?",
+    ),
 ]
 
 NEAR_MISSES: dict[str, list[Pair]] = {

@@ -59,13 +59,27 @@ class Step:
 
 
 def _canonical(parent: str | None, kind: str, thought: str, action: str, observation: str, created: float) -> bytes:
-    body = {"format": _FORMAT, "parent": parent, "kind": kind, "thought": thought, "action": action,
-            "observation": observation, "created": created}
+    body = {
+        "format": _FORMAT,
+        "parent": parent,
+        "kind": kind,
+        "thought": thought,
+        "action": action,
+        "observation": observation,
+        "created": created,
+    }
     return json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def make_step(index: int, parent: str | None, thought: str, action: str, observation: str, kind: str = "step",
-              created: float | None = None) -> tuple[Step, bytes]:
+def make_step(
+    index: int,
+    parent: str | None,
+    thought: str,
+    action: str,
+    observation: str,
+    kind: str = "step",
+    created: float | None = None,
+) -> tuple[Step, bytes]:
     """A new step and its row body."""
     created = time.time() if created is None else created
     raw = _canonical(parent, kind, thought, action, observation, created)
@@ -73,8 +87,14 @@ def make_step(index: int, parent: str | None, thought: str, action: str, observa
     return step, lz4.frame.compress(raw)
 
 
-def link(database: Database, name: str, old_head: str | None, rows: list[tuple[str, str | None, bytes]],
-         new_head: str | None, length: int) -> bool:
+def link(
+    database: Database,
+    name: str,
+    old_head: str | None,
+    rows: list[tuple[str, str | None, bytes]],
+    new_head: str | None,
+    length: int,
+) -> bool:
     """In one transaction: store ``rows`` (key, parent, body) not stored yet and move ``name``'s head
     from ``old_head`` to ``new_head``; False (nothing written) when the head was no longer ``old_head``.
 
@@ -87,8 +107,11 @@ def link(database: Database, name: str, old_head: str | None, rows: list[tuple[s
                 if conn.execute(select(steps.c.key).where(steps.c.key == key)).first() is None:
                     conn.execute(steps.insert(), {"key": key, "parent": parent, "body": body})
             was = sessions.c.head.is_(None) if old_head is None else sessions.c.head == old_head
-            moved = conn.execute(update(sessions).where(sessions.c.name == name, was)
-                                 .values(head=new_head, length=length, updated=time.time())).rowcount
+            moved = conn.execute(
+                update(sessions)
+                .where(sessions.c.name == name, was)
+                .values(head=new_head, length=length, updated=time.time())
+            ).rowcount
             if moved != 1:
                 raise _Moved  # rolls the inserts back with the transaction
     except (_Moved, SqlIntegrityError):  # also a concurrent writer storing the same step first
@@ -112,8 +135,9 @@ def _decode(index: int, key: str, row: object | None, session: str) -> Step:
         raise IntegrityError(f"{where} is corrupt: {exc}") from None
     if content_hash(raw, _DOMAIN) != key or body.get("format") != _FORMAT or body.get("parent") != row.parent:  # type: ignore[attr-defined]
         raise IntegrityError(f"{where} was altered: its content no longer hashes to its key")
-    return Step(index, body["thought"], body["action"], body["observation"], key, body["parent"], body["created"],
-                body["kind"])
+    return Step(
+        index, body["thought"], body["action"], body["observation"], key, body["parent"], body["created"], body["kind"]
+    )
 
 
 def read_chain(conn: Connection, head: str | None, length: int, session: str) -> list[Step]:
@@ -158,5 +182,5 @@ def sweep(database: Database) -> int:
         live = _reachable(conn)
         dead = [k for (k,) in conn.execute(select(steps.c.key)) if k not in live]
         for i in range(0, len(dead), 500):
-            conn.execute(delete(steps).where(steps.c.key.in_(dead[i:i + 500])))
+            conn.execute(delete(steps).where(steps.c.key.in_(dead[i : i + 500])))
     return len(dead)

@@ -59,9 +59,17 @@ class AgentSession:
         IntegrityError: a stored step is missing, corrupt or altered (the message names it).
     """
 
-    def __init__(self, name: str, memory: Memory | None = None, *, system_prompt: str | None = None,
-                 max_steps: int | None = None, ttl: float | None = None, summarize: Summarize | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        name: str,
+        memory: Memory | None = None,
+        *,
+        system_prompt: str | None = None,
+        max_steps: int | None = None,
+        ttl: float | None = None,
+        summarize: Summarize | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         from kvmem.api import default_memory
 
         self.name = _check_name(name)
@@ -79,8 +87,10 @@ class AgentSession:
         if self._row() is None:
             try:
                 with self._database.transaction() as conn:
-                    conn.execute(sessions.insert(), {"name": name, "head": None, "length": 0,
-                                                     "system": system_prompt or "", "updated": clock()})
+                    conn.execute(
+                        sessions.insert(),
+                        {"name": name, "head": None, "length": 0, "system": system_prompt or "", "updated": clock()},
+                    )
             except SqlIntegrityError:
                 pass  # created by another process meanwhile: opened below
         self._reload(system_prompt)
@@ -113,8 +123,10 @@ class AgentSession:
                 raise SessionNotFound(f"agent session {self.name!r} was deleted")
             chain = read_chain(conn, row.head, row.length, self.name)
         if system_prompt is not None and system_prompt != row.system:
-            raise ConfigError(f"session {self.name!r} exists with another system prompt; open it with "
-                              "system_prompt=None, or fork it under a new name")
+            raise ConfigError(
+                f"session {self.name!r} exists with another system prompt; open it with "
+                "system_prompt=None, or fork it under a new name"
+            )
         self.system_prompt: str = row.system
         self._steps, self._head = chain, row.head
 
@@ -152,8 +164,14 @@ class AgentSession:
                 raise InvalidKeyError(f"{field} of type {type(value).__name__}: expected a str")
         with self._lock:
             step, body = make_step(len(self._steps), self._head, thought, action, observation, created=self.clock())
-            if not link(self._database, self.name, self._head, [(step.key, step.parent_key, body)], step.key,
-                        len(self._steps) + 1):
+            if not link(
+                self._database,
+                self.name,
+                self._head,
+                [(step.key, step.parent_key, body)],
+                step.key,
+                len(self._steps) + 1,
+            ):
                 raise self._conflict()
             self._steps.append(step)
             self._head = step.key
@@ -161,9 +179,11 @@ class AgentSession:
         return step
 
     def _conflict(self) -> SessionConflict:
-        return SessionConflict(f"session {self.name!r} moved on: another writer changed it after step "
-                               f"{len(self._steps) - 1}; AgentSession.resume({self.name!r}) continues from its "
-                               "head, fork() keeps this branch under a new name")
+        return SessionConflict(
+            f"session {self.name!r} moved on: another writer changed it after step "
+            f"{len(self._steps) - 1}; AgentSession.resume({self.name!r}) continues from its "
+            "head, fork() keeps this branch under a new name"
+        )
 
     def _retain(self) -> None:
         """Fold the steps the window or the TTL leave out into a summary (or drop them)."""
@@ -187,8 +207,9 @@ class AgentSession:
             chain.append(step)
             parent = step.key
         for old in kept:  # same content, a new parent: new keys (the chain's start changed)
-            step, body = make_step(len(chain), parent, old.thought, old.action, old.observation, old.kind,
-                                   created=old.created)
+            step, body = make_step(
+                len(chain), parent, old.thought, old.action, old.observation, old.kind, created=old.created
+            )
             rows.append((step.key, parent, body))
             chain.append(step)
             parent = step.key
@@ -209,12 +230,21 @@ class AgentSession:
         head = self._steps[at].key if at >= 0 else None
         try:
             with self._database.transaction() as conn:
-                conn.execute(sessions.insert(), {"name": _check_name(name), "head": head, "length": at + 1,
-                                                 "system": self.system_prompt, "updated": self.clock()})
+                conn.execute(
+                    sessions.insert(),
+                    {
+                        "name": _check_name(name),
+                        "head": head,
+                        "length": at + 1,
+                        "system": self.system_prompt,
+                        "updated": self.clock(),
+                    },
+                )
         except SqlIntegrityError:
             raise ConfigError(f"fork name {name!r}: a session of that name exists; pick another") from None
-        return AgentSession(name, self.memory, max_steps=self.max_steps, ttl=self.ttl, summarize=self.summarize,
-                            clock=self.clock)
+        return AgentSession(
+            name, self.memory, max_steps=self.max_steps, ttl=self.ttl, summarize=self.summarize, clock=self.clock
+        )
 
     def delete(self) -> int:
         """Delete this session; steps another session still reaches stay. How many steps went."""
@@ -224,8 +254,9 @@ class AgentSession:
         return sweep(self._database)
 
     # -- model ---------------------------------------------------------------------------
-    def attach(self, model: torch.nn.Module, tokenizer: Any, *, block_size: int | None = None,
-               compression: str | None = None) -> None:
+    def attach(
+        self, model: torch.nn.Module, tokenizer: Any, *, block_size: int | None = None, compression: str | None = None
+    ) -> None:
         """Prefill through a :class:`~kvmem.kv.PrefixCache` of ``model`` from now on.
 
         Args:

@@ -69,8 +69,19 @@ class EntryRow:
     state: str
 
 
-_UPSERT_SET = ("namespace", "user_key", "kind", "size", "stored_size", "codec", "crc", "tiers", "metadata",
-               "last_access", "state")
+_UPSERT_SET = (
+    "namespace",
+    "user_key",
+    "kind",
+    "size",
+    "stored_size",
+    "codec",
+    "crc",
+    "tiers",
+    "metadata",
+    "last_access",
+    "state",
+)
 
 
 def dialect_insert(dialect: str) -> Any:
@@ -81,7 +92,8 @@ def dialect_insert(dialect: str) -> Any:
 def unreachable(exc: BaseException) -> bool:
     """Whether ``exc`` says the database could not be reached (worth a retry), not that a write was wrong."""
     return isinstance(exc, (OperationalError, InterfaceError)) or (
-        isinstance(exc, DBAPIError) and exc.connection_invalidated)
+        isinstance(exc, DBAPIError) and exc.connection_invalidated
+    )
 
 
 def _journaled(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -107,16 +119,21 @@ def _upsert_statement(insert: Any, returning: bool = True) -> Any:
         index_elements=[entries.c.key],
         # NOTE: the row's ``version`` is the number of stores it records (1, or more replayed
         # after an outage): added in the same statement, so concurrent upserts never lose one
-        set_={**{name: stmt.excluded[name] for name in _UPSERT_SET},
-              "version": entries.c.version + stmt.excluded.version},
+        set_={
+            **{name: stmt.excluded[name] for name in _UPSERT_SET},
+            "version": entries.c.version + stmt.excluded.version,
+        },
     )
     return stmt.returning(entries.c.version) if returning else stmt
 
 
 # NOTE: one prebuilt statement run as executemany: building an UPDATE per key cost
 # ~0.4 ms each (measured: 256 buffered hits flushed in 85-125 ms, vs a few ms now).
-_ADD_HITS = (update(entries).where(entries.c.key == bindparam("k"))
-             .values(hits=entries.c.hits + bindparam("n"), last_access=bindparam("t")))
+_ADD_HITS = (
+    update(entries)
+    .where(entries.c.key == bindparam("k"))
+    .values(hits=entries.c.hits + bindparam("n"), last_access=bindparam("t"))
+)
 
 
 def _pg_text(value: str) -> str:
@@ -145,9 +162,11 @@ def _parse_url(url: str) -> URL:
     except (ArgumentError, ValueError):  # NOTE: a port that is not a number; its message may quote a password
         parsed = None
     if parsed is None or "@" in (parsed.host or ""):
-        raise ConfigError(f"catalog_url={redact(url)!r}: cannot be parsed; expected a SQLAlchemy URL such as "
-                          "'sqlite:///path/catalog.sqlite3' or 'postgresql+psycopg://user@host/db' "
-                          "(percent-encode an @ in the password)") from None
+        raise ConfigError(
+            f"catalog_url={redact(url)!r}: cannot be parsed; expected a SQLAlchemy URL such as "
+            "'sqlite:///path/catalog.sqlite3' or 'postgresql+psycopg://user@host/db' "
+            "(percent-encode an @ in the password)"
+        ) from None
     return parsed
 
 
@@ -172,13 +191,21 @@ class Catalog:
             (:func:`kvmem.migrations.upgrade_schema`).
     """
 
-    def __init__(self, url: str, *, flush_seconds: float | None = None,
-                 on_error: Callable[[SQLAlchemyError], None] | None = None, journal: Path | None = None,
-                 on_recovered: OnRecovered | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        flush_seconds: float | None = None,
+        on_error: Callable[[SQLAlchemyError], None] | None = None,
+        journal: Path | None = None,
+        on_recovered: OnRecovered | None = None,
+    ) -> None:
         parsed, shown = _parse_url(url), redact(url)
         if parsed.get_backend_name() not in _INSERTS:
-            raise ConfigError(f"catalog_url={shown!r}: backend {parsed.get_backend_name()!r} is not supported; "
-                              f"accepted {', '.join(_INSERTS)}")
+            raise ConfigError(
+                f"catalog_url={shown!r}: backend {parsed.get_backend_name()!r} is not supported; "
+                f"accepted {', '.join(_INSERTS)}"
+            )
         if parsed.get_backend_name() == "sqlite" and parsed.database:
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
             recover_sqlite(Path(parsed.database), on_recovered)
@@ -189,8 +216,7 @@ class Catalog:
         try:
             self.engine: Engine = create_engine(url, pool_pre_ping=True, connect_args=connect_args)
         except (ArgumentError, ImportError) as exc:
-            raise ConfigError(f"catalog_url={shown!r}: {exc} "
-                              "(PostgreSQL needs kvmem[postgres]: psycopg)") from None
+            raise ConfigError(f"catalog_url={shown!r}: {exc} (PostgreSQL needs kvmem[postgres]: psycopg)") from None
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self._upsert = _upsert_statement(_INSERTS[self.engine.dialect.name])
@@ -213,9 +239,10 @@ class Catalog:
             raise
         except SQLAlchemyError as exc:
             self.engine.dispose()
-            raise TierUnavailable(f"catalog {shown} cannot be "
-                                  f"reached: {exc.__class__.__name__}: {exc.orig if hasattr(exc, 'orig') else exc}"
-                                  ) from None
+            raise TierUnavailable(
+                f"catalog {shown} cannot be "
+                f"reached: {exc.__class__.__name__}: {exc.orig if hasattr(exc, 'orig') else exc}"
+            ) from None
         self._journal = Journal(journal, on_recovered) if journal is not None else None
         _LIVE.add(self)
         if self._journal is not None:
@@ -254,8 +281,20 @@ class Catalog:
         with self._lock:
             return len(self._pending) + len(self._removed)
 
-    def upsert(self, key: str, *, namespace: str, user_key: str, kind: str, size: int, stored_size: int,
-               codec: str, crc: int, tiers: list[str], metadata: dict[str, Any]) -> int:
+    def upsert(
+        self,
+        key: str,
+        *,
+        namespace: str,
+        user_key: str,
+        kind: str,
+        size: int,
+        stored_size: int,
+        codec: str,
+        crc: int,
+        tiers: list[str],
+        metadata: dict[str, Any],
+    ) -> int:
         """Record a store of ``key`` now: a new row at version 1, or the next version of an existing one.
 
         When the database cannot be reached, the row is kept (with the count of
@@ -287,9 +326,20 @@ class Catalog:
                     self._schedule_flush()
             raise
 
-    def upsert_later(self, key: str, *, namespace: str, user_key: str, kind: str, size: int, stored_size: int,
-                     codec: str, crc: int | Callable[[], int | None], tiers: list[str],
-                     metadata: dict[str, Any]) -> None:
+    def upsert_later(
+        self,
+        key: str,
+        *,
+        namespace: str,
+        user_key: str,
+        kind: str,
+        size: int,
+        stored_size: int,
+        codec: str,
+        crc: int | Callable[[], int | None],
+        tiers: list[str],
+        metadata: dict[str, Any],
+    ) -> None:
         """Record a store of ``key`` at the next :meth:`flush` (within ``flush_seconds``): write-behind.
 
         Several stores of a key before a flush make one row write that adds all their
@@ -322,14 +372,38 @@ class Catalog:
             return
         self._pending[row["key"]] = row
 
-    def _row(self, key: str, namespace: str, user_key: str, kind: str, size: int, stored_size: int, codec: str,
-             crc: int | Callable[[], int | None], tiers: list[str], metadata: dict[str, Any]) -> dict[str, Any]:
+    def _row(
+        self,
+        key: str,
+        namespace: str,
+        user_key: str,
+        kind: str,
+        size: int,
+        stored_size: int,
+        codec: str,
+        crc: int | Callable[[], int | None],
+        tiers: list[str],
+        metadata: dict[str, Any],
+    ) -> dict[str, Any]:
         """The row one store of ``key`` writes (version 1)."""
         now = time.time()
-        return {"key": key, "namespace": self._text(namespace), "user_key": self._text(user_key[:256]),
-                "kind": kind, "size": size, "stored_size": stored_size, "codec": codec, "crc": crc,
-                "tiers": ",".join(tiers), "metadata": metadata, "last_access": now, "state": "ok", "version": 1,
-                "created": now, "hits": 0}
+        return {
+            "key": key,
+            "namespace": self._text(namespace),
+            "user_key": self._text(user_key[:256]),
+            "kind": kind,
+            "size": size,
+            "stored_size": stored_size,
+            "codec": codec,
+            "crc": crc,
+            "tiers": ",".join(tiers),
+            "metadata": metadata,
+            "last_access": now,
+            "state": "ok",
+            "version": 1,
+            "created": now,
+            "hits": 0,
+        }
 
     def _keep(self, rows: list[dict[str, Any]]) -> None:
         """Queue upserts for a retry, merged with newer ones of the same keys (caller holds ``_lock``)."""
@@ -384,8 +458,11 @@ class Catalog:
             self.flush()
         except SQLAlchemyError as exc:
             if self._on_error is None:
-                log.warning("kvmem: catalog flush failed (%s); %s", exc,
-                            "retrying" if unreachable(exc) else "buffered updates were dropped")
+                log.warning(
+                    "kvmem: catalog flush failed (%s); %s",
+                    exc,
+                    "retrying" if unreachable(exc) else "buffered updates were dropped",
+                )
             else:
                 self._on_error(exc)
         finally:
@@ -479,16 +556,21 @@ class Catalog:
         """Record new blob CRCs: ``(key, old, new)`` each, applied only where the row still names ``old``
         (a blob rewritten in another format; a row a store changed meanwhile keeps its newer CRC)."""
         with self.engine.begin() as conn:
-            conn.execute(update(entries).where((entries.c.key == bindparam("k")) & (entries.c.crc == bindparam("old")))
-                         .values(crc=bindparam("new")), [{"k": k, "old": old, "new": new} for k, old, new in changes])
+            conn.execute(
+                update(entries)
+                .where((entries.c.key == bindparam("k")) & (entries.c.crc == bindparam("old")))
+                .values(crc=bindparam("new")),
+                [{"k": k, "old": old, "new": new} for k, old, new in changes],
+            )
 
     def set_state(self, key: str, state: str) -> None:
         """Mark ``key`` (``ok`` or ``quarantined``)."""
         with self.engine.begin() as conn:
             conn.execute(update(entries).where(entries.c.key == key).values(state=state))
 
-    def rows(self, namespace: str | None = None, limit: int | None = None,
-             order: str = "last_access") -> list[EntryRow]:
+    def rows(
+        self, namespace: str | None = None, limit: int | None = None, order: str = "last_access"
+    ) -> list[EntryRow]:
         """Rows, most recently used first (or by ``order``: ``last_access``, ``hits``, ``size``)."""
         col = {"last_access": entries.c.last_access, "hits": entries.c.hits, "size": entries.c.size}.get(order)
         if col is None:
@@ -509,8 +591,12 @@ class Catalog:
 
     def totals(self) -> dict[str, int]:
         """``entries``, and ``size``, ``stored_size`` and ``hits`` summed over all rows."""
-        stmt = select(func.count(), func.coalesce(func.sum(entries.c.size), 0),
-                      func.coalesce(func.sum(entries.c.stored_size), 0), func.coalesce(func.sum(entries.c.hits), 0))
+        stmt = select(
+            func.count(),
+            func.coalesce(func.sum(entries.c.size), 0),
+            func.coalesce(func.sum(entries.c.stored_size), 0),
+            func.coalesce(func.sum(entries.c.hits), 0),
+        )
         with self.engine.connect() as conn:
             n, size, stored, hits = conn.execute(stmt).one()
         return {"entries": int(n), "size": int(size), "stored_size": int(stored), "hits": int(hits)}

@@ -69,7 +69,18 @@ class Stats:
 
 def entry_info(row: EntryRow, tiers: list[str]) -> EntryInfo:
     """The public view of a catalog row (``tiers``: where it is held now, else where it was written)."""
-    return EntryInfo(key=row.key, namespace=row.namespace, kind=row.kind, size=row.size,
-                     stored_size=row.stored_size, codec=row.codec, version=row.version,
-                     tiers=tiers or [t for t in row.tiers.split(",") if t], hits=row.hits, created=row.created,
-                     last_access=row.last_access, metadata=row.metadata, user_key=row.user_key)
+    return EntryInfo(
+        key=row.key,
+        namespace=row.namespace,
+        kind=row.kind,
+        size=row.size,
+        stored_size=row.stored_size,
+        codec=row.codec,
+        version=row.version,
+        tiers=tiers or [t for t in row.tiers.split(",") if t],
+        hits=row.hits,
+        created=row.created,
+        last_access=row.last_access,
+        metadata=row.metadata,
+        user_key=row.user_key,
+    )

@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 _ATTEMPTS = 50  # reads of a key being rewritten before pin() gives up (a write lands between row and bytes)
 _STALE_AFTER = 5  # mismatching reads after which upper-tier copies are taken for stale ones
 
+
 class Pin:
     """One pinned version of a key: :meth:`load` returns that version until :meth:`release`.
 
@@ -144,8 +145,9 @@ class Versions:
             self._guard(self._catalog.flush_all)  # stores queue their rows (write-behind): see them first
             row = self._guard(self._catalog.get, key)
             if row is not None and row.crc == crc:
-                return self._pinned(Pin(self, uuid.uuid4().hex, key, row.version, crc, lease or self.lease),
-                                    fetched.buf)
+                return self._pinned(
+                    Pin(self, uuid.uuid4().hex, key, row.version, crc, lease or self.lease), fetched.buf
+                )
             # no match yet. The write of these bytes has not upserted its row (wait for it); or the
             # row moved on past them, two versions or more (read the bytes again); or they are a stale copy
             # this process's upper tiers kept while another process rewrote the key below (drop them).
@@ -157,9 +159,11 @@ class Versions:
                 self._tiers.drop_upper_copies(key)
                 fetched = None
             time.sleep(min(0.001 * (attempt + 1), 0.02))
-        raise VersionConflict(f"key {key}: the catalog's version is not in any tier this memory reads (written by a "
-                              f"node whose tiers it does not share?) or it was rewritten during each of {_ATTEMPTS} "
-                              "attempts to pin it")
+        raise VersionConflict(
+            f"key {key}: the catalog's version is not in any tier this memory reads (written by a "
+            f"node whose tiers it does not share?) or it was rewritten during each of {_ATTEMPTS} "
+            "attempts to pin it"
+        )
 
     def _pinned(self, pin: Pin, buf: torch.Tensor) -> Pin:
         """Record ``pin`` (keeping ``buf``, its version's blob) and renew it while held."""
@@ -173,11 +177,18 @@ class Versions:
         """Keep ``pin``'s version (``buf``, unless kept already) and add the pin, in one transaction."""
         with self.engine.begin() as conn:
             while not _lock_version(conn, pin.key, pin.version):  # not kept yet: copy it, then lock it
-                conn.execute(self._insert(versions).values(
-                    key=pin.key, version=pin.version, crc=pin.crc, created=time.time(), body=buf.numpy().tobytes()
-                ).on_conflict_do_nothing())
-            conn.execute(pins.insert().values(id=pin.id, key=pin.key, version=pin.version, holder=self.holder,
-                                              expires=time.time() + pin.lease))
+                conn.execute(
+                    self._insert(versions)
+                    .values(
+                        key=pin.key, version=pin.version, crc=pin.crc, created=time.time(), body=buf.numpy().tobytes()
+                    )
+                    .on_conflict_do_nothing()
+                )
+            conn.execute(
+                pins.insert().values(
+                    id=pin.id, key=pin.key, version=pin.version, holder=self.holder, expires=time.time() + pin.lease
+                )
+            )
 
     def load(self, pin: Pin, device: torch.device | str | None) -> Any:
         """``pin``'s value: the tiers' copy when its CRC is still the pinned one, else the kept copy."""
@@ -188,22 +199,29 @@ class Versions:
             return value
         body = self._guard(self._kept, pin)
         if body is None:
-            raise PinExpired(f"pin {pin.id} of key {pin.key} version {pin.version} expired and its version was "
-                             f"reclaimed (lease {pin.lease:g} s not renewed in time)")
+            raise PinExpired(
+                f"pin {pin.id} of key {pin.key} version {pin.version} expired and its version was "
+                f"reclaimed (lease {pin.lease:g} s not renewed in time)"
+            )
         buf = blobfmt.empty_buffer(len(body))
         buf.numpy()[:] = memoryview(body).cast("B")
         head = blobfmt.verify(buf)
         if blobfmt.stored_crc(buf) != pin.crc:
-            raise IntegrityError(f"kept copy of key {pin.key} version {pin.version} names CRC "
-                                 f"{blobfmt.stored_crc(buf):#010x}, the pin {pin.crc:#010x}")
+            raise IntegrityError(
+                f"kept copy of key {pin.key} version {pin.version} names CRC "
+                f"{blobfmt.stored_crc(buf):#010x}, the pin {pin.crc:#010x}"
+            )
         value, header = decode_value(buf, device, head)
         check_owner(header, pin.key)
         return value
 
     def _kept(self, pin: Pin) -> bytes | None:
         with self.engine.connect() as conn:
-            return conn.execute(select(versions.c.body).join(pins, (pins.c.key == versions.c.key) & (
-                pins.c.version == versions.c.version)).where(pins.c.id == pin.id)).scalar()
+            return conn.execute(
+                select(versions.c.body)
+                .join(pins, (pins.c.key == versions.c.key) & (pins.c.version == versions.c.version))
+                .where(pins.c.id == pin.id)
+            ).scalar()
 
     def release(self, pin: Pin) -> None:
         """Drop ``pin``'s row and reclaim its version if no pin holds it any more.
@@ -230,15 +248,19 @@ class Versions:
         renewed = 0
         with self.engine.begin() as conn:
             for lease, ids in by_lease.items():
-                renewed += conn.execute(update(pins).where(pins.c.id.in_(ids))
-                                        .values(expires=time.time() + lease)).rowcount
+                renewed += conn.execute(
+                    update(pins).where(pins.c.id.in_(ids)).values(expires=time.time() + lease)
+                ).rowcount
         return renewed
 
     def collect(self) -> int:
         """Reclaim kept versions no live pin holds (expired pins are dropped); how many were reclaimed."""
         now = time.time()
-        live = select(pins.c.id).where((pins.c.key == versions.c.key) & (pins.c.version == versions.c.version)
-                                       & (pins.c.expires > now)).exists()
+        live = (
+            select(pins.c.id)
+            .where((pins.c.key == versions.c.key) & (pins.c.version == versions.c.version) & (pins.c.expires > now))
+            .exists()
+        )
         with self.engine.connect() as conn:
             candidates = conn.execute(select(versions.c.key, versions.c.version).where(~live)).all()
         return sum(self._reclaim(key, version, now) for key, version in candidates)
@@ -297,12 +319,16 @@ class Versions:
         try:
             return fn(*args)
         except SQLAlchemyError as exc:
-            raise TierUnavailable(f"pinned versions need the catalog, which failed: {type(exc).__name__}: "
-                                  f"{getattr(exc, 'orig', exc)}") from None
+            raise TierUnavailable(
+                f"pinned versions need the catalog, which failed: {type(exc).__name__}: {getattr(exc, 'orig', exc)}"
+            ) from None
 
 
 def _lock_version(conn: Connection, key: str, version: int) -> bool:
     """Lock ``(key, version)``'s kept row for this transaction (a write that changes nothing); whether it exists."""
-    done = conn.execute(update(versions).where((versions.c.key == key) & (versions.c.version == version))
-                        .values(created=versions.c.created))
+    done = conn.execute(
+        update(versions)
+        .where((versions.c.key == key) & (versions.c.version == version))
+        .values(created=versions.c.created)
+    )
     return done.rowcount > 0

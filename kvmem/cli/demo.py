@@ -96,8 +96,9 @@ def cpu_bytes_for(layout: KVLayout, tokens: int, chunks: int, offload_threshold:
     return int(resident * (layout.chunk_bytes(tokens) + _HEADER_SLACK) / offload_threshold) + 1
 
 
-def run_demo(memory: Memory, chunks: int, *, layout: KVLayout = LLAMA_3_2_1B, tokens: int = 256,
-             progress: bool | None = None) -> DemoReport:
+def run_demo(
+    memory: Memory, chunks: int, *, layout: KVLayout = LLAMA_3_2_1B, tokens: int = 256, progress: bool | None = None
+) -> DemoReport:
     """Store ``chunks`` KV chunks in ``memory``, then load them all back twice and check every bit.
 
     Pass 1 reads newest first (the CPU tier still holds the latest stores), pass 2
@@ -117,12 +118,20 @@ def run_demo(memory: Memory, chunks: int, *, layout: KVLayout = LLAMA_3_2_1B, to
     phases = [_store_phase(memory, keys, layout, tokens, progress)]
     for name, order in (("load pass 1", range(chunks - 1, -1, -1)), ("load pass 2", range(chunks))):
         phases.append(_load_phase(memory, name, keys, order, layout, tokens, progress))
-    return DemoReport(path=memory.config.path, layout=layout, tokens=tokens, chunks=chunks, tier_names=tier_names,
-                      phases=phases, tiers=memory.stats().tiers)
+    return DemoReport(
+        path=memory.config.path,
+        layout=layout,
+        tokens=tokens,
+        chunks=chunks,
+        tier_names=tier_names,
+        phases=phases,
+        tiers=memory.stats().tiers,
+    )
 
 
-def _store_phase(memory: Memory, keys: Sequence[str], layout: KVLayout, tokens: int,
-                 progress: bool | None) -> PhaseResult:
+def _store_phase(
+    memory: Memory, keys: Sequence[str], layout: KVLayout, tokens: int, progress: bool | None
+) -> PhaseResult:
     result = PhaseResult("store")
     before = _counters(memory)
     for i, key in enumerate(tqdm(keys, desc="store", unit="chunk", disable=_disable(progress))):
@@ -137,8 +146,15 @@ def _store_phase(memory: Memory, keys: Sequence[str], layout: KVLayout, tokens: 
     return result
 
 
-def _load_phase(memory: Memory, name: str, keys: Sequence[str], order: Iterable[int], layout: KVLayout,
-                tokens: int, progress: bool | None) -> PhaseResult:
+def _load_phase(
+    memory: Memory,
+    name: str,
+    keys: Sequence[str],
+    order: Iterable[int],
+    layout: KVLayout,
+    tokens: int,
+    progress: bool | None,
+) -> PhaseResult:
     result = PhaseResult(name)
     before = _counters(memory)
     for i in tqdm(list(order), desc=name, unit="chunk", disable=_disable(progress)):
@@ -158,9 +174,13 @@ def _load_phase(memory: Memory, name: str, keys: Sequence[str], order: Iterable[
 def _bit_exact(got: object, want: dict[str, torch.Tensor]) -> bool:
     if not isinstance(got, dict) or set(got) != set(want):
         return False
-    return all(isinstance(got[k], torch.Tensor) and got[k].dtype == w.dtype and got[k].shape == w.shape
-               and torch.equal(got[k].contiguous().view(torch.uint8), w.contiguous().view(torch.uint8))
-               for k, w in want.items())
+    return all(
+        isinstance(got[k], torch.Tensor)
+        and got[k].dtype == w.dtype
+        and got[k].shape == w.shape
+        and torch.equal(got[k].contiguous().view(torch.uint8), w.contiguous().view(torch.uint8))
+        for k, w in want.items()
+    )
 
 
 class _Timer:
@@ -198,30 +218,49 @@ def _counters(memory: Memory) -> dict[str, int]:
 def _finish(result: PhaseResult, before: dict[str, int], after: dict[str, int]) -> None:
     delta = {k: v - before.get(k, 0) for k, v in after.items()}
     result.hits = {k.split(":", 1)[1]: v for k, v in delta.items() if k.startswith("hits:")}
-    result.counters = {k.removeprefix("kvmem_").removesuffix("_total"): v for k, v in delta.items()
-                       if not k.startswith("hits:")}
+    result.counters = {
+        k.removeprefix("kvmem_").removesuffix("_total"): v for k, v in delta.items() if not k.startswith("hits:")
+    }
 
 
 def render_report(report: DemoReport) -> str:
     """The demo's tables: one row per phase, then tier usage, then the verdict."""
     chunk = report.layout.chunk_bytes(report.tokens)
     lay = report.layout
-    lines = [f"workload: {report.chunks} chunks of {report.tokens} tokens, {lay.name} KV layout "
-             f"({lay.layers} layers x {lay.kv_heads} KV heads x {lay.head_dim} head_dim, K and V, "
-             f"{str(lay.dtype).removeprefix('torch.')}) = {format_size(chunk)} per chunk, "
-             f"{format_size(chunk * report.chunks)} in all", ""]
-    headers = ["phase", "chunks", "bytes", "seconds", "GB/s"] + [f"{t} hits" for t in report.tier_names] + [
-        "misses", "demoted", "promoted", "evicted"]
-    rows = [[p.name, p.count, format_size(p.nbytes), p.seconds, format_rate(p.nbytes, p.seconds)]
-            + [p.hits.get(t, 0) for t in report.tier_names]
-            + [p.counters.get(c, 0) for c in ("misses", "demotions", "promotions", "evictions")]
-            for p in report.phases]
-    lines += [render_table(headers, rows), "",
-              "pass 1 reads newest first, pass 2 oldest first; a disk hit is promoted to the CPU tier,",
-              "which demotes its least recently used chunk (already on disk: write-through)", ""]
-    lines.append(render_table(["tier", "usage", "capacity", "used", "entries"],
-                              [[t.name, format_size(t.usage), format_size(t.capacity),
-                                format_percent(t.usage, t.capacity), t.entries] for t in report.tiers]))
+    lines = [
+        f"workload: {report.chunks} chunks of {report.tokens} tokens, {lay.name} KV layout "
+        f"({lay.layers} layers x {lay.kv_heads} KV heads x {lay.head_dim} head_dim, K and V, "
+        f"{str(lay.dtype).removeprefix('torch.')}) = {format_size(chunk)} per chunk, "
+        f"{format_size(chunk * report.chunks)} in all",
+        "",
+    ]
+    headers = (
+        ["phase", "chunks", "bytes", "seconds", "GB/s"]
+        + [f"{t} hits" for t in report.tier_names]
+        + ["misses", "demoted", "promoted", "evicted"]
+    )
+    rows = [
+        [p.name, p.count, format_size(p.nbytes), p.seconds, format_rate(p.nbytes, p.seconds)]
+        + [p.hits.get(t, 0) for t in report.tier_names]
+        + [p.counters.get(c, 0) for c in ("misses", "demotions", "promotions", "evictions")]
+        for p in report.phases
+    ]
+    lines += [
+        render_table(headers, rows),
+        "",
+        "pass 1 reads newest first, pass 2 oldest first; a disk hit is promoted to the CPU tier,",
+        "which demotes its least recently used chunk (already on disk: write-through)",
+        "",
+    ]
+    lines.append(
+        render_table(
+            ["tier", "usage", "capacity", "used", "entries"],
+            [
+                [t.name, format_size(t.usage), format_size(t.capacity), format_percent(t.usage, t.capacity), t.entries]
+                for t in report.tiers
+            ],
+        )
+    )
     lines.append("")
     if report.failures:
         wrong, missing = (sum(getattr(p, a) for p in report.phases) for a in ("wrong", "missing"))

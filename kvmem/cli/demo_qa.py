@@ -42,19 +42,43 @@ from kvmem.config import Config
 from kvmem.errors import ConfigError
 from kvmem.kv import PrefixCache
 
-__all__ = ["DEMO_LLAMA", "LOGIT_TOLERANCE", "QADemoReport", "RequestResult", "Workload", "build_demo_model",
-           "describe_model", "load_local_model", "make_workload", "question_summary", "render_qa_report",
-           "run_qa_demo"]
+__all__ = [
+    "DEMO_LLAMA",
+    "LOGIT_TOLERANCE",
+    "QADemoReport",
+    "RequestResult",
+    "Workload",
+    "build_demo_model",
+    "describe_model",
+    "load_local_model",
+    "make_workload",
+    "question_summary",
+    "render_qa_report",
+    "run_qa_demo",
+]
 
 # NOTE: sized so that a 4k-token prefill takes a few seconds on two slow shared cores
 # (measured 3.9-4.7 s under load); wider models made the default run pass a minute.
-DEMO_LLAMA = LlamaConfig(hidden_size=256, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=688, vocab_size=32000, max_position_embeddings=8192)
+DEMO_LLAMA = LlamaConfig(
+    hidden_size=256,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=688,
+    vocab_size=32000,
+    max_position_embeddings=8192,
+)
 LOGIT_TOLERANCE = 1e-3  # max |cold - warm| of the last position's fp32 logits
-_QUESTIONS = ("What does PrefixCache.prefill return?", "Which tiers can hold a chunk?",
-              "How is a chunk key computed?", "What happens when a CRC check fails?",
-              "Which settings tune the prefetcher?", "How are new chunks stored without delaying a request?",
-              "What does kvmem verify --fix do?", "Why is the last prompt token never loaded from the cache?")
+_QUESTIONS = (
+    "What does PrefixCache.prefill return?",
+    "Which tiers can hold a chunk?",
+    "How is a chunk key computed?",
+    "What happens when a CRC check fails?",
+    "Which settings tune the prefetcher?",
+    "How are new chunks stored without delaying a request?",
+    "What does kvmem verify --fix do?",
+    "Why is the last prompt token never loaded from the cache?",
+)
 
 
 @dataclass(frozen=True)
@@ -139,8 +163,10 @@ def load_local_model(path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
         ConfigError: ``path`` is not a directory transformers can load a causal LM from.
     """
     if not Path(path).is_dir():
-        raise ConfigError(f"--model {path!r}: not a directory; expected a local checkpoint saved with "
-                          "save_pretrained (config.json and weights)")
+        raise ConfigError(
+            f"--model {path!r}: not a directory; expected a local checkpoint saved with "
+            "save_pretrained (config.json and weights)"
+        )
     try:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
     except (OSError, ValueError) as exc:
@@ -159,12 +185,21 @@ def describe_model(model: PreTrainedModel, origin: str) -> str:
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     heads = getattr(c, "num_attention_heads", "?")
     kv_heads = getattr(c, "num_key_value_heads", None) or heads
-    return (f"{type(model).__name__} ({origin}): {params / 1e6:.1f}M params, hidden {getattr(c, 'hidden_size', '?')},"
-            f" {getattr(c, 'num_hidden_layers', '?')} layers, {heads} heads / {kv_heads} KV heads, {dtype}")
+    return (
+        f"{type(model).__name__} ({origin}): {params / 1e6:.1f}M params, hidden {getattr(c, 'hidden_size', '?')},"
+        f" {getattr(c, 'num_hidden_layers', '?')} layers, {heads} heads / {kv_heads} KV heads, {dtype}"
+    )
 
 
-def make_workload(model: PreTrainedModel, doc_tokens: int, questions: int, *, question_tokens: int = 32,
-                  tokenizer: PreTrainedTokenizerBase | None = None, seed: int = 0) -> Workload:
+def make_workload(
+    model: PreTrainedModel,
+    doc_tokens: int,
+    questions: int,
+    *,
+    question_tokens: int = 32,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    seed: int = 0,
+) -> Workload:
     """The document and questions: real text through ``tokenizer`` if given, else random ids (fixed seed).
 
     The text document is kvmem's own source code, repeated to length; the questions
@@ -178,14 +213,18 @@ def make_workload(model: PreTrainedModel, doc_tokens: int, questions: int, *, qu
     else:
         g = torch.Generator().manual_seed(seed)
         vocab = int(model.config.vocab_size)
-        work = Workload(torch.randint(0, vocab, (doc_tokens,), generator=g),
-                        [torch.randint(0, vocab, (question_tokens,), generator=g) for _ in range(questions)],
-                        f"random token ids (seed {seed})")
+        work = Workload(
+            torch.randint(0, vocab, (doc_tokens,), generator=g),
+            [torch.randint(0, vocab, (question_tokens,), generator=g) for _ in range(questions)],
+            f"random token ids (seed {seed})",
+        )
     longest = doc_tokens + max(len(q) for q in work.questions)
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit is not None and longest > limit:
-        raise ConfigError(f"--doc-tokens {doc_tokens}: prompts of {longest} tokens exceed the model's "
-                          f"max_position_embeddings={limit}; accepted up to {limit - (longest - doc_tokens)}")
+        raise ConfigError(
+            f"--doc-tokens {doc_tokens}: prompts of {longest} tokens exceed the model's "
+            f"max_position_embeddings={limit}; accepted up to {limit - (longest - doc_tokens)}"
+        )
     return work
 
 
@@ -197,14 +236,22 @@ def _text_workload(tokenizer: PreTrainedTokenizerBase, doc_tokens: int, question
         raise ConfigError("the tokenizer of --model turned the document into no tokens")
     document = torch.tensor((ids * (doc_tokens // len(ids) + 1))[:doc_tokens], dtype=torch.long)
     asked = [_QUESTIONS[i % len(_QUESTIONS)] for i in range(questions)]
-    qs = [torch.tensor(tokenizer(f"\n\nQuestion: {q}\nAnswer:", add_special_tokens=False)["input_ids"],
-                       dtype=torch.long) for q in asked]
+    qs = [
+        torch.tensor(tokenizer(f"\n\nQuestion: {q}\nAnswer:", add_special_tokens=False)["input_ids"], dtype=torch.long)
+        for q in asked
+    ]
     return Workload(document, qs, "kvmem's source code and questions about it, through the model's tokenizer")
 
 
 # -- the run ------------------------------------------------------------------------------------
-def run_qa_demo(model: PreTrainedModel, config: Config, work: Workload, *, progress: bool | None = None,
-                say: Callable[[str], None] = print) -> QADemoReport:
+def run_qa_demo(
+    model: PreTrainedModel,
+    config: Config,
+    work: Workload,
+    *,
+    progress: bool | None = None,
+    say: Callable[[str], None] = print,
+) -> QADemoReport:
     """Ingest the document, reopen the Memory, then time every question cold and warm.
 
     Args:
@@ -224,17 +271,28 @@ def run_qa_demo(model: PreTrainedModel, config: Config, work: Workload, *, progr
         ingest = time.perf_counter() - start
         pc.close()
         chunks, block = len(pc.chunk_keys(work.document)), pc.block_size
-    say("reopening the data directory (CPU tier empty, as after a restart): the first question reads the "
-        "document from disk, later ones from the CPU tier")
-    report = QADemoReport(source=work.source, block_size=block,
-                          document_tokens=len(work.document), ingest_seconds=ingest, ingest_chunks=chunks,
-                          ingest_reused=reused)
+    say(
+        "reopening the data directory (CPU tier empty, as after a restart): the first question reads the "
+        "document from disk, later ones from the CPU tier"
+    )
+    report = QADemoReport(
+        source=work.source,
+        block_size=block,
+        document_tokens=len(work.document),
+        ingest_seconds=ingest,
+        ingest_chunks=chunks,
+        ingest_reused=reused,
+    )
     with Memory(config=config) as memory:
         pc = PrefixCache(model, memory, compression="none")
         try:
             names = [f"q{i + 1}" for i in range(len(work.questions))]
-            bar = tqdm(list(zip(names, work.questions)), desc="questions", unit="req",
-                       disable=None if progress is None else not progress)
+            bar = tqdm(
+                list(zip(names, work.questions)),
+                desc="questions",
+                unit="req",
+                disable=None if progress is None else not progress,
+            )
             for name, question in bar:
                 report.requests.append(_one_request(model, pc, name, torch.cat([work.document, question])))
                 bar.set_postfix_str(f"speedup {report.requests[-1].speedup:.1f}x")
@@ -256,8 +314,9 @@ def _one_request(model: PreTrainedModel, pc: PrefixCache, name: str, prompt: tor
     warm_seconds = _elapsed(start, device)
     hits = {t: n - before.get(t, 0) for t, n in _chunk_hits(pc.memory).items() if n - before.get(t, 0)}
     diff = (cold - warm.logits[0, -1].float()).abs().max().item()
-    return RequestResult(name, ids.shape[1], cold_seconds, warm_seconds, warm.reused_tokens, warm.computed_tokens,
-                         hits, diff)
+    return RequestResult(
+        name, ids.shape[1], cold_seconds, warm_seconds, warm.reused_tokens, warm.computed_tokens, hits, diff
+    )
 
 
 @torch.no_grad()
@@ -294,30 +353,63 @@ def _chunk_hits(memory: Memory) -> dict[str, int]:
 # -- report -----------------------------------------------------------------------------------------
 def render_qa_report(report: QADemoReport) -> str:
     """Per-request table, summary and verdict."""
-    rows = [[r.name, r.prompt_tokens, f"{r.cold_seconds:.3f} s", f"{r.warm_seconds:.3f} s", r.reused_tokens,
-             r.computed_tokens, _tiers(r.chunk_hits), f"{r.speedup:.1f}x", f"{r.max_abs_diff:.1e}"]
-            for r in report.requests]
+    rows = [
+        [
+            r.name,
+            r.prompt_tokens,
+            f"{r.cold_seconds:.3f} s",
+            f"{r.warm_seconds:.3f} s",
+            r.reused_tokens,
+            r.computed_tokens,
+            _tiers(r.chunk_hits),
+            f"{r.speedup:.1f}x",
+            f"{r.max_abs_diff:.1e}",
+        ]
+        for r in report.requests
+    ]
     chunks = report.ingest_chunks
     stored = f"{chunks} chunk{'s' * (chunks != 1)} of {report.block_size} tokens"
-    ingest = (f"ingest: {report.ingest_reused} of {report.document_tokens} document tokens were already stored (an "
-              f"earlier run); the rest prefilled in {report.ingest_seconds:.2f} s; {stored} in store"
-              if report.ingest_reused else
-              f"ingest: {report.document_tokens} document tokens prefilled once in {report.ingest_seconds:.2f} s; "
-              f"{stored} stored")
-    lines = [ingest, "",
-             render_table(["request", "prompt", "cold TTFT", "warm TTFT", "reused", "computed", "chunks from",
-                           "speedup", "max |dlogit|"], rows), ""]
+    ingest = (
+        f"ingest: {report.ingest_reused} of {report.document_tokens} document tokens were already stored (an "
+        f"earlier run); the rest prefilled in {report.ingest_seconds:.2f} s; {stored} in store"
+        if report.ingest_reused
+        else f"ingest: {report.document_tokens} document tokens prefilled once in {report.ingest_seconds:.2f} s; "
+        f"{stored} stored"
+    )
+    lines = [
+        ingest,
+        "",
+        render_table(
+            [
+                "request",
+                "prompt",
+                "cold TTFT",
+                "warm TTFT",
+                "reused",
+                "computed",
+                "chunks from",
+                "speedup",
+                "max |dlogit|",
+            ],
+            rows,
+        ),
+        "",
+    ]
     cold = statistics.median(r.cold_seconds for r in report.requests) if report.requests else 0.0
     warm = statistics.median(r.warm_seconds for r in report.requests) if report.requests else 0.0
     reused, total = (sum(r.reused_tokens for r in report.requests), sum(r.prompt_tokens for r in report.requests))
-    lines += [f"median speedup  {report.median_speedup:.1f}x (cold {cold:.3f} s -> warm {warm:.3f} s)",
-              f"hit rate        {format_percent(reused, total)} of prompt tokens loaded, not computed "
-              f"({reused} of {total})",
-              f"tier hits       {_tiers(report.chunk_hits)} (chunks)", ""]
+    lines += [
+        f"median speedup  {report.median_speedup:.1f}x (cold {cold:.3f} s -> warm {warm:.3f} s)",
+        f"hit rate        {format_percent(reused, total)} of prompt tokens loaded, not computed ({reused} of {total})",
+        f"tier hits       {_tiers(report.chunk_hits)} (chunks)",
+        "",
+    ]
     verdict = "OK" if report.ok else "FAILED"
     relation = "<=" if report.ok else "exceeds"
-    lines.append(f"{verdict}: warm vs cold logits of the last position: max abs diff {report.max_abs_diff:.1e} "
-                 f"({relation} {report.tolerance:.0e})")
+    lines.append(
+        f"{verdict}: warm vs cold logits of the last position: max abs diff {report.max_abs_diff:.1e} "
+        f"({relation} {report.tolerance:.0e})"
+    )
     return "\n".join(lines)
 
 

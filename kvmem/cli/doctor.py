@@ -27,8 +27,18 @@ from kvmem.cli.doctor_snapshot import KVChunkGroup, LiveMetrics, Snapshot, take_
 from kvmem.cli.table import format_percent
 from kvmem.config import format_size
 
-__all__ = ["Finding", "Severity", "Snapshot", "Thresholds", "check", "diagnose", "format_number", "render_findings",
-           "take_snapshot", "RULES"]
+__all__ = [
+    "Finding",
+    "Severity",
+    "Snapshot",
+    "Thresholds",
+    "check",
+    "diagnose",
+    "format_number",
+    "render_findings",
+    "take_snapshot",
+    "RULES",
+]
 
 Severity = Literal["ok", "info", "warn"]
 Number = int | float | str
@@ -86,43 +96,86 @@ def check_prefetch(s: Snapshot, t: Thresholds) -> list[Finding]:
     depth = s.config.prefetch_depth
     if s.live is None:
         if depth == 0 and any(g.reused for g in s.kv):
-            return [Finding("prefetch", "warn", "prefetch is off while stored KV chunks are reused",
-                            {"prefetch_depth": depth, "reused_chunks": sum(g.reused for g in s.kv)},
-                            "prefetch_depth: 0 -> 3, and call PrefixCache.prefetch(ids) when a request is queued")]
-        return [Finding("prefetch", "info", "latency and chunk hits are per process: judge them where the model "
-                        "runs, with kvmem.cli.doctor.diagnose(memory)", {"prefetch_depth": depth})]
+            return [
+                Finding(
+                    "prefetch",
+                    "warn",
+                    "prefetch is off while stored KV chunks are reused",
+                    {"prefetch_depth": depth, "reused_chunks": sum(g.reused for g in s.kv)},
+                    "prefetch_depth: 0 -> 3, and call PrefixCache.prefetch(ids) when a request is queued",
+                )
+            ]
+        return [
+            Finding(
+                "prefetch",
+                "info",
+                "latency and chunk hits are per process: judge them where the model "
+                "runs, with kvmem.cli.doctor.diagnose(memory)",
+                {"prefetch_depth": depth},
+            )
+        ]
     live = s.live
     hits = sum(live.chunk_hits.values())
     if hits < t.min_samples:
-        return [Finding("prefetch", "info", f"too little KV traffic in this process to judge ({hits} chunk hits)",
-                        {"chunk_hits": hits, "prefetch_depth": depth})]
+        return [
+            Finding(
+                "prefetch",
+                "info",
+                f"too little KV traffic in this process to judge ({hits} chunk hits)",
+                {"chunk_hits": hits, "prefetch_depth": depth},
+            )
+        ]
     slow = sum(n for tier, n in live.chunk_hits.items() if _persistent(s, tier))
-    numbers: dict[str, Number] = {"ttft_mean_s": live.ttft.mean, "ttft_p90_s": live.ttft.p90,
-                                  **{f"chunk_hits_{k}": v for k, v in sorted(live.chunk_hits.items())},
-                                  "from_disk_share": slow / hits, "prefetches": live.prefetch.count,
-                                  "prefetch_mean_s": live.prefetch.mean, "prefetch_depth": depth}
+    numbers: dict[str, Number] = {
+        "ttft_mean_s": live.ttft.mean,
+        "ttft_p90_s": live.ttft.p90,
+        **{f"chunk_hits_{k}": v for k, v in sorted(live.chunk_hits.items())},
+        "from_disk_share": slow / hits,
+        "prefetches": live.prefetch.count,
+        "prefetch_mean_s": live.prefetch.mean,
+        "prefetch_depth": depth,
+    }
     if slow / hits < t.slow_tier_share:
         return [Finding("prefetch", "ok", "KV chunks are mostly served from memory tiers", numbers)]
     if live.ttft.mean < t.slow_ttft_s:
-        return [Finding("prefetch", "info", "KV chunks mostly come from disk, but first tokens are still fast",
-                        numbers)]
+        return [
+            Finding("prefetch", "info", "KV chunks mostly come from disk, but first tokens are still fast", numbers)
+        ]
     action = f"prefetch_depth: {depth} -> {max(3, 2 * depth)}"
     if not live.prefetch.count:
         action += "; no prefetch ran in this process: call PrefixCache.prefetch(ids) when a request is queued"
-    return [Finding("prefetch", "warn", "high first-token latency with KV chunks mostly read from disk "
-                    "(prefetch missed them)", numbers, action)]
+    return [
+        Finding(
+            "prefetch",
+            "warn",
+            "high first-token latency with KV chunks mostly read from disk (prefetch missed them)",
+            numbers,
+            action,
+        )
+    ]
 
 
 # -- (b) block size -------------------------------------------------------------------------
 def check_block_size(s: Snapshot, t: Thresholds) -> list[Finding]:
     """Chunk granularity against prompt lengths, stale block sizes, and never-reused chunks."""
     block = s.config.block_size
-    out = [Finding("block_size", "info", f"{g.chunks} KV chunks were stored with block_size {g.block_size}, not "
-                   f"the configured {block}: a PrefixCache using the config never finds them",
-                   {"block_size": block, "other_block_size": g.block_size, "other_chunks": g.chunks,
-                    "other_bytes": g.stored_bytes},
-                   f"block_size: {block} -> {g.block_size} to reuse them, or let them age out")
-           for g in s.kv if g.block_size != block and g.chunks]
+    out = [
+        Finding(
+            "block_size",
+            "info",
+            f"{g.chunks} KV chunks were stored with block_size {g.block_size}, not "
+            f"the configured {block}: a PrefixCache using the config never finds them",
+            {
+                "block_size": block,
+                "other_block_size": g.block_size,
+                "other_chunks": g.chunks,
+                "other_bytes": g.stored_bytes,
+            },
+            f"block_size: {block} -> {g.block_size} to reuse them, or let them age out",
+        )
+        for g in s.kv
+        if g.block_size != block and g.chunks
+    ]
     if s.live is not None:
         out += _prompt_granularity(s.live, block, t)
     for group in s.kv:
@@ -146,39 +199,77 @@ def _prompt_granularity(live: LiveMetrics, block: int, t: Thresholds) -> list[Fi
         return []
     tokens = requested / prefills
     per_prompt = tokens / block
-    numbers: dict[str, Number] = {"block_size": block, "prompt_tokens_mean": round(tokens, 1),
-                                  "chunks_per_prompt": round(per_prompt, 2),
-                                  "reused_share": live.kv_tokens.get("reused", 0) / requested}
+    numbers: dict[str, Number] = {
+        "block_size": block,
+        "prompt_tokens_mean": round(tokens, 1),
+        "chunks_per_prompt": round(per_prompt, 2),
+        "reused_share": live.kv_tokens.get("reused", 0) / requested,
+    }
     smaller = _pow2_floor(tokens / 8)
     if per_prompt < t.min_chunks_per_prompt and 16 <= smaller < block:
         numbers["tail_share"] = min(1.0, block / 2 / tokens)
-        return [Finding("block_size", "warn", f"block_size {block} is coarse for prompts of ~{tokens:.0f} tokens: "
-                        "the trailing partial chunk (block_size/2 tokens on average) is always recomputed",
-                        numbers, f"block_size: {block} -> {smaller}")]
+        return [
+            Finding(
+                "block_size",
+                "warn",
+                f"block_size {block} is coarse for prompts of ~{tokens:.0f} tokens: "
+                "the trailing partial chunk (block_size/2 tokens on average) is always recomputed",
+                numbers,
+                f"block_size: {block} -> {smaller}",
+            )
+        ]
     if per_prompt > t.max_chunks_per_prompt:
         larger = _pow2_floor(tokens / 64)
-        return [Finding("block_size", "info", f"block_size {block} is fine-grained: ~{per_prompt:.0f} chunks "
-                        "per prompt, each its own catalog row and load", numbers,
-                        f"block_size: {block} -> {larger}")]
+        return [
+            Finding(
+                "block_size",
+                "info",
+                f"block_size {block} is fine-grained: ~{per_prompt:.0f} chunks "
+                "per prompt, each its own catalog row and load",
+                numbers,
+                f"block_size: {block} -> {larger}",
+            )
+        ]
     return []
 
 
 def _fragmentation(g: KVChunkGroup, t: Thresholds) -> list[Finding]:
     never = g.chunks - g.reused
-    numbers: dict[str, Number] = {"block_size": g.block_size, "kv_chunks": g.chunks, "never_reused": never,
-                                  "never_reused_share": never / g.chunks, "kv_bytes": g.stored_bytes,
-                                  "never_reused_bytes": g.stored_bytes - g.reused_bytes, "chunk_hits": g.hits,
-                                  "re_stored": g.re_stored}
+    numbers: dict[str, Number] = {
+        "block_size": g.block_size,
+        "kv_chunks": g.chunks,
+        "never_reused": never,
+        "never_reused_share": never / g.chunks,
+        "kv_bytes": g.stored_bytes,
+        "never_reused_bytes": g.stored_bytes - g.reused_bytes,
+        "chunk_hits": g.hits,
+        "re_stored": g.re_stored,
+    }
     if never / g.chunks < t.fragmented_share:
         return []
     smaller = max(16, g.block_size // 2)
     change = f"block_size: {g.block_size} -> {smaller}" if smaller < g.block_size else ""
     if not g.reused:
-        return [Finding("block_size", "info", f"none of {g.chunks} stored KV chunks was ever reused: no prompts "
-                        f"shared a prefix of {g.block_size} tokens", numbers,
-                        change and f"if prompts share shorter prefixes: {change}")]
-    return [Finding("block_size", "warn", f"fragmented: {format_percent(never, g.chunks)} of KV chunks were never "
-                    "reused, while a few are: shared prefixes end inside chunks", numbers, change)]
+        return [
+            Finding(
+                "block_size",
+                "info",
+                f"none of {g.chunks} stored KV chunks was ever reused: no prompts "
+                f"shared a prefix of {g.block_size} tokens",
+                numbers,
+                change and f"if prompts share shorter prefixes: {change}",
+            )
+        ]
+    return [
+        Finding(
+            "block_size",
+            "warn",
+            f"fragmented: {format_percent(never, g.chunks)} of KV chunks were never "
+            "reused, while a few are: shared prefixes end inside chunks",
+            numbers,
+            change,
+        )
+    ]
 
 
 # -- (c) pipeline ---------------------------------------------------------------------------------
@@ -186,8 +277,11 @@ def check_pipeline(s: Snapshot, t: Thresholds) -> list[Finding]:
     """Stores slowed by I/O: fsync per write, synchronous write-through, a full write-back queue."""
     c = s.config
     store = s.live.store if s.live is not None else None
-    numbers: dict[str, Number] = {"write_policy": c.write_policy, "fsync": c.fsync,
-                                  "write_back_queue": c.write_back_queue}
+    numbers: dict[str, Number] = {
+        "write_policy": c.write_policy,
+        "fsync": c.fsync,
+        "write_back_queue": c.write_back_queue,
+    }
     if store is not None:
         numbers.update(stores=store.count, store_mean_s=store.mean, store_p90_s=store.p90)
     measured = store is not None and store.count >= t.min_samples
@@ -195,19 +289,42 @@ def check_pipeline(s: Snapshot, t: Thresholds) -> list[Finding]:
     slow = measured and p90_ms >= 1e3 * t.slow_store_s
     out = []
     if c.fsync == "always":
-        out.append(Finding("pipeline", "warn", "every store waits for its own fsync", numbers,
-                           "fsync: always -> batch (one fsync per flush; writes stay atomic)"))
+        out.append(
+            Finding(
+                "pipeline",
+                "warn",
+                "every store waits for its own fsync",
+                numbers,
+                "fsync: always -> batch (one fsync per flush; writes stay atomic)",
+            )
+        )
     if slow and c.write_policy == "through":
-        out.append(Finding("pipeline", "warn", f"stores take {p90_ms:.0f} ms (p90) writing through to "
-                           "persistent tiers while the caller waits", numbers,
-                           "write_policy: through -> back (disk writes leave the request path)"))
+        out.append(
+            Finding(
+                "pipeline",
+                "warn",
+                f"stores take {p90_ms:.0f} ms (p90) writing through to persistent tiers while the caller waits",
+                numbers,
+                "write_policy: through -> back (disk writes leave the request path)",
+            )
+        )
     elif slow and c.write_policy == "back":
-        out.append(Finding("pipeline", "warn", f"stores take {p90_ms:.0f} ms (p90) with write-back: "
-                           "the write-back queue is full and stores wait for room", numbers,
-                           f"write_back_queue: {c.write_back_queue} -> {2 * c.write_back_queue}, or a faster disk"))
+        out.append(
+            Finding(
+                "pipeline",
+                "warn",
+                f"stores take {p90_ms:.0f} ms (p90) with write-back: "
+                "the write-back queue is full and stores wait for room",
+                numbers,
+                f"write_back_queue: {c.write_back_queue} -> {2 * c.write_back_queue}, or a faster disk",
+            )
+        )
     if not out:
-        what = "store latency is fine" if measured else "no I/O contention in the config (store latency is judged " \
-            "in-process)"
+        what = (
+            "store latency is fine"
+            if measured
+            else "no I/O contention in the config (store latency is judged in-process)"
+        )
         out.append(Finding("pipeline", "ok", what, numbers))
     return out
 
@@ -220,29 +337,55 @@ def check_capacity(s: Snapshot, t: Thresholds) -> list[Finding]:
     cpu = s.tier("cpu")
     if cpu is not None and s.hot_bytes > cpu.capacity * c.offload_threshold:
         want = _size_setting(int(s.hot_bytes * 1.25 / c.offload_threshold))
-        out.append(Finding("capacity", "warn", "the reused set is larger than the CPU tier keeps: reused entries "
-                           "are demoted and read back from disk",
-                           {"hot_entries": s.hot_entries, "hot_bytes": s.hot_bytes, "cpu_bytes": cpu.capacity,
-                            "offload_threshold": c.offload_threshold},
-                           f"cpu_bytes: {_size_setting(cpu.capacity)} -> {want}"))
+        out.append(
+            Finding(
+                "capacity",
+                "warn",
+                "the reused set is larger than the CPU tier keeps: reused entries are demoted and read back from disk",
+                {
+                    "hot_entries": s.hot_entries,
+                    "hot_bytes": s.hot_bytes,
+                    "cpu_bytes": cpu.capacity,
+                    "offload_threshold": c.offload_threshold,
+                },
+                f"cpu_bytes: {_size_setting(cpu.capacity)} -> {want}",
+            )
+        )
     for tier in s.tiers:
         if tier.persistent and tier.capacity and tier.usage >= t.full_share * tier.capacity:
-            out.append(Finding("capacity", "warn", f"tier {tier.name} is {format_percent(tier.usage, tier.capacity)} "
-                               "full: new stores evict its least recently used entries",
-                               {f"{tier.name}_usage_bytes": tier.usage, f"{tier.name}_capacity_bytes": tier.capacity},
-                               f"{tier.name}_bytes: {_size_setting(tier.capacity)} -> "
-                               f"{_size_setting(2 * tier.capacity)}, or kvmem gc"))
+            out.append(
+                Finding(
+                    "capacity",
+                    "warn",
+                    f"tier {tier.name} is {format_percent(tier.usage, tier.capacity)} "
+                    "full: new stores evict its least recently used entries",
+                    {f"{tier.name}_usage_bytes": tier.usage, f"{tier.name}_capacity_bytes": tier.capacity},
+                    f"{tier.name}_bytes: {_size_setting(tier.capacity)} -> "
+                    f"{_size_setting(2 * tier.capacity)}, or kvmem gc",
+                )
+            )
     if s.live is not None:
         out += _churn(s, s.live, t)
     if c.offload_threshold < 0.5:
-        out.append(Finding("capacity", "info", f"offload_threshold {c.offload_threshold} demotes early: "
-                           "most of each memory tier stays empty", {"offload_threshold": c.offload_threshold},
-                           f"offload_threshold: {c.offload_threshold} -> 0.7"))
+        out.append(
+            Finding(
+                "capacity",
+                "info",
+                f"offload_threshold {c.offload_threshold} demotes early: most of each memory tier stays empty",
+                {"offload_threshold": c.offload_threshold},
+                f"offload_threshold: {c.offload_threshold} -> 0.7",
+            )
+        )
     if not out:
         numbers: dict[str, Number] = {"hot_bytes": s.hot_bytes}
         # out of process, memory tiers are empty: only persistent tiers' usage means anything
-        numbers.update({f"{x.name}_usage_share": x.usage / x.capacity for x in s.tiers
-                        if x.capacity and (x.persistent or s.live is not None)})
+        numbers.update(
+            {
+                f"{x.name}_usage_share": x.usage / x.capacity
+                for x in s.tiers
+                if x.capacity and (x.persistent or s.live is not None)
+            }
+        )
         out.append(Finding("capacity", "ok", "tiers have room for what is reused", numbers))
     return out
 
@@ -252,19 +395,29 @@ def _churn(s: Snapshot, live: LiveMetrics, t: Thresholds) -> list[Finding]:
     basis = max(live.store.count, sum(live.promotions.values()))
     if moved < t.min_samples or moved < t.churn_ratio * basis:
         return []
-    numbers: dict[str, Number] = {**{f"demotions_{k}": v for k, v in sorted(live.demotions.items())},
-                                  **{f"evictions_{k}": v for k, v in sorted(live.evictions.items())},
-                                  **{f"promotions_{k}": v for k, v in sorted(live.promotions.items())},
-                                  "stores": live.store.count, "ttft_mean_s": live.ttft.mean}
+    numbers: dict[str, Number] = {
+        **{f"demotions_{k}": v for k, v in sorted(live.demotions.items())},
+        **{f"evictions_{k}": v for k, v in sorted(live.evictions.items())},
+        **{f"promotions_{k}": v for k, v in sorted(live.promotions.items())},
+        "stores": live.store.count,
+        "ttft_mean_s": live.ttft.mean,
+    }
     first = next((x for x in s.tiers if not x.persistent), None) or (s.tiers[0] if s.tiers else None)
     if first is None:
         return []
     setting = "cpu_bytes" if first.name == "cpu" else f"{first.name}_bytes"
-    return [Finding("capacity", "warn", f"entries churn through the tiers ({moved} demotions/evictions for "
-                    f"{basis} stores/promotions): long contexts keep being moved down and read back", numbers,
-                    f"{setting}: {_size_setting(first.capacity)} -> {_size_setting(2 * first.capacity)}, "
-                    f"or offload_threshold: {s.config.offload_threshold} -> "
-                    f"{min(0.9, round(s.config.offload_threshold + 0.15, 2))}")]
+    return [
+        Finding(
+            "capacity",
+            "warn",
+            f"entries churn through the tiers ({moved} demotions/evictions for "
+            f"{basis} stores/promotions): long contexts keep being moved down and read back",
+            numbers,
+            f"{setting}: {_size_setting(first.capacity)} -> {_size_setting(2 * first.capacity)}, "
+            f"or offload_threshold: {s.config.offload_threshold} -> "
+            f"{min(0.9, round(s.config.offload_threshold + 0.15, 2))}",
+        )
+    ]
 
 
 # -- (e) integrity ---------------------------------------------------------------------------------------
@@ -272,33 +425,59 @@ def check_integrity(s: Snapshot, t: Thresholds) -> list[Finding]:
     """CRC failures and quarantined entries; tiers that fail; damaged metadata files set aside; a blob-format
     migration left unfinished."""
     crc = sum(s.live.crc_failures.values()) if s.live is not None else 0
-    numbers: dict[str, Number] = {"quarantined_rows": s.quarantined_rows, "quarantine_files": s.quarantine_files,
-                                  "quarantine_bytes": s.quarantine_bytes}
+    numbers: dict[str, Number] = {
+        "quarantined_rows": s.quarantined_rows,
+        "quarantine_files": s.quarantine_files,
+        "quarantine_bytes": s.quarantine_bytes,
+    }
     if s.live is not None:
         numbers["crc_failures"] = crc
     out = []
     if crc or s.quarantined_rows or s.quarantine_files:
-        out.append(Finding("integrity", "warn", "corrupt entries were found and quarantined", numbers,
-                           "run `kvmem verify --fix`, then `kvmem gc`; if it recurs, check the disk "
-                           "(dmesg, SMART, free space)"))
+        out.append(
+            Finding(
+                "integrity",
+                "warn",
+                "corrupt entries were found and quarantined",
+                numbers,
+                "run `kvmem verify --fix`, then `kvmem gc`; if it recurs, check the disk (dmesg, SMART, free space)",
+            )
+        )
     errors = dict(s.live.tier_errors) if s.live is not None else {}
     down = [x.name for x in s.tiers if not x.healthy]
     if errors or down:
         failing = sorted(set(errors) | set(down))
-        out.append(Finding("integrity", "warn", f"tier(s) {', '.join(failing)} failed and were skipped",
-                           {**{f"tier_errors_{k}": v for k, v in sorted(errors.items())},
-                            "unhealthy": ",".join(down) or "-"},
-                           "check the failing tier: disk space and permissions, Redis / PostgreSQL reachability"))
+        out.append(
+            Finding(
+                "integrity",
+                "warn",
+                f"tier(s) {', '.join(failing)} failed and were skipped",
+                {**{f"tier_errors_{k}": v for k, v in sorted(errors.items())}, "unhealthy": ",".join(down) or "-"},
+                "check the failing tier: disk space and permissions, Redis / PostgreSQL reachability",
+            )
+        )
     out += _set_aside(s)
     areas = s.disk_areas
     if areas is not None and areas.target is not None:
-        out.append(Finding("integrity", "warn", f"a blob-format migration to format {areas.target_format} is under "
-                           f"way (area {areas.target}); entries are read from both areas until it finishes",
-                           {"active_format": areas.format, "target_format": areas.target_format or 0},
-                           f"finish it: `kvmem migrate --to-format {areas.target_format}` (resumes where it stopped)"))
+        out.append(
+            Finding(
+                "integrity",
+                "warn",
+                f"a blob-format migration to format {areas.target_format} is under "
+                f"way (area {areas.target}); entries are read from both areas until it finishes",
+                {"active_format": areas.format, "target_format": areas.target_format or 0},
+                f"finish it: `kvmem migrate --to-format {areas.target_format}` (resumes where it stopped)",
+            )
+        )
     if not out:
-        out.append(Finding("integrity", "ok", "nothing quarantined, no failing tiers (`kvmem verify` reads every "
-                           "copy for a full CRC scan)", numbers))
+        out.append(
+            Finding(
+                "integrity",
+                "ok",
+                "nothing quarantined, no failing tiers (`kvmem verify` reads every copy for a full CRC scan)",
+                numbers,
+            )
+        )
     return out
 
 
@@ -307,13 +486,24 @@ def _set_aside(s: Snapshot) -> list[Finding]:
     if not s.set_aside:
         return []
     shown = ", ".join(s.set_aside[:3]) + (f" and {len(s.set_aside) - 3} more" if len(s.set_aside) > 3 else "")
-    return [Finding("integrity", "warn", f"{len(s.set_aside)} damaged metadata file(s) were set aside and rebuilt "
-                    f"from the blobs: {shown}", {"set_aside_files": len(s.set_aside)},
-                    "inspect them, then delete them; if it recurs, check the disk (dmesg, SMART, free space)")]
+    return [
+        Finding(
+            "integrity",
+            "warn",
+            f"{len(s.set_aside)} damaged metadata file(s) were set aside and rebuilt from the blobs: {shown}",
+            {"set_aside_files": len(s.set_aside)},
+            "inspect them, then delete them; if it recurs, check the disk (dmesg, SMART, free space)",
+        )
+    ]
 
 
 RULES: tuple[Callable[[Snapshot, Thresholds], list[Finding]], ...] = (
-    check_prefetch, check_block_size, check_pipeline, check_capacity, check_integrity)
+    check_prefetch,
+    check_block_size,
+    check_pipeline,
+    check_capacity,
+    check_integrity,
+)
 
 
 # -- helpers and rendering -----------------------------------------------------------------------------------
@@ -360,6 +550,9 @@ def render_findings(findings: list[Finding]) -> str:
         if f.recommendation:
             lines.append(" " * 17 + f"-> {f.recommendation}")
     warns = sum(f.severity == "warn" for f in findings)
-    lines += ["", f"{warns} warning{'s' * (warns != 1)}, "
-              f"{sum(f.severity == 'info' for f in findings)} info, {sum(f.severity == 'ok' for f in findings)} ok"]
+    lines += [
+        "",
+        f"{warns} warning{'s' * (warns != 1)}, "
+        f"{sum(f.severity == 'info' for f in findings)} info, {sum(f.severity == 'ok' for f in findings)} ok",
+    ]
     return "\n".join(lines)

@@ -29,8 +29,7 @@ from kvmem.recovery import set_aside_files
 from kvmem.stores import DiskTier
 from kvmem.stores.areas import AreaState
 
-__all__ = ["HistogramSummary", "KVChunkGroup", "LiveMetrics", "Snapshot", "TierState", "take_snapshot",
-           "kv_block_size"]
+__all__ = ["HistogramSummary", "KVChunkGroup", "LiveMetrics", "Snapshot", "TierState", "take_snapshot", "kv_block_size"]
 
 
 @dataclass(frozen=True)
@@ -127,17 +126,24 @@ def take_snapshot(memory: Memory, *, live: bool = True) -> Snapshot:
     stats = memory.stats()  # flushes buffered catalog hits first
     held = memory._tiers.tiers  # an operator's tool beside the core reads the tiers themselves
     persistent = {t.name: t.persistent for t in held}
-    tiers = tuple(TierState(t.name, t.usage, t.capacity, t.entries, t.healthy, persistent.get(t.name, False))
-                  for t in stats.tiers)
+    tiers = tuple(
+        TierState(t.name, t.usage, t.capacity, t.entries, t.healthy, persistent.get(t.name, False)) for t in stats.tiers
+    )
     files = [p for t in held for p in _quarantined(t)]
     totals, kv = _catalog_facts(memory)
     disk = next((t for t in held if isinstance(t, DiskTier)), None)
     root = Path(memory.config.path)
-    return Snapshot(config=memory.config, tiers=tiers, quarantine_files=len(files),
-                    quarantine_bytes=sum(_size(p) for p in files), kv=kv,
-                    live=_live(memory.metrics) if live else None,
-                    disk_areas=disk.areas if disk is not None else None,
-                    set_aside=tuple(str(p.relative_to(root)) for p in set_aside_files(root)), **totals)
+    return Snapshot(
+        config=memory.config,
+        tiers=tiers,
+        quarantine_files=len(files),
+        quarantine_bytes=sum(_size(p) for p in files),
+        kv=kv,
+        live=_live(memory.metrics) if live else None,
+        disk_areas=disk.areas if disk is not None else None,
+        set_aside=tuple(str(p.relative_to(root)) for p in set_aside_files(root)),
+        **totals,
+    )
 
 
 def _quarantined(tier: object) -> list[Path]:
@@ -155,10 +161,16 @@ def _size(path: Path) -> int:
 def _catalog_facts(memory: Memory) -> tuple[dict[str, int], tuple[KVChunkGroup, ...]]:
     """Catalog totals and KV chunk groups, from one aggregate query grouped by namespace."""
     hot = entries.c.hits > 0
-    stmt = select(entries.c.namespace, func.count(), func.coalesce(func.sum(entries.c.stored_size), 0),
-                  func.sum(case((hot, 1), else_=0)), func.sum(case((hot, entries.c.stored_size), else_=0)),
-                  func.coalesce(func.sum(entries.c.hits), 0), func.sum(case((entries.c.version > 1, 1), else_=0)),
-                  func.sum(case((entries.c.state == "quarantined", 1), else_=0))).group_by(entries.c.namespace)
+    stmt = select(
+        entries.c.namespace,
+        func.count(),
+        func.coalesce(func.sum(entries.c.stored_size), 0),
+        func.sum(case((hot, 1), else_=0)),
+        func.sum(case((hot, entries.c.stored_size), else_=0)),
+        func.coalesce(func.sum(entries.c.hits), 0),
+        func.sum(case((entries.c.version > 1, 1), else_=0)),
+        func.sum(case((entries.c.state == "quarantined", 1), else_=0)),
+    ).group_by(entries.c.namespace)
     try:
         with memory.database.connection() as conn:
             rows = [(str(r[0]), [int(v or 0) for v in r[1:]]) for r in conn.execute(stmt)]
@@ -180,15 +192,18 @@ def _catalog_facts(memory: Memory) -> tuple[dict[str, int], tuple[KVChunkGroup, 
 
 def _live(m: Metrics) -> LiveMetrics:
     return LiveMetrics(
-        ttft=_histogram(m, "kvmem_ttft_seconds"), prefetch=_histogram(m, "kvmem_prefetch_latency_seconds"),
-        store=_histogram(m, "kvmem_store_seconds"), load=_histogram(m, "kvmem_load_seconds"),
+        ttft=_histogram(m, "kvmem_ttft_seconds"),
+        prefetch=_histogram(m, "kvmem_prefetch_latency_seconds"),
+        store=_histogram(m, "kvmem_store_seconds"),
+        load=_histogram(m, "kvmem_load_seconds"),
         kv_tokens=_by_label(m, "kvmem_kv_tokens_total", "kind"),
         chunk_hits=_by_label(m, "kvmem_kv_chunk_hits_total", "tier"),
         evictions=_by_label(m, "kvmem_evictions_total", "tier"),
         demotions=_by_label(m, "kvmem_demotions_total", "tier"),
         promotions=_by_label(m, "kvmem_promotions_total", "tier"),
         crc_failures=_by_label(m, "kvmem_crc_failures_total", "tier"),
-        tier_errors=_by_label(m, "kvmem_tier_errors_total", "tier"))
+        tier_errors=_by_label(m, "kvmem_tier_errors_total", "tier"),
+    )
 
 
 def _by_label(m: Metrics, sample: str, label: str) -> dict[str, int]:

@@ -80,15 +80,22 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--json", action="store_true", help="machine-readable output")
         return p
 
-    demo = add("demo", cmd_demo, "time to first token with and without kvmem: one long document, several "
-                                 "questions, the document's KV reused (in a fresh temporary directory unless "
-                                 "--path is given)")
+    demo = add(
+        "demo",
+        cmd_demo,
+        "time to first token with and without kvmem: one long document, several "
+        "questions, the document's KV reused (in a fresh temporary directory unless "
+        "--path is given)",
+    )
     demo.add_argument("--doc-tokens", type=_positive_int, default=4096, help="document length (default: 4096)")
     demo.add_argument("--questions", type=_positive_int, default=4, help="questions asked (default: 4)")
     demo.add_argument("--model", metavar="PATH", help="local checkpoint directory (default: a small random Llama)")
     demo.add_argument("--keep", action="store_true", help="keep the temporary data directory")
-    demo.add_argument("--tiers", action="store_true", help="instead, store and reload a KV-sized workload "
-                                                           "through the tiers and report hits, demotions, GB/s")
+    demo.add_argument(
+        "--tiers",
+        action="store_true",
+        help="instead, store and reload a KV-sized workload through the tiers and report hits, demotions, GB/s",
+    )
     demo.add_argument("--chunks", type=_positive_int, default=24, help="with --tiers: KV chunks to store (default: 24)")
     add("stats", cmd_stats, "entries, bytes and per-tier usage", json_flag=True)
     ls = add("ls", cmd_ls, "list entries, most recently used first", json_flag=True)
@@ -97,23 +104,46 @@ def build_parser() -> argparse.ArgumentParser:
     verify = add("verify", cmd_verify, "check every stored copy's CRC against the catalog", json_flag=True)
     verify.add_argument("--fix", action="store_true", help="quarantine corrupt copies and repair the catalog")
     add("gc", cmd_gc, "drop catalog rows without data, empty the quarantine, enforce capacities", json_flag=True)
-    migrate = add("migrate", cmd_migrate, "rewrite the disk tier's entries in another blob format while they "
-                                          "are served: hottest first, resumable, then switched atomically",
-                  json_flag=True)
-    migrate.add_argument("--to-format", type=int, required=True, choices=blobfmt.FORMATS,
-                         help=f"blob format to write ({', '.join(map(str, blobfmt.FORMATS))})")
-    add("doctor", cmd_doctor, "check a data directory's config, catalog, tiers and quarantine against the "
-                              "tuning table; print findings, their numbers and the setting to change", json_flag=True)
-    add("config", cmd_config, "the effective configuration and where each value came from (passwords as ***)",
-        json_flag=True)
-    serve = add("serve-metrics", cmd_serve_metrics, "serve Prometheus /metrics of the data directory: usage "
-                                                    "and capacity of its disk and remote tiers, which every "
-                                                    "process shares; hits, misses, latencies and the CPU tier "
-                                                    "are per process: each serves them on its own metrics_port")
+    migrate = add(
+        "migrate",
+        cmd_migrate,
+        "rewrite the disk tier's entries in another blob format while they "
+        "are served: hottest first, resumable, then switched atomically",
+        json_flag=True,
+    )
+    migrate.add_argument(
+        "--to-format",
+        type=int,
+        required=True,
+        choices=blobfmt.FORMATS,
+        help=f"blob format to write ({', '.join(map(str, blobfmt.FORMATS))})",
+    )
+    add(
+        "doctor",
+        cmd_doctor,
+        "check a data directory's config, catalog, tiers and quarantine against the "
+        "tuning table; print findings, their numbers and the setting to change",
+        json_flag=True,
+    )
+    add(
+        "config",
+        cmd_config,
+        "the effective configuration and where each value came from (passwords as ***)",
+        json_flag=True,
+    )
+    serve = add(
+        "serve-metrics",
+        cmd_serve_metrics,
+        "serve Prometheus /metrics of the data directory: usage "
+        "and capacity of its disk and remote tiers, which every "
+        "process shares; hits, misses, latencies and the CPU tier "
+        "are per process: each serves them on its own metrics_port",
+    )
     serve.add_argument("--port", type=_non_negative_int, required=True, help="TCP port (0: any free port)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    serve.add_argument("--interval", type=_positive_float, default=5.0,
-                       help="seconds between usage refreshes (default 5)")
+    serve.add_argument(
+        "--interval", type=_positive_float, default=5.0, help="seconds between usage refreshes (default 5)"
+    )
     return parser
 
 
@@ -163,8 +193,10 @@ def _open_existing(args: argparse.Namespace, **settings: object) -> Memory:
     """
     config = _config(args)
     if config.catalog_url is None and not Path(config.path).is_dir():
-        raise ConfigError(f"path={config.path!r}: no kvmem data directory there; pass --path DIR of an "
-                          "existing one, or store something there first (e.g. kvmem demo --path DIR)")
+        raise ConfigError(
+            f"path={config.path!r}: no kvmem data directory there; pass --path DIR of an "
+            "existing one, or store something there first (e.g. kvmem demo --path DIR)"
+        )
     return Memory(config=config.replace(metrics_port=None, **settings))
 
 
@@ -201,19 +233,24 @@ def _demo_qa(args: argparse.Namespace, config: Config, where: str) -> int:
     try:
         from kvmem.cli import demo_qa as qa  # late: transformers is an optional extra, slow to import
     except ImportError as exc:
-        raise ConfigError(f"kvmem demo needs transformers ({exc}); install kvmem[kv], or run kvmem demo --tiers"
-                          ) from None
-    print("kvmem demo: time to first token of long-document questions, cold vs with the document's KV reused",
-          flush=True)
+        raise ConfigError(
+            f"kvmem demo needs transformers ({exc}); install kvmem[kv], or run kvmem demo --tiers"
+        ) from None
+    print(
+        "kvmem demo: time to first token of long-document questions, cold vs with the document's KV reused", flush=True
+    )
     if args.model:
         model, tokenizer = qa.load_local_model(args.model)
         origin = args.model
     else:
         model, tokenizer, origin = qa.build_demo_model(), None, "random weights from a config, seed 0"
     work = qa.make_workload(model, args.doc_tokens, args.questions, tokenizer=tokenizer)
-    print(f"model           {qa.describe_model(model, origin)}\n"
-          f"workload        1 document of {len(work.document)} tokens + {qa.question_summary(work.questions)}; "
-          f"{work.source}\ndata directory  {where}\n", flush=True)
+    print(
+        f"model           {qa.describe_model(model, origin)}\n"
+        f"workload        1 document of {len(work.document)} tokens + {qa.question_summary(work.questions)}; "
+        f"{work.source}\ndata directory  {where}\n",
+        flush=True,
+    )
     report = qa.run_qa_demo(model, config, work, say=lambda line: print(line, flush=True))
     print()
     print(qa.render_qa_report(report))
@@ -227,17 +264,40 @@ def cmd_stats(args: argparse.Namespace) -> int:
         st = memory.stats()
         path, catalog = memory.config.path, memory.database.shown_url
     if args.json:
-        _print_json({"path": path, "entries": st.entries, "size": st.size, "stored_size": st.stored_size,
-                     "recorded_hits": st.recorded_hits, "tiers": [dataclasses.asdict(t) for t in st.tiers]})
+        _print_json(
+            {
+                "path": path,
+                "entries": st.entries,
+                "size": st.size,
+                "stored_size": st.stored_size,
+                "recorded_hits": st.recorded_hits,
+                "tiers": [dataclasses.asdict(t) for t in st.tiers],
+            }
+        )
         return EXIT_OK
     ratio = f" (compression ratio {st.size / st.stored_size:.2f})" if st.stored_size else ""
-    print(f"data directory  {path}\ncatalog         {catalog}\nentries         {st.entries}\n"
-          f"bytes raw       {format_size(st.size)} ({st.size} B)\n"
-          f"bytes stored    {format_size(st.stored_size)} ({st.stored_size} B){ratio}\n"
-          f"hits recorded   {st.recorded_hits}\n")
-    print(render_table(["tier", "usage", "capacity", "used", "entries", "healthy"],
-                       [[t.name, format_size(t.usage), format_size(t.capacity), format_percent(t.usage, t.capacity),
-                         t.entries, "yes" if t.healthy else "no"] for t in st.tiers]))
+    print(
+        f"data directory  {path}\ncatalog         {catalog}\nentries         {st.entries}\n"
+        f"bytes raw       {format_size(st.size)} ({st.size} B)\n"
+        f"bytes stored    {format_size(st.stored_size)} ({st.stored_size} B){ratio}\n"
+        f"hits recorded   {st.recorded_hits}\n"
+    )
+    print(
+        render_table(
+            ["tier", "usage", "capacity", "used", "entries", "healthy"],
+            [
+                [
+                    t.name,
+                    format_size(t.usage),
+                    format_size(t.capacity),
+                    format_percent(t.usage, t.capacity),
+                    t.entries,
+                    "yes" if t.healthy else "no",
+                ]
+                for t in st.tiers
+            ],
+        )
+    )
     return EXIT_OK
 
 
@@ -246,27 +306,40 @@ def cmd_ls(args: argparse.Namespace) -> int:
     with _open_existing(args) as memory:
         rows = list(memory.entries(args.namespace, args.limit + 1 if args.limit else None))
     more = bool(args.limit) and len(rows) > args.limit
-    rows = rows[:args.limit] if args.limit else rows
+    rows = rows[: args.limit] if args.limit else rows
     if args.json:
         _print_json([dataclasses.asdict(e) for e in rows])
         return EXIT_OK
-    print(render_table(["key", "namespace", "user key", "kind", "size", "stored", "codec", "version", "hits",
-                        "last access"], [_ls_row(e) for e in rows]))
+    print(
+        render_table(
+            ["key", "namespace", "user key", "kind", "size", "stored", "codec", "version", "hits", "last access"],
+            [_ls_row(e) for e in rows],
+        )
+    )
     if more:
         print(f"(first {args.limit} shown; --limit 0 lists all)")
     return EXIT_OK
 
 
 def _ls_row(e: EntryInfo) -> list[object]:
-    return [e.key[:12], _preview(e.namespace, 20), _preview(e.user_key, 28), e.kind, format_size(e.size),
-            format_size(e.stored_size), e.codec, e.version, e.hits,
-            datetime.fromtimestamp(e.last_access).strftime("%Y-%m-%d %H:%M:%S")]
+    return [
+        e.key[:12],
+        _preview(e.namespace, 20),
+        _preview(e.user_key, 28),
+        e.kind,
+        format_size(e.size),
+        format_size(e.stored_size),
+        e.codec,
+        e.version,
+        e.hits,
+        datetime.fromtimestamp(e.last_access).strftime("%Y-%m-%d %H:%M:%S"),
+    ]
 
 
 def _preview(text: str, width: int) -> str:
     """``text`` with control characters escaped, cut to ``width`` characters."""
     shown = text if text.isprintable() else repr(text)[1:-1]
-    return shown if len(shown) <= width else shown[:width - 3] + "..."
+    return shown if len(shown) <= width else shown[: width - 3] + "..."
 
 
 # -- verify / gc --------------------------------------------------------------------------
@@ -276,15 +349,26 @@ def cmd_verify(args: argparse.Namespace) -> int:
         report = memory.verify(fix=args.fix, progress=sys.stderr.isatty() and not args.json)
     status = EXIT_OK if report.ok or report.fixed else EXIT_PROBLEMS
     if args.json:
-        _print_json({"checked": report.checked, "ok": report.ok, "fixed": report.fixed,
-                     "corrupt": [{"tier": t, "key": k, "reason": r} for t, k, r in report.corrupt],
-                     "orphans": report.orphans, "missing": report.missing})
+        _print_json(
+            {
+                "checked": report.checked,
+                "ok": report.ok,
+                "fixed": report.fixed,
+                "corrupt": [{"tier": t, "key": k, "reason": r} for t, k, r in report.corrupt],
+                "orphans": report.orphans,
+                "missing": report.missing,
+            }
+        )
         return status
-    print(f"checked {report.checked} stored copies: {len(report.corrupt)} corrupt, "
-          f"{len(report.orphans)} not in the catalog, {len(report.missing)} catalog entries without data")
-    problems = ([("corrupt", t, k, r) for t, k, r in report.corrupt]
-                + [("orphan", "", k, "held by a tier, missing from the catalog") for k in report.orphans]
-                + [("missing", "", k, "in the catalog, held by no tier") for k in report.missing])
+    print(
+        f"checked {report.checked} stored copies: {len(report.corrupt)} corrupt, "
+        f"{len(report.orphans)} not in the catalog, {len(report.missing)} catalog entries without data"
+    )
+    problems = (
+        [("corrupt", t, k, r) for t, k, r in report.corrupt]
+        + [("orphan", "", k, "held by a tier, missing from the catalog") for k in report.orphans]
+        + [("missing", "", k, "in the catalog, held by no tier") for k in report.missing]
+    )
     if problems:
         print(render_table(["problem", "tier", "key", "detail"], problems))
     if report.ok:
@@ -300,9 +384,13 @@ def cmd_gc(args: argparse.Namespace) -> int:
     """``kvmem gc``: reclaim what no entry needs."""
     with _open_existing(args) as memory:
         report = memory.gc()
-    return _print_report(args, report, f"removed {report.rows_removed} catalog rows without data; freed "
-                                       f"{format_size(report.quarantine_bytes_freed)} of quarantined entries; "
-                                       f"reclaimed {report.versions_reclaimed} pinned versions no pin holds")
+    return _print_report(
+        args,
+        report,
+        f"removed {report.rows_removed} catalog rows without data; freed "
+        f"{format_size(report.quarantine_bytes_freed)} of quarantined entries; "
+        f"reclaimed {report.versions_reclaimed} pinned versions no pin holds",
+    )
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -310,10 +398,14 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     with _open_existing(args) as memory:
         report = memory.migrate(args.to_format, progress=sys.stderr.isatty() and not args.json)
     resumed = "; resumed an interrupted run" if report.resumed else ""
-    return _print_report(args, report, f"disk tier in blob format {report.to_format} (area {report.area}): "
-                                       f"{report.migrated} entries rewritten, {report.present} already there, "
-                                       f"{report.vanished} deleted meanwhile, {report.corrupt} corrupt left "
-                                       f"behind{resumed}")
+    return _print_report(
+        args,
+        report,
+        f"disk tier in blob format {report.to_format} (area {report.area}): "
+        f"{report.migrated} entries rewritten, {report.present} already there, "
+        f"{report.vanished} deleted meanwhile, {report.corrupt} corrupt left "
+        f"behind{resumed}",
+    )
 
 
 def _print_report(args: argparse.Namespace, report: object, text: str) -> int:
@@ -336,8 +428,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         _print_json({"path": snapshot.config.path, "findings": [dataclasses.asdict(f) for f in findings]})
         return status
     kv_chunks = sum(g.chunks for g in snapshot.kv)
-    print(f"kvmem doctor: {snapshot.config.path}: {snapshot.entries} entries ({kv_chunks} KV chunks), "
-          f"{format_size(snapshot.stored_bytes)} stored\n")
+    print(
+        f"kvmem doctor: {snapshot.config.path}: {snapshot.entries} entries ({kv_chunks} KV chunks), "
+        f"{format_size(snapshot.stored_bytes)} stored\n"
+    )
     print(render_findings(findings))
     return status
 
@@ -369,8 +463,10 @@ def cmd_serve_metrics(args: argparse.Namespace) -> int:
     """
     config = _config(args)
     if not config.disk_bytes and not config.remote_url:
-        raise ConfigError(f"serve-metrics: {config.path} has no disk tier (disk_bytes=0) and no remote_url: "
-                          "nothing there is shared between processes; each serves its own with metrics_port")
+        raise ConfigError(
+            f"serve-metrics: {config.path} has no disk tier (disk_bytes=0) and no remote_url: "
+            "nothing there is shared between processes; each serves its own with metrics_port"
+        )
     with _open_existing(args, cpu_bytes=0, gpu_bytes=0) as memory:
         exporter = Exporter(memory.metrics.registry.restricted_registry(_SHARED_METRICS), args.host, args.port)
         print(f"serving {exporter.url} for {memory.config.path} (Ctrl-C to stop)", flush=True)

@@ -72,6 +72,8 @@ def parse_codec(spec: str | None, field_name: str = "codec") -> CodecSpec:
     use_lz4 = "lz4" in parts
     rest = [p for p in parts if p != "lz4"]
     if len(rest) > 1 or parts.count("lz4") > 1 or (rest and rest[0] not in _TENSOR_CODECS):
-        raise err(f"{field_name}={spec!r}: accepted one of {', '.join(_TENSOR_CODECS)}, "
-                  "optionally with '+lz4' (e.g. 'int4+lz4'), or 'lz4' alone")
+        raise err(
+            f"{field_name}={spec!r}: accepted one of {', '.join(_TENSOR_CODECS)}, "
+            "optionally with '+lz4' (e.g. 'int4+lz4'), or 'lz4' alone"
+        )
     return CodecSpec(rest[0] if rest else "none", use_lz4)

@@ -28,8 +28,9 @@ class TensorCodec(Protocol):
         groups run along (-1: per token; -2: per channel, for attention keys)."""
         ...
 
-    def decode(self, parts: dict[str, torch.Tensor], meta: dict[str, Any],
-               dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    def decode(
+        self, parts: dict[str, torch.Tensor], meta: dict[str, Any], dtype: torch.dtype, shape: tuple[int, ...]
+    ) -> torch.Tensor:
         """Rebuild a tensor of ``dtype`` and ``shape`` from ``encode``'s output."""
         ...
 

@@ -23,8 +23,9 @@ class NoneCodec:
     def encode(self, t: torch.Tensor, axis: int) -> Encoded:
         return {"data": t}, {}
 
-    def decode(self, parts: dict[str, torch.Tensor], meta: dict[str, Any],
-               dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    def decode(
+        self, parts: dict[str, torch.Tensor], meta: dict[str, Any], dtype: torch.dtype, shape: tuple[int, ...]
+    ) -> torch.Tensor:
         return parts["data"]
 
 
@@ -46,11 +47,14 @@ class CastCodec:
         if self.target == torch.float16 and t.numel():
             peak = float(t.abs().max())
             if peak > _FP16_MAX:
-                raise CodecError(f"codec fp16: value {peak:.6g} is outside the fp16 range (±{_FP16_MAX:.0f}); "
-                                 "use bf16, int8 or none for this tensor")
+                raise CodecError(
+                    f"codec fp16: value {peak:.6g} is outside the fp16 range (±{_FP16_MAX:.0f}); "
+                    "use bf16, int8 or none for this tensor"
+                )
         return {"data": t.to(self.target)}, {}
 
-    def decode(self, parts: dict[str, torch.Tensor], meta: dict[str, Any],
-               dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    def decode(
+        self, parts: dict[str, torch.Tensor], meta: dict[str, Any], dtype: torch.dtype, shape: tuple[int, ...]
+    ) -> torch.Tensor:
         data = parts["data"]
         return data if data.dtype == dtype else data.to(dtype)

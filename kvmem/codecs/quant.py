@@ -93,8 +93,9 @@ class QuantCodec:
         tol = (hi - lo) / self.levels * (0.5 + _SLACK) + smallest * _FP32_EPS
         return bool((worst <= torch.where(hi > lo, tol, torch.zeros_like(tol))).all())
 
-    def decode(self, parts: dict[str, torch.Tensor], meta: dict[str, Any],
-               dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    def decode(
+        self, parts: dict[str, torch.Tensor], meta: dict[str, Any], dtype: torch.dtype, shape: tuple[int, ...]
+    ) -> torch.Tensor:
         if meta.get("raw"):
             return parts["data"]
         q = parts["q"]

@@ -75,8 +75,10 @@ def _flatten(value: object, path: str, leaves: list[_Leaf], axis_hint: int) -> A
         return {"T": len(leaves) - 1}
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:
-            raise UnsupportedValueError(f"numpy array of dtype {value.dtype} at {path or 'value'}: "
-                                        "object arrays cannot be stored; use a numeric dtype")
+            raise UnsupportedValueError(
+                f"numpy array of dtype {value.dtype} at {path or 'value'}: "
+                "object arrays cannot be stored; use a numeric dtype"
+            )
         leaves.append(_Leaf("ndarray", value))
         return {"N": len(leaves) - 1}
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -91,8 +93,9 @@ def _flatten(value: object, path: str, leaves: list[_Leaf], axis_hint: int) -> A
         items = []
         for k, v in value.items():
             if not isinstance(k, str):
-                raise UnsupportedValueError(f"dict key {k!r} ({type(k).__name__}) at {path or 'value'}: "
-                                            "dict keys must be str")
+                raise UnsupportedValueError(
+                    f"dict key {k!r} ({type(k).__name__}) at {path or 'value'}: dict keys must be str"
+                )
             hint = -2 if k.lower() in _KEY_NAMES else axis_hint
             items.append([k, _flatten(v, f"{path}[{k!r}]", leaves, hint)])
         return {"D": items}
@@ -101,7 +104,8 @@ def _flatten(value: object, path: str, leaves: list[_Leaf], axis_hint: int) -> A
         return {tag: [_flatten(v, f"{path}[{i}]", leaves, axis_hint) for i, v in enumerate(value)]}
     raise UnsupportedValueError(
         f"value of type {type(value).__name__} at {path or 'value'}: accepted torch.Tensor, numpy.ndarray, "
-        "bytes, str, int, float, bool, None, and dict (str keys) / list / tuple of those")
+        "bytes, str, int, float, bool, None, and dict (str keys) / list / tuple of those"
+    )
 
 
 def _contiguous_bytes(t: torch.Tensor) -> np.ndarray:
@@ -117,11 +121,19 @@ def _encode_tensor(t: torch.Tensor, axis: int, spec: CodecSpec, segs: _Segments)
     # a lossless or pass-through leaf keeps its layout (a KV cache slice is copied once, by the tier
     # that takes it); a codec that computes from the values gets contiguous input
     parts, meta = codec.encode(t if _passes_through(codec, t) else t.contiguous(), axis)
-    entry: dict[str, Any] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-                             "codec": name, "meta": meta, "parts": {}}
+    entry: dict[str, Any] = {
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "shape": list(t.shape),
+        "codec": name,
+        "meta": meta,
+        "parts": {},
+    }
     for pname, p in parts.items():
-        entry["parts"][pname] = {"dtype": str(p.dtype).removeprefix("torch."), "shape": list(p.shape),
-                                 **segs.add(p, p.element_size(), spec)}
+        entry["parts"][pname] = {
+            "dtype": str(p.dtype).removeprefix("torch."),
+            "shape": list(p.shape),
+            **segs.add(p, p.element_size(), spec),
+        }
     return entry
 
 
@@ -130,9 +142,13 @@ def _passes_through(codec: Any, t: torch.Tensor) -> bool:
     return codec.name == "none" or (isinstance(codec, CastCodec) and t.element_size() <= 2)
 
 
-def encode_value(value: object, spec: CodecSpec, metadata: dict[str, Any] | None = None,
-                 info: dict[str, Any] | None = None, blob_format: int = blob.FORMAT_VERSION
-                 ) -> tuple[blob.EncodedBlob, int]:
+def encode_value(
+    value: object,
+    spec: CodecSpec,
+    metadata: dict[str, Any] | None = None,
+    info: dict[str, Any] | None = None,
+    blob_format: int = blob.FORMAT_VERSION,
+) -> tuple[blob.EncodedBlob, int]:
     """Encode ``value`` as a blob.
 
     Args:
@@ -160,15 +176,27 @@ def encode_value(value: object, spec: CodecSpec, metadata: dict[str, Any] | None
             raw += leaf.obj.numel() * leaf.obj.element_size()
         elif leaf.kind == "ndarray":
             arr = np.ascontiguousarray(leaf.obj).reshape(leaf.obj.shape)  # ascontiguousarray makes 0-d 1-d
-            entries.append({"dtype": arr.dtype.str, "shape": list(arr.shape),
-                            "data": segs.add(arr.reshape(-1).view(np.uint8), arr.itemsize, spec)})
+            entries.append(
+                {
+                    "dtype": arr.dtype.str,
+                    "shape": list(arr.shape),
+                    "data": segs.add(arr.reshape(-1).view(np.uint8), arr.itemsize, spec),
+                }
+            )
             raw += arr.nbytes
         else:
             data = np.frombuffer(leaf.obj, dtype=np.uint8)
             entries.append({"data": segs.add(data, 1, spec)})
             raw += data.size
-    header = {"kind": value_kind(value), "codec": str(spec), "tree": tree, "leaves": entries,
-              "metadata": metadata or {}, "info": info or {}, "raw_nbytes": raw}
+    header = {
+        "kind": value_kind(value),
+        "codec": str(spec),
+        "tree": tree,
+        "leaves": entries,
+        "metadata": metadata or {},
+        "info": info or {},
+        "raw_nbytes": raw,
+    }
     _check_json(metadata)
     return blob.encode(header, segs.arrays, blob_format, segs.align), raw
 
@@ -179,8 +207,7 @@ def _leaf_nbytes(leaf: _Leaf) -> int:
     return int(leaf.obj.nbytes) if leaf.kind == "ndarray" else len(leaf.obj)
 
 
-def reframe(buf: torch.Tensor, blob_format: int, head: tuple[dict[str, Any], int] | None = None
-            ) -> blob.EncodedBlob:
+def reframe(buf: torch.Tensor, blob_format: int, head: tuple[dict[str, Any], int] | None = None) -> blob.EncodedBlob:
     """The blob in ``buf`` laid out in ``blob_format``: the same header and segment bytes, new framing.
 
     Encoded segments are copied as they are (a quantized tensor is never decoded and
@@ -204,7 +231,7 @@ def reframe(buf: torch.Tensor, blob_format: int, head: tuple[dict[str, Any], int
     starts, arrays, prev = [], [], 0
     for end, _crc in header["segments"]:
         starts.append(-(-prev // old_align) * old_align)  # a segment's bytes follow its leading padding
-        arrays.append(payload[starts[-1]:end])
+        arrays.append(payload[starts[-1] : end])
         prev = end
     moved = dict(zip(starts, blob.segment_offsets([a.size for a in arrays], align)))
     fresh = {k: v for k, v in header.items() if k not in ("segments", "payload_nbytes")}
@@ -229,12 +256,13 @@ def _check_json(metadata: object) -> None:
     try:
         json.dumps(metadata)
     except (TypeError, ValueError) as exc:
-        raise UnsupportedValueError(f"metadata is not JSON-able ({exc}): accepted dicts of str, numbers, "
-                                    "bools, None, lists and dicts") from None
+        raise UnsupportedValueError(
+            f"metadata is not JSON-able ({exc}): accepted dicts of str, numbers, bools, None, lists and dicts"
+        ) from None
 
 
 def _segment(buf: torch.Tensor, start: int, part: dict[str, Any]) -> torch.Tensor:
-    seg = buf[start + part["off"]: start + part["off"] + part["n"]]
+    seg = buf[start + part["off"] : start + part["off"] + part["n"]]
     if "raw" in part:
         host = seg if seg.device.type == "cpu" else seg.cpu()
         out = torch.from_numpy(LZ4.decompress(host.numpy(), part["raw"], part["shuffle"]))
@@ -308,7 +336,7 @@ def _within(t: torch.Tensor, buf: torch.Tensor) -> bool:
 
 
 def _unflatten(tree: Any, leaves: list[dict[str, Any]], buf: torch.Tensor, start: int, copy: bool) -> object:
-    (tag, body), = tree.items()
+    ((tag, body),) = tree.items()
     if tag == "J":
         return body
     if tag == "D":
@@ -319,8 +347,12 @@ def _unflatten(tree: Any, leaves: list[dict[str, Any]], buf: torch.Tensor, start
     return _decode_leaf(buf, start, leaves[body], tag, copy)
 
 
-def decode_value(buf: torch.Tensor, device: torch.device | str | None = None,
-                 head: tuple[dict[str, Any], int] | None = None, copy: bool = False) -> tuple[object, dict[str, Any]]:
+def decode_value(
+    buf: torch.Tensor,
+    device: torch.device | str | None = None,
+    head: tuple[dict[str, Any], int] | None = None,
+    copy: bool = False,
+) -> tuple[object, dict[str, Any]]:
     """Decode a verified blob buffer. Lossless tensors are views of ``buf`` unless ``copy``.
 
     Args:
@@ -359,8 +391,10 @@ def check_owner(header: dict[str, Any], key: str) -> None:
     info = header.get("info")
     owner = info.get("storage_key") if isinstance(info, dict) else None
     if owner != key:
-        raise IntegrityError(f"blob was written for storage key {owner!r}, not {key!r} "
-                             "(a file moved or copied onto another entry's name)")
+        raise IntegrityError(
+            f"blob was written for storage key {owner!r}, not {key!r} "
+            "(a file moved or copied onto another entry's name)"
+        )
 
 
 def _to_device(value: object, device: torch.device, copy: bool) -> object:

@@ -25,8 +25,16 @@ import torch
 
 from kvmem.cuda import reference
 
-__all__ = ["select", "HAS_CUDA", "ACCELERATED", "gather_pages", "scatter_pages", "group_minmax",
-           "quantize_groups", "dequantize_into"]
+__all__ = [
+    "select",
+    "HAS_CUDA",
+    "ACCELERATED",
+    "gather_pages",
+    "scatter_pages",
+    "group_minmax",
+    "quantize_groups",
+    "dequantize_into",
+]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +61,7 @@ def _triton_ops() -> ModuleType | None:
 
 def _on_cuda_tensors(ref: F, fast: F) -> F:
     """``fast`` for CUDA tensors, ``ref`` for others (host pages on a GPU machine), as torch dispatches ops."""
+
     def op(first: torch.Tensor, *args: object) -> object:
         return (fast if first.is_cuda else ref)(first, *args)
 
@@ -65,10 +74,13 @@ ACCELERATED = _fast is not None
 
 # NOTE: chosen here, once per process; no call tries one implementation and falls back to another.
 gather_pages = select(reference.gather_pages, _fast and _on_cuda_tensors(reference.gather_pages, _fast.gather_pages))
-scatter_pages = select(reference.scatter_pages,
-                       _fast and _on_cuda_tensors(reference.scatter_pages, _fast.scatter_pages))
+scatter_pages = select(
+    reference.scatter_pages, _fast and _on_cuda_tensors(reference.scatter_pages, _fast.scatter_pages)
+)
 group_minmax = select(reference.group_minmax, _fast and _on_cuda_tensors(reference.group_minmax, _fast.group_minmax))
-quantize_groups = select(reference.quantize_groups,
-                         _fast and _on_cuda_tensors(reference.quantize_groups, _fast.quantize_groups))
-dequantize_into = select(reference.dequantize_into,
-                         _fast and _on_cuda_tensors(reference.dequantize_into, _fast.dequantize_into))
+quantize_groups = select(
+    reference.quantize_groups, _fast and _on_cuda_tensors(reference.quantize_groups, _fast.quantize_groups)
+)
+dequantize_into = select(
+    reference.dequantize_into, _fast and _on_cuda_tensors(reference.dequantize_into, _fast.dequantize_into)
+)

@@ -25,8 +25,10 @@ Parts = dict[str, torch.Tensor]
 
 def _check(t: torch.Tensor, axis: int, what: str) -> None:
     if t.ndim != 4 or axis not in (-1, -2) or t.numel() == 0:
-        raise CodecError(f"{what} of shape {tuple(t.shape)} along axis {axis}: accepted a non-empty KV tensor "
-                         "[batch, heads, tokens, head_dim] along axis -2 (keys) or -1 (values)")
+        raise CodecError(
+            f"{what} of shape {tuple(t.shape)} along axis {axis}: accepted a non-empty KV tensor "
+            "[batch, heads, tokens, head_dim] along axis -2 (keys) or -1 (values)"
+        )
 
 
 def quantize_kv(t: torch.Tensor, bits: int, group: int, axis: int) -> tuple[Parts, dict[str, Any]]:
@@ -54,8 +56,9 @@ def quantize_kv(t: torch.Tensor, bits: int, group: int, axis: int) -> tuple[Part
     return {"q": q, "step": step.contiguous(), "lo": lo_s.contiguous()}, meta
 
 
-def dequantize_kv_into(dst: torch.Tensor, start: int, parts: Parts, meta: dict[str, Any], *, skip: int = 0,
-                       count: int | None = None) -> None:
+def dequantize_kv_into(
+    dst: torch.Tensor, start: int, parts: Parts, meta: dict[str, Any], *, skip: int = 0, count: int | None = None
+) -> None:
     """Decode tokens ``[skip, skip + count)`` of a quantized chunk into ``dst[:, :, start:start + count]``.
 
     The chunk is one quantized by :func:`quantize_kv` or the codec. Dequantize and scatter
@@ -77,16 +80,21 @@ def dequantize_kv_into(dst: torch.Tensor, start: int, parts: Parts, meta: dict[s
     bits = _check_parts(parts, meta)
     count = t - skip if count is None else count
     if not 0 <= skip < skip + count <= t:
-        raise CodecError(f"tokens [{skip}, {skip + count}) of a {t}-token chunk: accepted 0 <= skip < skip + count "
-                         f"<= {t}")
+        raise CodecError(
+            f"tokens [{skip}, {skip + count}) of a {t}-token chunk: accepted 0 <= skip < skip + count <= {t}"
+        )
     if dst.ndim != 4 or tuple(dst.shape[:2]) != (b, h) or dst.shape[3] != d or not 0 <= start <= dst.shape[2] - count:
-        raise CodecError(f"a [{b}, {h}, {count}, {d}] chunk at token {start} does not fit a destination of shape "
-                         f"{tuple(dst.shape)}: accepted [{b}, {h}, >= {start + count}, {d}]")
+        raise CodecError(
+            f"a [{b}, {h}, {count}, {d}] chunk at token {start} does not fit a destination of shape "
+            f"{tuple(dst.shape)}: accepted [{b}, {h}, >= {start + count}, {d}]"
+        )
     q, step, lo = parts["q"], parts["step"], parts["lo"]
     if meta["axis"] == -1:  # rows are (b, h, token): the tokens wanted are whole rows
         if (skip, count) != (0, t):
-            q, step, lo = (p.view(b, h, t, *p.shape[1:])[:, :, skip:skip + count].reshape(-1, *p.shape[1:])
-                           for p in (q, step, lo))
+            q, step, lo = (
+                p.view(b, h, t, *p.shape[1:])[:, :, skip : skip + count].reshape(-1, *p.shape[1:])
+                for p in (q, step, lo)
+            )
         cuda.dequantize_into(dst, start, q, step, lo, bits, -1, d)
     elif skip == 0:  # columns are tokens: those past ``count`` are cut like the padding
         cuda.dequantize_into(dst, start, q, step, lo, bits, -2, count)
@@ -95,7 +103,7 @@ def dequantize_kv_into(dst: torch.Tensor, start: int, parts: Parts, meta: dict[s
         # the chunk, once per layer) decodes the whole chunk first.
         whole = torch.empty((b, h, t, d), dtype=dst.dtype, device=dst.device)
         cuda.dequantize_into(whole, 0, q, step, lo, bits, -2, t)
-        dst[:, :, start:start + count] = whole[:, :, skip:skip + count]
+        dst[:, :, start : start + count] = whole[:, :, skip : skip + count]
 
 
 def _check_parts(parts: Parts, meta: dict[str, Any]) -> int:
@@ -111,14 +119,23 @@ def _check_parts(parts: Parts, meta: dict[str, Any]) -> int:
     coded, other = (t, d) if meta["axis"] == -2 else (d, t)  # rows are (b, h, other), columns coded
     rows, groups = b * h * other, -(-coded // group)
     q, step, lo = (parts.get(name) for name in ("q", "step", "lo"))
-    ok = (cols == coded and q is not None and step is not None and lo is not None and q.dtype == torch.uint8
-          and tuple(q.shape) in ((rows, groups, group), (rows, groups, group // 2))
-          and step.is_floating_point() and lo.is_floating_point()
-          and tuple(step.shape) == tuple(lo.shape) == (rows, groups, 1))
+    ok = (
+        cols == coded
+        and q is not None
+        and step is not None
+        and lo is not None
+        and q.dtype == torch.uint8
+        and tuple(q.shape) in ((rows, groups, group), (rows, groups, group // 2))
+        and step.is_floating_point()
+        and lo.is_floating_point()
+        and tuple(step.shape) == tuple(lo.shape) == (rows, groups, 1)
+    )
     if not ok:
         shapes = {name: tuple(p.shape) for name, p in parts.items()}
-        raise CodecError(f"quantized chunk parts {shapes} do not match {meta}: accepted q uint8 "
-                         f"[{rows}, {groups}, {group} or {group // 2}], step and lo [{rows}, {groups}, 1]")
+        raise CodecError(
+            f"quantized chunk parts {shapes} do not match {meta}: accepted q uint8 "
+            f"[{rows}, {groups}, {group} or {group // 2}], step and lo [{rows}, {groups}, 1]"
+        )
     return 8 if parts["q"].shape[-1] == group else 4
 
 
@@ -136,8 +153,12 @@ def _chunk_shape(meta: dict[str, Any]) -> tuple[int, int, int, int]:
         CodecError: ``meta`` does not describe a KV chunk coded along axis -2 or -1.
     """
     shape, axis = meta.get("moved_shape"), meta.get("axis")
-    if (not isinstance(shape, list) or len(shape) != 4 or axis not in (-1, -2)
-            or not all(isinstance(n, int) and n > 0 for n in shape)):
+    if (
+        not isinstance(shape, list)
+        or len(shape) != 4
+        or axis not in (-1, -2)
+        or not all(isinstance(n, int) and n > 0 for n in shape)
+    ):
         raise CodecError(f"quantization metadata {meta}: accepted a [B, H, T, D] chunk coded along axis -2 or -1")
     b, h, x, y = shape
     return (b, h, y, x) if axis == -2 else (b, h, x, y)

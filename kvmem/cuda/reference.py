@@ -42,8 +42,16 @@ def quantize_groups(x: torch.Tensor, lo: torch.Tensor, step: torch.Tensor, bits:
     return q.contiguous()
 
 
-def dequantize_into(dst: torch.Tensor, start: int, q: torch.Tensor, step: torch.Tensor, lo: torch.Tensor,
-                    bits: int, axis: int, cols: int) -> None:
+def dequantize_into(
+    dst: torch.Tensor,
+    start: int,
+    q: torch.Tensor,
+    step: torch.Tensor,
+    lo: torch.Tensor,
+    bits: int,
+    axis: int,
+    cols: int,
+) -> None:
     """Decode one KV chunk and write it into ``dst[:, :, start:start + T, :]`` (the model's cache layout).
 
     Args:
@@ -60,6 +68,6 @@ def dequantize_into(dst: torch.Tensor, start: int, q: torch.Tensor, step: torch.
     x = (q.float() * step.float() + lo.float()).reshape(q.shape[0], -1)[:, :cols]
     b, h, _, d = dst.shape
     if axis == -1:
-        dst[:, :, start:start + q.shape[0] // (b * h), :] = x.reshape(b, h, -1, d).to(dst.dtype)
+        dst[:, :, start : start + q.shape[0] // (b * h), :] = x.reshape(b, h, -1, d).to(dst.dtype)
     else:
-        dst[:, :, start:start + cols, :] = x.reshape(b, h, d, cols).transpose(-1, -2).to(dst.dtype)
+        dst[:, :, start : start + cols, :] = x.reshape(b, h, d, cols).transpose(-1, -2).to(dst.dtype)

@@ -20,8 +20,9 @@ _GROUPS = 16  # quantization groups per program
 
 
 @triton.jit
-def _copy_pages_kernel(pages_ptr, ids_ptr, flat_ptr, n, rows, cols, s_page, s_row,
-                       TO_PAGES: tl.constexpr, BLOCK: tl.constexpr):
+def _copy_pages_kernel(
+    pages_ptr, ids_ptr, flat_ptr, n, rows, cols, s_page, s_row, TO_PAGES: tl.constexpr, BLOCK: tl.constexpr
+):
     pid = tl.program_id(0).to(tl.int64)
     j = pid // rows
     r = pid % rows
@@ -43,8 +44,9 @@ def _launch_copy(pages: torch.Tensor, ids: torch.Tensor, flat: torch.Tensor, to_
         return
     assert pages.stride(2) == 1 and flat.is_contiguous(), "pages must be contiguous along a row"
     grid = (n * rows, triton.cdiv(cols, _BLOCK))
-    _copy_pages_kernel[grid](pages, ids, flat, n, rows, cols, pages.stride(0), pages.stride(1),
-                             TO_PAGES=to_pages, BLOCK=_BLOCK)
+    _copy_pages_kernel[grid](
+        pages, ids, flat, n, rows, cols, pages.stride(0), pages.stride(1), TO_PAGES=to_pages, BLOCK=_BLOCK
+    )
 
 
 def gather_pages(pages: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -58,8 +60,7 @@ def scatter_pages(pages: torch.Tensor, ids: torch.Tensor, src: torch.Tensor) -> 
 
 
 @triton.jit
-def _minmax_kernel(x_ptr, lo_ptr, hi_ptr, n_groups, GROUP: tl.constexpr, P2: tl.constexpr,
-                   GROUPS: tl.constexpr):
+def _minmax_kernel(x_ptr, lo_ptr, hi_ptr, n_groups, GROUP: tl.constexpr, P2: tl.constexpr, GROUPS: tl.constexpr):
     gi = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
     e = tl.arange(0, P2)
     mask = (gi[:, None] < n_groups) & (e[None, :] < GROUP)
@@ -80,8 +81,9 @@ def group_minmax(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     lo = torch.empty((rows, groups, 1), dtype=x.dtype, device=x.device)
     hi = torch.empty_like(lo)
     n = rows * groups
-    _minmax_kernel[(triton.cdiv(n, _GROUPS),)](x, lo, hi, n, GROUP=group, P2=triton.next_power_of_2(group),
-                                               GROUPS=_GROUPS)
+    _minmax_kernel[(triton.cdiv(n, _GROUPS),)](
+        x, lo, hi, n, GROUP=group, P2=triton.next_power_of_2(group), GROUPS=_GROUPS
+    )
     return lo, hi
 
 
@@ -95,8 +97,18 @@ def _code(v, lo, step, LEVELS: tl.constexpr):
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, lo_ptr, step_ptr, q_ptr, n_groups, GROUP: tl.constexpr, P2: tl.constexpr,
-                     LEVELS: tl.constexpr, PACK4: tl.constexpr, GROUPS: tl.constexpr):
+def _quantize_kernel(
+    x_ptr,
+    lo_ptr,
+    step_ptr,
+    q_ptr,
+    n_groups,
+    GROUP: tl.constexpr,
+    P2: tl.constexpr,
+    LEVELS: tl.constexpr,
+    PACK4: tl.constexpr,
+    GROUPS: tl.constexpr,
+):
     gi = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
     gmask = gi < n_groups
     lo = tl.load(lo_ptr + gi, mask=gmask, other=0.0).to(tl.float32)[:, None]
@@ -120,15 +132,40 @@ def quantize_groups(x: torch.Tensor, lo: torch.Tensor, step: torch.Tensor, bits:
     q = torch.empty((rows, groups, width), dtype=torch.uint8, device=x.device)
     n = rows * groups
     _quantize_kernel[(triton.cdiv(n, _GROUPS),)](
-        x.contiguous(), lo.contiguous(), step.contiguous(), q, n, GROUP=group,
-        P2=triton.next_power_of_2(width), LEVELS=(1 << bits) - 1, PACK4=bits == 4, GROUPS=_GROUPS)
+        x.contiguous(),
+        lo.contiguous(),
+        step.contiguous(),
+        q,
+        n,
+        GROUP=group,
+        P2=triton.next_power_of_2(width),
+        LEVELS=(1 << bits) - 1,
+        PACK4=bits == 4,
+        GROUPS=_GROUPS,
+    )
     return q
 
 
 @triton.jit
-def _dequantize_into_kernel(q_ptr, step_ptr, lo_ptr, dst_ptr, cols, heads, per_bh, start,
-                            s_b, s_h, s_t, s_d, GROUP: tl.constexpr, NGROUPS: tl.constexpr,
-                            PACK4: tl.constexpr, KEYS: tl.constexpr, BLOCK: tl.constexpr):
+def _dequantize_into_kernel(
+    q_ptr,
+    step_ptr,
+    lo_ptr,
+    dst_ptr,
+    cols,
+    heads,
+    per_bh,
+    start,
+    s_b,
+    s_h,
+    s_t,
+    s_d,
+    GROUP: tl.constexpr,
+    NGROUPS: tl.constexpr,
+    PACK4: tl.constexpr,
+    KEYS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = c < cols
@@ -150,13 +187,35 @@ def _dequantize_into_kernel(q_ptr, step_ptr, lo_ptr, dst_ptr, cols, heads, per_b
     tl.store(dst_ptr + off, x.to(dst_ptr.dtype.element_ty), mask=mask)
 
 
-def dequantize_into(dst: torch.Tensor, start: int, q: torch.Tensor, step: torch.Tensor, lo: torch.Tensor,
-                    bits: int, axis: int, cols: int) -> None:
+def dequantize_into(
+    dst: torch.Tensor,
+    start: int,
+    q: torch.Tensor,
+    step: torch.Tensor,
+    lo: torch.Tensor,
+    bits: int,
+    axis: int,
+    cols: int,
+) -> None:
     rows, groups, width = q.shape
     group = width * 2 if bits == 4 else width
     _, heads, _, d = dst.shape
     per_bh = d if axis == -2 else rows // (dst.shape[0] * heads)
     grid = (rows, triton.cdiv(cols, _BLOCK))
-    _dequantize_into_kernel[grid](q.contiguous(), step.contiguous(), lo.contiguous(), dst, cols, heads, per_bh,
-                                  start, *dst.stride(), GROUP=group, NGROUPS=groups, PACK4=bits == 4,
-                                  KEYS=axis == -2, BLOCK=_BLOCK, enable_fp_fusion=False)
+    _dequantize_into_kernel[grid](
+        q.contiguous(),
+        step.contiguous(),
+        lo.contiguous(),
+        dst,
+        cols,
+        heads,
+        per_bh,
+        start,
+        *dst.stride(),
+        GROUP=group,
+        NGROUPS=groups,
+        PACK4=bits == 4,
+        KEYS=axis == -2,
+        BLOCK=_BLOCK,
+        enable_fp_fusion=False,
+    )

@@ -14,9 +14,21 @@ import torch
 __all__ = ["model_fingerprint"]
 
 _SAMPLES_PER_TENSOR = 256
-_IGNORED_CONFIG_KEYS = frozenset({"_name_or_path", "transformers_version", "_commit_hash", "torch_dtype", "dtype",
-                                  "architectures", "use_cache", "output_attentions", "output_hidden_states",
-                                  "return_dict", "_attn_implementation_autoset"})
+_IGNORED_CONFIG_KEYS = frozenset(
+    {
+        "_name_or_path",
+        "transformers_version",
+        "_commit_hash",
+        "torch_dtype",
+        "dtype",
+        "architectures",
+        "use_cache",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "_attn_implementation_autoset",
+    }
+)
 
 
 def _config_json(model: torch.nn.Module) -> str:
@@ -37,8 +49,9 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     h = hashlib.sha256(b"kvmem/model/v1")
     h.update(_config_json(model).encode())
     with torch.no_grad():
-        for name, tensor in sorted(list(model.named_parameters()) + list(model.named_buffers()),
-                                   key=lambda item: item[0]):
+        for name, tensor in sorted(
+            list(model.named_parameters()) + list(model.named_buffers()), key=lambda item: item[0]
+        ):
             flat = tensor.detach().reshape(-1)
             step = max(1, flat.numel() // _SAMPLES_PER_TENSOR)
             sample = flat[::step][:_SAMPLES_PER_TENSOR].to("cpu", torch.float32)

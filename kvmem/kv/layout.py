@@ -25,8 +25,18 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from kvmem.errors import UnsupportedModelError
 
-__all__ = ["ChunkValue", "cache_argument", "new_cache", "record_full_past", "trim_sliding_layers",
-           "chunk_value", "install_prefix", "kept_range", "kv_layer", "held"]
+__all__ = [
+    "ChunkValue",
+    "cache_argument",
+    "new_cache",
+    "record_full_past",
+    "trim_sliding_layers",
+    "chunk_value",
+    "install_prefix",
+    "kept_range",
+    "kv_layer",
+    "held",
+]
 
 ChunkValue = list[dict[str, torch.Tensor]]
 
@@ -49,13 +59,16 @@ def new_cache(model: torch.nn.Module, cls: type[DynamicCache] = DynamicCache) ->
     """An empty cache (of ``cls``) with the model's layer types, recording the full past of sliding layers."""
     config = model.config
     if not isinstance(config, PretrainedConfig):
-        raise UnsupportedModelError(f"{type(model).__name__}.config is a {type(config).__name__}: "
-                                    "expected a transformers PretrainedConfig")
+        raise UnsupportedModelError(
+            f"{type(model).__name__}.config is a {type(config).__name__}: expected a transformers PretrainedConfig"
+        )
     cache = cls(config=config)
     for layer in cache.layers:
         if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
-            raise UnsupportedModelError(f"{type(model).__name__} uses cache layers of type {type(layer).__name__}; "
-                                        "kvmem handles DynamicLayer and DynamicSlidingWindowLayer")
+            raise UnsupportedModelError(
+                f"{type(model).__name__} uses cache layers of type {type(layer).__name__}; "
+                "kvmem handles DynamicLayer and DynamicSlidingWindowLayer"
+            )
     record_full_past(cache)
     return cache
 
@@ -93,8 +106,10 @@ def kv_layer(cache: DynamicCache, layer_idx: int) -> DynamicLayer:
     """
     layer = cache.layers[layer_idx]
     if not isinstance(layer, DynamicLayer):
-        raise UnsupportedModelError(f"cache layer {layer_idx} is a {type(layer).__name__}: kvmem handles "
-                                    "DynamicLayer and DynamicSlidingWindowLayer")
+        raise UnsupportedModelError(
+            f"cache layer {layer_idx} is a {type(layer).__name__}: kvmem handles "
+            "DynamicLayer and DynamicSlidingWindowLayer"
+        )
     return layer
 
 
@@ -116,15 +131,20 @@ def chunk_value(cache: DynamicCache, start: int, stop: int) -> ChunkValue:
         layer = kv_layer(cache, i)
         first, end = kept_range(layer)
         if start < first or stop > end:
-            raise UnsupportedModelError(f"layer {i} holds tokens [{first}, {end}), not [{start}, {stop}): "
-                                        "its sliding window dropped them before they were stored")
+            raise UnsupportedModelError(
+                f"layer {i} holds tokens [{first}, {end}), not [{start}, {stop}): "
+                "its sliding window dropped them before they were stored"
+            )
         keys, values = held(layer)
-        out.append({"k": keys[:, :, start - first:stop - first, :], "v": values[:, :, start - first:stop - first, :]})
+        out.append(
+            {"k": keys[:, :, start - first : stop - first, :], "v": values[:, :, start - first : stop - first, :]}
+        )
     return out
 
 
-def install_prefix(cache: DynamicCache, layer_idx: int, keys: torch.Tensor, values: torch.Tensor,
-                   first: int = 0) -> None:
+def install_prefix(
+    cache: DynamicCache, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, first: int = 0
+) -> None:
     """Set layer ``layer_idx`` to hold ``keys``/``values`` ([B, H, T, D]) of prefix tokens ``first..first+T-1``.
 
     ``first`` > 0 only for a sliding layer, which needs just the prefix's last window.

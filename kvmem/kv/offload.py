@@ -92,15 +92,28 @@ class OffloadingCache(DynamicCache):
         UnsupportedModelError: the model has sliding-window or other non-full-attention layers.
     """
 
-    def __init__(self, config: PretrainedConfig, *, max_tokens: int, block_size: int = 256, resident_blocks: int = 4,
-                 max_lag_blocks: int = 2, min_transfer_bytes: int = 1 << 20, memory: Memory | None = None) -> None:
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        *,
+        max_tokens: int,
+        block_size: int = 256,
+        resident_blocks: int = 4,
+        max_lag_blocks: int = 2,
+        min_transfer_bytes: int = 1 << 20,
+        memory: Memory | None = None,
+    ) -> None:
         super().__init__(config=config)
         if any(type(layer) is not DynamicLayer for layer in self.layers):
             kinds = sorted({type(layer).__name__ for layer in self.layers})
             raise UnsupportedModelError(f"layers of type {kinds}: offloading handles full-attention DynamicLayer only")
-        for name, value, least in (("max_tokens", max_tokens, 1), ("block_size", block_size, 1),
-                                   ("resident_blocks", resident_blocks, 1), ("max_lag_blocks", max_lag_blocks, 0),
-                                   ("min_transfer_bytes", min_transfer_bytes, 1)):
+        for name, value, least in (
+            ("max_tokens", max_tokens, 1),
+            ("block_size", block_size, 1),
+            ("resident_blocks", resident_blocks, 1),
+            ("max_lag_blocks", max_lag_blocks, 0),
+            ("min_transfer_bytes", min_transfer_bytes, 1),
+        ):
             if not isinstance(value, int) or value < least:
                 raise ConfigError(f"{name}={value!r}: accepted an integer >= {least}")
         self.layers = [_WindowLayer() for _ in self.layers]
@@ -122,8 +135,9 @@ class OffloadingCache(DynamicCache):
         self._prefetched: dict[int, Future[tuple[torch.Tensor, torch.Tensor] | None]] = {}
 
     # -- the model's side ---------------------------------------------------------
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
-               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self._host is None:
             self._setup(key_states)
         prefix = self._take_prefix(layer_idx)
@@ -160,8 +174,15 @@ class OffloadingCache(DynamicCache):
         blocks = len(self.layers) * -(-self.max_tokens // self.block_size)
         nbytes = blocks * 2 * heads * self.block_size * dim * key_states.element_size()
         lent = self.memory.lease_host(nbytes) if self.memory is not None else None
-        self._host = PagedBuffer(blocks, 2 * heads, self.block_size * dim, key_states.dtype, "cpu",
-                                 pin_memory=key_states.is_cuda, storage=lent)
+        self._host = PagedBuffer(
+            blocks,
+            2 * heads,
+            self.block_size * dim,
+            key_states.dtype,
+            "cpu",
+            pin_memory=key_states.is_cuda,
+            storage=lent,
+        )
         chunk_layer_bytes = self._host.page_nbytes
         self._transfer_blocks = -(-self.min_transfer_bytes // chunk_layer_bytes)
         self._side = SideStream(key_states.device)
@@ -218,7 +239,7 @@ class OffloadingCache(DynamicCache):
         if tokens == 0 or layer_idx in self._prefetched:
             return
         assert self._host is not None and self._side is not None
-        blocks = self._tables[layer_idx].blocks[:tokens // self.block_size]
+        blocks = self._tables[layer_idx].blocks[: tokens // self.block_size]
         heads = self._host.pages.shape[1] // 2
 
         def load() -> tuple[torch.Tensor, torch.Tensor]:

@@ -67,8 +67,10 @@ def _as_ids(input_ids: torch.Tensor | list[int]) -> torch.Tensor:
     if ids.ndim == 1:
         ids = ids.unsqueeze(0)
     if ids.ndim != 2 or ids.shape[0] != 1 or ids.shape[1] == 0 or ids.dtype not in (torch.int64, torch.int32):
-        raise InvalidKeyError(f"input_ids of shape {tuple(ids.shape)} and dtype {ids.dtype}: expected one "
-                              "non-empty sequence of integer token ids, [n] or [1, n]")
+        raise InvalidKeyError(
+            f"input_ids of shape {tuple(ids.shape)} and dtype {ids.dtype}: expected one "
+            "non-empty sequence of integer token ids, [n] or [1, n]"
+        )
     return ids.long()
 
 
@@ -78,9 +80,11 @@ def _as_embeds(inputs_embeds: torch.Tensor | None, ids: torch.Tensor) -> torch.T
         return None
     embeds = inputs_embeds.unsqueeze(0) if inputs_embeds.ndim == 2 else inputs_embeds
     if embeds.ndim != 3 or embeds.shape[:2] != ids.shape or not embeds.is_floating_point():
-        raise InvalidKeyError(f"inputs_embeds of shape {tuple(inputs_embeds.shape)} and dtype {inputs_embeds.dtype}: "
-                              f"expected floating point [{ids.shape[1]}, hidden] or [1, {ids.shape[1]}, hidden], "
-                              "one vector per token of input_ids")
+        raise InvalidKeyError(
+            f"inputs_embeds of shape {tuple(inputs_embeds.shape)} and dtype {inputs_embeds.dtype}: "
+            f"expected floating point [{ids.shape[1]}, hidden] or [1, {ids.shape[1]}, hidden], "
+            "one vector per token of input_ids"
+        )
     return embeds.to(ids.device)
 
 
@@ -108,8 +112,16 @@ class PrefixCache:
             ``False`` loads all of it before the forward pass starts.
     """
 
-    def __init__(self, model: torch.nn.Module, memory: Memory | None = None, *, block_size: int | None = None,
-                 compression: str | None = None, namespace: str = "", layerwise: bool = True) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        memory: Memory | None = None,
+        *,
+        block_size: int | None = None,
+        compression: str | None = None,
+        namespace: str = "",
+        layerwise: bool = True,
+    ) -> None:
         self.model = model
         self.layerwise = layerwise
         self.memory = memory if memory is not None else default_memory()
@@ -121,8 +133,9 @@ class PrefixCache:
         self._cache_arg = cache_argument(model)
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._writer = WriteBehind()
-        self._prefetcher = Prefetcher(self._warm, self.memory.config.prefetch_depth,
-                                      self.memory.metrics.prefetch_seconds.observe)
+        self._prefetcher = Prefetcher(
+            self._warm, self.memory.config.prefetch_depth, self.memory.metrics.prefetch_seconds.observe
+        )
 
     # -- keys ---------------------------------------------------------------------
     def chunk_keys(self, input_ids: torch.Tensor | list[int], *, scope: str = "") -> list[str]:
@@ -144,8 +157,14 @@ class PrefixCache:
 
     # -- prefill -----------------------------------------------------------------
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor | list[int], *, inputs_embeds: torch.Tensor | None = None,
-                scope: str = "", logits_to_keep: int = 0) -> PrefillResult:
+    def prefill(
+        self,
+        input_ids: torch.Tensor | list[int],
+        *,
+        inputs_embeds: torch.Tensor | None = None,
+        scope: str = "",
+        logits_to_keep: int = 0,
+    ) -> PrefillResult:
         """Run the model on ``input_ids`` with every stored prefix chunk loaded, not computed.
 
         New full chunks are stored in the background (see :meth:`flush`).
@@ -204,8 +223,9 @@ class PrefixCache:
             self._store_new_chunks(seq, cache, self.chunk_keys(seq, scope=scope), first=loaded)
         return out
 
-    def store(self, input_ids: torch.Tensor | list[int], cache: DynamicCache, *, scope: str = "",
-              wait: bool = True) -> int:
+    def store(
+        self, input_ids: torch.Tensor | list[int], cache: DynamicCache, *, scope: str = "", wait: bool = True
+    ) -> int:
         """Store the full chunks of a cache you computed yourself for ``input_ids`` (in ``scope``).
 
         Returns:
@@ -236,8 +256,9 @@ class PrefixCache:
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def _with_prefix(self, keys: list[str], total: int,
-                     run: Callable[[DynamicCache, int], T]) -> tuple[T, DynamicCache, int, int]:
+    def _with_prefix(
+        self, keys: list[str], total: int, run: Callable[[DynamicCache, int], T]
+    ) -> tuple[T, DynamicCache, int, int]:
         """``run(cache, reused)`` with the stored prefix of a ``total``-token prompt streaming in.
 
         On a chunk that fails (corrupt, or its tier failed: see :meth:`_chunk_failed`), ``run``
@@ -257,7 +278,7 @@ class PrefixCache:
                 self._chunk_failed(exc)
                 limit = min(limit, exc.index * self.block_size)  # strictly shorter: the loop ends
                 continue
-            self._count_chunks(keys[:self._chunks_within(total - 1)], sources)
+            self._count_chunks(keys[: self._chunks_within(total - 1)], sources)
             return result, cache, reused, len(sources)
 
     def _load_prefix(self, keys: list[str], limit: int, total: int) -> tuple[DynamicCache, int, list[ChunkSource]]:
@@ -274,7 +295,7 @@ class PrefixCache:
         """
         cache = new_cache(self.model, StreamingCache)
         store = self.memory.chunk_store()
-        found = self.memory.contains_many(keys[:self._chunks_within(limit)], namespace=self.namespace)
+        found = self.memory.contains_many(keys[: self._chunks_within(limit)], namespace=self.namespace)
         sources: list[ChunkSource] = []
         for key, present in zip(keys, found):
             skey = self.memory.storage_key(key, self.namespace)
@@ -285,8 +306,9 @@ class PrefixCache:
         reused = min(len(sources) * self.block_size, limit)
         if reused:
             assert isinstance(cache, StreamingCache)
-            cache.loader = LayerwiseLoader(store, sources, cache, self.block_size, reused, self._device,
-                                           room=total - reused)
+            cache.loader = LayerwiseLoader(
+                store, sources, cache, self.block_size, reused, self._device, room=total - reused
+            )
             if not self.layerwise:
                 cache.loader.wait_all(install=False)
         return cache, reused, sources
@@ -320,8 +342,9 @@ class PrefixCache:
         if exc.corrupt and exc.key:
             self.memory.chunk_store().quarantine(exc.key, exc.tier, exc)
 
-    def _store_new_chunks(self, ids: torch.Tensor, cache: DynamicCache, keys: list[str], first: int,
-                          trim: bool = True) -> int:
+    def _store_new_chunks(
+        self, ids: torch.Tensor, cache: DynamicCache, keys: list[str], first: int, trim: bool = True
+    ) -> int:
         """Queue chunks ``first..`` that the cache holds for storing; then trim sliding layers."""
         held = cache.get_seq_length()
         jobs = []

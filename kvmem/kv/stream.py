@@ -109,8 +109,8 @@ class _Filled:
             return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
         # NOTE: the buffers are this layer's alone (the loader made them for it): filling the room
         # in place leaves the prefix where it was written, uncopied.
-        self.keys[:, :, -self.room:] = key_states
-        self.values[:, :, -self.room:] = value_states
+        self.keys[:, :, -self.room :] = key_states
+        self.values[:, :, -self.room :] = value_states
         return self.keys, self.values
 
 
@@ -126,8 +126,9 @@ def _quantized(leaf: dict[str, Any]) -> bool:
     return isinstance(tensor_codec(leaf["codec"]), QuantCodec) and not leaf["meta"].get("raw")
 
 
-def _parts_on(device: torch.device, data: torch.Tensor, lo: int,
-              leaves: list[dict[str, Any]]) -> list[dict[str, torch.Tensor]]:
+def _parts_on(
+    device: torch.device, data: torch.Tensor, lo: int, leaves: list[dict[str, Any]]
+) -> list[dict[str, torch.Tensor]]:
     """Each leaf's codec parts (in checked ``data``, from payload offset ``lo``) on ``device``, moved in one copy."""
     if data.device != device and not any("raw" in p for leaf in leaves for p in leaf["parts"].values()):
         data = data.to(device)  # the layer's codes and scales as stored: one copy, nothing decoded yet
@@ -146,14 +147,14 @@ def _packed_to(device: torch.device, parts: list[dict[str, torch.Tensor]]) -> li
         end = -(-(end + f.numel()) // 16) * 16  # NOTE: 16-byte aligned, so each part can be viewed as its dtype
     packed = torch.empty(end, dtype=torch.uint8)
     for f, off in zip(flat, offsets):
-        packed[off:off + f.numel()] = f
+        packed[off : off + f.numel()] = f
     moved = packed.to(device)
     out: list[dict[str, torch.Tensor]] = []
     for leaf_parts in parts:
         out.append({})
         for (name, p), f, off in zip(leaf_parts.items(), flat, offsets):
-            out[-1][name] = moved[off:off + f.numel()].view(p.dtype).reshape(p.shape)
-        flat, offsets = flat[len(leaf_parts):], offsets[len(leaf_parts):]
+            out[-1][name] = moved[off : off + f.numel()].view(p.dtype).reshape(p.shape)
+        flat, offsets = flat[len(leaf_parts) :], offsets[len(leaf_parts) :]
     return out
 
 
@@ -208,7 +209,7 @@ class _ChunkReader:
 
     def leaves(self, layer_idx: int) -> list[dict[str, Any]]:
         """The header entries of layer ``layer_idx``'s K and V."""
-        return self.header["leaves"][2 * layer_idx: 2 * layer_idx + 2]
+        return self.header["leaves"][2 * layer_idx : 2 * layer_idx + 2]
 
     def _checked(self, layer_idx: int) -> tuple[torch.Tensor, int]:
         """Layer ``layer_idx``'s bytes, every CRC segment checked, and their payload offset."""
@@ -229,15 +230,17 @@ class _ChunkReader:
             return None
         return parts  # type: ignore[return-value]
 
-    def layer_direct(self, parts: list[dict[str, Any]], keys: torch.Tensor, values: torch.Tensor,
-                     layer_idx: int) -> None:
+    def layer_direct(
+        self, parts: list[dict[str, Any]], keys: torch.Tensor, values: torch.Tensor, layer_idx: int
+    ) -> None:
         """Read ``parts`` (see :meth:`direct`) straight into ``keys``/``values`` (slices of the cache buffers)."""
         with self._reading(layer_idx):
             self.blob.part_into(parts[0], keys)
             self.blob.part_into(parts[1], values)
 
-    def layer_into(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, start: int, skip: int,
-                   count: int) -> None:
+    def layer_into(
+        self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, start: int, skip: int, count: int
+    ) -> None:
         """Decode tokens ``[skip, skip + count)`` of int8/int4 layer ``layer_idx`` into ``keys``/``values``.
 
         They go to positions ``start..`` of the buffers. The fused path: codes and scales go
@@ -280,8 +283,16 @@ class LayerwiseLoader:
         ChunkLoadError: chunk 0's header cannot be read (its tier failed) or is corrupt.
     """
 
-    def __init__(self, store: ChunkStore, sources: list[ChunkSource], cache: DynamicCache, block_size: int,
-                 tokens: int, device: torch.device, room: int = 0) -> None:
+    def __init__(
+        self,
+        store: ChunkStore,
+        sources: list[ChunkSource],
+        cache: DynamicCache,
+        block_size: int,
+        tokens: int,
+        device: torch.device,
+        room: int = 0,
+    ) -> None:
         self.block_size = block_size
         self.tokens = tokens
         self.error: ChunkLoadError | None = None
@@ -301,12 +312,15 @@ class LayerwiseLoader:
                 first = max(0, tokens - (layer.sliding_window - 1))
             b, h, _t, d = shape
             # placeholders: one element each, expanded to the prefix's shape; never read.
-            k, v = (torch.zeros((), dtype=getattr(torch, dtype), device=device).expand(b, h, tokens - first, d)
-                    for _ in range(2))
+            k, v = (
+                torch.zeros((), dtype=getattr(torch, dtype), device=device).expand(b, h, tokens - first, d)
+                for _ in range(2)
+            )
             install_prefix(cache, i, k, v, first=first)
             self._firsts.append(first)
-        self._thread = threading.Thread(target=self._run, args=(first_reader,), name="kvmem-layerwise-load",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(first_reader,), name="kvmem-layerwise-load", daemon=True
+        )
         self._thread.start()
 
     def _run(self, first_reader: _ChunkReader) -> None:
@@ -369,29 +383,34 @@ class LayerwiseLoader:
             for reader in readers:
                 _start, skip, count = self._span(reader, first)
                 ck, cv = reader.layer(layer_idx)
-                keys.append(ck[:, :, skip:skip + count].to(self._device))
-                values.append(cv[:, :, skip:skip + count].to(self._device))
+                keys.append(ck[:, :, skip : skip + count].to(self._device))
+                values.append(cv[:, :, skip : skip + count].to(self._device))
             return _Pieces(keys, values)
         prefix = self._buffers(layer_idx, readers, first)
         for reader in readers:
             start, skip, count = self._span(reader, first)
-            slot = (prefix.keys[:, :, start:start + count], prefix.values[:, :, start:start + count])
+            slot = (prefix.keys[:, :, start : start + count], prefix.values[:, :, start : start + count])
             whole = skip == 0 and count == reader.leaves(layer_idx)[0]["shape"][2]
             parts = reader.direct(layer_idx, prefix.keys.dtype) if whole else None
             if parts is not None:
                 reader.layer_direct(parts, *slot, layer_idx)
             else:
                 for dst, src in zip(slot, reader.layer(layer_idx)):
-                    dst.copy_(src[:, :, skip:skip + count])
+                    dst.copy_(src[:, :, skip : skip + count])
         return prefix
 
     def _buffers(self, layer_idx: int, readers: list[_ChunkReader], first: int) -> _Filled:
         """Empty ``[B, H, S + room, D]`` K and V buffers for layer ``layer_idx``'s prefix (room: full-attention
         layers only)."""
         room = self._room if type(self._cache.layers[layer_idx]) is DynamicLayer else 0
-        keys, values = (torch.empty((*leaf["shape"][:2], self.tokens - first + room, leaf["shape"][3]),
-                                    dtype=getattr(torch, leaf["dtype"]), device=self._device)
-                        for leaf in readers[0].leaves(layer_idx))
+        keys, values = (
+            torch.empty(
+                (*leaf["shape"][:2], self.tokens - first + room, leaf["shape"][3]),
+                dtype=getattr(torch, leaf["dtype"]),
+                device=self._device,
+            )
+            for leaf in readers[0].leaves(layer_idx)
+        )
         return _Filled(keys, values, room)
 
     def _fused_layer(self, layer_idx: int, readers: list[_ChunkReader], first: int) -> _Filled:
@@ -452,8 +471,9 @@ class StreamingCache(DynamicCache):
         super().__init__(config=config)
         self.loader: LayerwiseLoader | None = None
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
-               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.loader is not None:
             parts = self.loader.take(layer_idx)
             if layer_idx == len(self.layers) - 1:

@@ -98,8 +98,9 @@ def _head() -> str:
     """The newest revision shipped with this kvmem."""
     head = _scripts(SCRIPTS).get_current_head()
     if head is None:  # only an install that lost versions/ has none
-        raise SchemaError(f"no schema revision under {SCRIPTS}/versions: this kvmem install is incomplete; "
-                          "reinstall kvmem")
+        raise SchemaError(
+            f"no schema revision under {SCRIPTS}/versions: this kvmem install is incomplete; reinstall kvmem"
+        )
     return head
 
 

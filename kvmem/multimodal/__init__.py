@@ -9,5 +9,12 @@ from kvmem.multimodal.encoder import ImageEncoder, OpenClipEncoder
 from kvmem.multimodal.images import ImageInput, decode_image, image_digest
 from kvmem.multimodal.visual import ImageMatch, VisualTokenCache
 
-__all__ = ["ImageEncoder", "ImageInput", "ImageMatch", "OpenClipEncoder", "VisualTokenCache", "decode_image",
-           "image_digest"]
+__all__ = [
+    "ImageEncoder",
+    "ImageInput",
+    "ImageMatch",
+    "OpenClipEncoder",
+    "VisualTokenCache",
+    "decode_image",
+    "image_digest",
+]

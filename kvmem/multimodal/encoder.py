@@ -72,8 +72,9 @@ def _cached_tag_file(cfg: Mapping[str, Any]) -> Path | None:
     return None
 
 
-def _resolve(model_name: str, pretrained: str | os.PathLike[str] | None,
-             seed: int) -> tuple[Path | None, str, Mapping[str, Any]]:
+def _resolve(
+    model_name: str, pretrained: str | os.PathLike[str] | None, seed: int
+) -> tuple[Path | None, str, Mapping[str, Any]]:
     """(weights file or None, the weights' identity, the tag's pretrained config) for ``pretrained``.
 
     Never touches the network: a tag resolves only to a copy already in a local cache.
@@ -86,8 +87,10 @@ def _resolve(model_name: str, pretrained: str | os.PathLike[str] | None,
     if path.is_dir():
         found = next((path / n for n in _WEIGHT_FILES if (path / n).is_file()), None)
         if found is None:
-            raise ConfigError(f"pretrained={os.fspath(pretrained)!r}: a directory without weights; accepted: a "
-                              f"directory holding one of {', '.join(_WEIGHT_FILES)}")
+            raise ConfigError(
+                f"pretrained={os.fspath(pretrained)!r}: a directory without weights; accepted: a "
+                f"directory holding one of {', '.join(_WEIGHT_FILES)}"
+            )
         path = found
     if path.is_file():
         return path, f"file:sha256={_file_digest(path)}", {}
@@ -95,13 +98,17 @@ def _resolve(model_name: str, pretrained: str | os.PathLike[str] | None,
     cfg = open_clip.get_pretrained_cfg(model_name, tag)
     if not cfg:
         tags = open_clip.list_pretrained_tags_by_model(model_name)
-        raise ConfigError(f"pretrained={tag!r}: not a local file or directory, nor a tag of {model_name} "
-                          f"(its tags: {', '.join(tags) or 'none'}); or pass pretrained=None for random weights")
+        raise ConfigError(
+            f"pretrained={tag!r}: not a local file or directory, nor a tag of {model_name} "
+            f"(its tags: {', '.join(tags) or 'none'}); or pass pretrained=None for random weights"
+        )
     local = _cached_tag_file(cfg)
     if local is None:
-        raise ConfigError(f"pretrained={tag!r}: the weights of {model_name}/{tag} are in no local cache (HF hub "
-                          "cache, ~/.cache/clip) and kvmem never downloads; pass a local .safetensors/.bin file "
-                          "or directory, or download them once beforehand")
+        raise ConfigError(
+            f"pretrained={tag!r}: the weights of {model_name}/{tag} are in no local cache (HF hub "
+            "cache, ~/.cache/clip) and kvmem never downloads; pass a local .safetensors/.bin file "
+            "or directory, or download them once beforehand"
+        )
     return local, f"tag:{tag}", cfg
 
 
@@ -124,9 +131,17 @@ class OpenClipEncoder:
         UnsupportedModelError: the model's vision tower is not a ViT.
     """
 
-    def __init__(self, model_name: str, pretrained: str | os.PathLike[str] | None = None, *, layer: int = -2,
-                 feature: str = "patch", precision: str = "fp32", device: str | torch.device = "cpu",
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        pretrained: str | os.PathLike[str] | None = None,
+        *,
+        layer: int = -2,
+        feature: str = "patch",
+        precision: str = "fp32",
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+    ) -> None:
         import open_clip
         from open_clip.transformer import VisionTransformer
 
@@ -136,23 +151,30 @@ class OpenClipEncoder:
             raise ConfigError(f"precision={precision!r}: accepted {' | '.join(PRECISIONS)}")
         model_cfg = open_clip.get_model_config(model_name)
         if model_cfg is None:
-            raise ConfigError(f"model_name={model_name!r}: not an open_clip model config; accepted e.g. "
-                              f"{', '.join(open_clip.list_models()[:6])}, ... (open_clip.list_models())")
+            raise ConfigError(
+                f"model_name={model_name!r}: not an open_clip model config; accepted e.g. "
+                f"{', '.join(open_clip.list_models()[:6])}, ... (open_clip.list_models())"
+            )
         weights, weights_id, tag_cfg = _resolve(model_name, pretrained, seed)
         options: dict[str, Any] = {"force_quick_gelu": bool(tag_cfg.get("quick_gelu", False))}
-        for ours, theirs in (("image_mean", "mean"), ("image_std", "std"), ("image_interpolation", "interpolation"),
-                             ("image_resize_mode", "resize_mode")):
+        for ours, theirs in (
+            ("image_mean", "mean"),
+            ("image_std", "std"),
+            ("image_interpolation", "interpolation"),
+            ("image_resize_mode", "resize_mode"),
+        ):
             if theirs in tag_cfg:  # what open_clip applies for a tag, applied to its local file
                 options[ours] = tag_cfg[theirs]
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model, _, self._transform = open_clip.create_model_and_transforms(
-                model_name, pretrained=str(weights) if weights else None, precision=precision, device=device,
-                **options)
+                model_name, pretrained=str(weights) if weights else None, precision=precision, device=device, **options
+            )
         model.eval()
         if not isinstance(model.visual, VisionTransformer):
-            raise UnsupportedModelError(f"model_name={model_name!r}: its vision tower is "
-                                        f"{type(model.visual).__name__}; accepted: ViT towers")
+            raise UnsupportedModelError(
+                f"model_name={model_name!r}: its vision tower is {type(model.visual).__name__}; accepted: ViT towers"
+            )
         self.model, self.device = model, torch.device(device)
         self.dtype = next(model.visual.parameters()).dtype
         blocks = len(model.visual.transformer.resblocks)
@@ -160,9 +182,15 @@ class OpenClipEncoder:
             raise ConfigError(f"layer={layer}: {model_name} has {blocks} blocks; accepted {-blocks}..{blocks - 1}")
         self.layer, self.feature = layer % blocks, feature
         self.identity: Mapping[str, Any] = {
-            "backend": f"open_clip {open_clip.__version__}", "model": model_name, "model_config": model_cfg,
-            "weights": weights_id, "fingerprint": model_fingerprint(model.visual), "precision": precision,
-            "preprocess": open_clip.get_model_preprocess_cfg(model), "layer": self.layer, "feature": feature,
+            "backend": f"open_clip {open_clip.__version__}",
+            "model": model_name,
+            "model_config": model_cfg,
+            "weights": weights_id,
+            "fingerprint": model_fingerprint(model.visual),
+            "precision": precision,
+            "preprocess": open_clip.get_model_preprocess_cfg(model),
+            "layer": self.layer,
+            "feature": feature,
         }
 
     def preprocess(self, image: Image.Image) -> torch.Tensor:
@@ -173,8 +201,13 @@ class OpenClipEncoder:
     def tokens(self, pixels: torch.Tensor) -> torch.Tensor:
         """See :meth:`ImageEncoder.tokens`: block ``layer``'s output, ``[B, patches (+1), width]``."""
         out = self.model.visual.forward_intermediates(
-            pixels.to(self.device, self.dtype), indices=[self.layer], stop_early=True, intermediates_only=True,
-            output_fmt="NLC", output_extra_tokens=self.feature == "cls_patch")
+            pixels.to(self.device, self.dtype),
+            indices=[self.layer],
+            stop_early=True,
+            intermediates_only=True,
+            output_fmt="NLC",
+            output_extra_tokens=self.feature == "cls_patch",
+        )
         patch = out["image_intermediates"][0]
         if self.feature == "cls_patch":
             return torch.cat([out["image_intermediates_prefix"][0], patch], dim=1)

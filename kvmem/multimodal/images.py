@@ -38,8 +38,9 @@ def _read(path: str | os.PathLike[str]) -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as exc:
-        raise UnsupportedValueError(f"image {os.fspath(path)!r}: cannot be read ({exc.strerror}); "
-                                    f"accepted: {_ACCEPTED}") from None
+        raise UnsupportedValueError(
+            f"image {os.fspath(path)!r}: cannot be read ({exc.strerror}); accepted: {_ACCEPTED}"
+        ) from None
 
 
 def _raw(image: ImageInput) -> bytes | None:

@@ -31,8 +31,12 @@ STRATEGIES = ("default", "full")
 
 def clip_image_processor(image_size: int) -> CLIPImageProcessor:
     """The LLaVA-1.5 preprocessing for ``image_size`` pixels: shortest edge resized, center crop, CLIP mean/std."""
-    return CLIPImageProcessor(size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size},
-                              image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD)
+    return CLIPImageProcessor(
+        size={"shortest_edge": image_size},
+        crop_size={"height": image_size, "width": image_size},
+        image_mean=OPENAI_CLIP_MEAN,
+        image_std=OPENAI_CLIP_STD,
+    )
 
 
 def _llava_parts(model: PreTrainedModel) -> tuple[torch.nn.Module, Any]:
@@ -41,11 +45,15 @@ def _llava_parts(model: PreTrainedModel) -> tuple[torch.nn.Module, Any]:
     tower = getattr(inner, "vision_tower", None)
     config = model.config
     if tower is None or not hasattr(config, "vision_feature_layer"):
-        raise UnsupportedModelError(f"{type(model).__name__}: not a LLaVA model (no vision_tower or "
-                                    "vision_feature_layer); accepted: LlavaForConditionalGeneration, LlavaModel")
+        raise UnsupportedModelError(
+            f"{type(model).__name__}: not a LLaVA model (no vision_tower or "
+            "vision_feature_layer); accepted: LlavaForConditionalGeneration, LlavaModel"
+        )
     if config.vision_feature_select_strategy not in STRATEGIES:
-        raise UnsupportedModelError(f"vision_feature_select_strategy={config.vision_feature_select_strategy!r}: "
-                                    f"accepted {' | '.join(STRATEGIES)}")
+        raise UnsupportedModelError(
+            f"vision_feature_select_strategy={config.vision_feature_select_strategy!r}: "
+            f"accepted {' | '.join(STRATEGIES)}"
+        )
     return tower, config
 
 
@@ -76,12 +84,17 @@ class LlavaImageEncoder:
         self.num_tokens = (vision.image_size // vision.patch_size) ** 2 + (self.strategy == "full")
         processor = type(self.processor)
         self.identity: Mapping[str, Any] = {
-            "backend": "transformers-llava", "transformers": transformers.__version__,
+            "backend": "transformers-llava",
+            "transformers": transformers.__version__,
             "vision_model": type(self.vision_tower).__name__,
-            "fingerprint": model_fingerprint(self.vision_tower), "dtype": str(self.dtype).removeprefix("torch."),
-            "layer": self.layer, "strategy": self.strategy,
-            "processor": {"class": [c.__name__ for c in processor.__mro__ if c is not object],
-                          "config": json.loads(self.processor.to_json_string())},
+            "fingerprint": model_fingerprint(self.vision_tower),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "layer": self.layer,
+            "strategy": self.strategy,
+            "processor": {
+                "class": [c.__name__ for c in processor.__mro__ if c is not object],
+                "config": json.loads(self.processor.to_json_string()),
+            },
         }
 
     def preprocess(self, image: Image.Image) -> torch.Tensor:

@@ -78,24 +78,42 @@ class VisualTokenCache:
             one photo score above 0.9 with real CLIP weights).
     """
 
-    def __init__(self, model_name: str = "ViT-B-16", pretrained: str | os.PathLike[str] | None = None, *,
-                 layer: int = -2, feature: str = "patch", memory: Memory | None = None,
-                 dtype: torch.dtype | None = None, precision: str = "fp32", device: str | torch.device = "cpu",
-                 seed: int = 0, similar_threshold: float = 0.9) -> None:
-        encoder = OpenClipEncoder(model_name, pretrained, layer=layer, feature=feature, precision=precision,
-                                  device=device, seed=seed)
+    def __init__(
+        self,
+        model_name: str = "ViT-B-16",
+        pretrained: str | os.PathLike[str] | None = None,
+        *,
+        layer: int = -2,
+        feature: str = "patch",
+        memory: Memory | None = None,
+        dtype: torch.dtype | None = None,
+        precision: str = "fp32",
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+        similar_threshold: float = 0.9,
+    ) -> None:
+        encoder = OpenClipEncoder(
+            model_name, pretrained, layer=layer, feature=feature, precision=precision, device=device, seed=seed
+        )
         self._setup(encoder, memory, dtype, similar_threshold)
 
     @classmethod
-    def from_encoder(cls, encoder: ImageEncoder, *, memory: Memory | None = None, dtype: torch.dtype | None = None,
-                     similar_threshold: float = 0.9) -> VisualTokenCache:
+    def from_encoder(
+        cls,
+        encoder: ImageEncoder,
+        *,
+        memory: Memory | None = None,
+        dtype: torch.dtype | None = None,
+        similar_threshold: float = 0.9,
+    ) -> VisualTokenCache:
         """A cache over any :class:`ImageEncoder` (e.g. a LLaVA model's own vision tower)."""
         cache = cls.__new__(cls)
         cache._setup(encoder, memory, dtype, similar_threshold)
         return cache
 
-    def _setup(self, encoder: ImageEncoder, memory: Memory | None, dtype: torch.dtype | None,
-               similar_threshold: float) -> None:
+    def _setup(
+        self, encoder: ImageEncoder, memory: Memory | None, dtype: torch.dtype | None, similar_threshold: float
+    ) -> None:
         from kvmem.api import default_memory
 
         self.encoder = encoder
@@ -148,8 +166,14 @@ class VisualTokenCache:
                 self._index = self.memory.semantic_index(space)
             return self._index
 
-    def _cached(self, images: Sequence[ImageInput], namespace: str, run: Callable[[torch.Tensor], torch.Tensor],
-                dtype: torch.dtype | None, index: bool = False) -> torch.Tensor:
+    def _cached(
+        self,
+        images: Sequence[ImageInput],
+        namespace: str,
+        run: Callable[[torch.Tensor], torch.Tensor],
+        dtype: torch.dtype | None,
+        index: bool = False,
+    ) -> torch.Tensor:
         images = list(images)
         if not images:
             raise UnsupportedValueError("images: an empty list; accepted: one or more images")
@@ -178,4 +202,3 @@ class VisualTokenCache:
         if len(digests) == 1:  # a loaded or fresh value is already the caller's own: no second copy
             return found[digests[0]].unsqueeze(0)
         return torch.stack([found[d] for d in digests])
-

@@ -63,8 +63,15 @@ def _check(buf: object, checks_crc: bool, key: str) -> blobfmt.Header:
     return header
 
 
-def verify_entries(store: TieredStore, catalog: Catalog, metrics: Metrics, *, fix: bool = False,
-                   progress: bool = True, reap: bool = True) -> VerifyReport:
+def verify_entries(
+    store: TieredStore,
+    catalog: Catalog,
+    metrics: Metrics,
+    *,
+    fix: bool = False,
+    progress: bool = True,
+    reap: bool = True,
+) -> VerifyReport:
     """Read every copy in every tier, check CRC and framing, and compare with the catalog.
 
     ``reap=False``: catalog rows no tier here backs are neither reported nor dropped (a shared catalog
@@ -146,13 +153,23 @@ def _keys(tier: StorageTier) -> list[str]:
         return []
 
 
-def _register(write: Callable[..., object], key: str, header: blobfmt.Header, stored_size: int, crc: int,
-              tier: str) -> None:
+def _register(
+    write: Callable[..., object], key: str, header: blobfmt.Header, stored_size: int, crc: int, tier: str
+) -> None:
     """Write ``key``'s catalog row from its blob's header with ``write`` (``catalog.upsert`` or ``upsert_later``)."""
     info = header.get("info", {})
-    write(key, namespace=info.get("namespace", ""), user_key=info.get("key", ""), kind=header.get("kind", "tree"),
-          size=int(header.get("raw_nbytes", 0)), stored_size=stored_size, codec=header.get("codec", "none"),
-          crc=crc, tiers=[tier], metadata=header.get("metadata", {}))
+    write(
+        key,
+        namespace=info.get("namespace", ""),
+        user_key=info.get("key", ""),
+        kind=header.get("kind", "tree"),
+        size=int(header.get("raw_nbytes", 0)),
+        stored_size=stored_size,
+        codec=header.get("codec", "none"),
+        crc=crc,
+        tiers=[tier],
+        metadata=header.get("metadata", {}),
+    )
 
 
 def collect_garbage(store: TieredStore, catalog: Catalog, reap: bool = True) -> GcReport:

@@ -98,8 +98,10 @@ def migrate_disk(disk: DiskTier, catalog: Catalog, to_format: int, progress: boo
         shutil.rmtree(disk.root / state.target, ignore_errors=True)  # never active: an abandoned area
         areas.set_state(state)
     elif state.target_format != to_format:
-        raise ConfigError(f"to_format={to_format}: a migration to format {state.target_format} is under way in "
-                          f"{disk.root}; finish it first (kvmem migrate --to-format {state.target_format})")
+        raise ConfigError(
+            f"to_format={to_format}: a migration to format {state.target_format} is under way in "
+            f"{disk.root}; finish it first (kvmem migrate --to-format {state.target_format})"
+        )
     copier = _Copier(areas, catalog, state, report)
     copier.carry(_hottest_first(areas, catalog, state.active), progress)
     while copier.carry(copier.left_behind(), progress=False):

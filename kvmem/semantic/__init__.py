@@ -17,16 +17,16 @@ from kvmem.semantic.layer import Match, SemanticIndex
 from kvmem.semantic.verify import RuleVerifier, Verifier
 
 __all__ = [
-           "AutoIndex",
-           "CachedEmbedder",
-           "Embedder",
-           "ExactIndex",
-           "HnswIndex",
-           "Match",
-           "RuleVerifier",
-           "SemanticCache",
-           "SemanticIndex",
-           "SentenceTransformerEmbedder",
-           "VectorIndex",
-           "Verifier",
+    "AutoIndex",
+    "CachedEmbedder",
+    "Embedder",
+    "ExactIndex",
+    "HnswIndex",
+    "Match",
+    "RuleVerifier",
+    "SemanticCache",
+    "SemanticIndex",
+    "SentenceTransformerEmbedder",
+    "VectorIndex",
+    "Verifier",
 ]

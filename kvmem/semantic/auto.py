@@ -29,16 +29,18 @@ class _Build:
     def __init__(self, live: ExactIndex, m: int, ef_construction: int, ef_search: int) -> None:
         self.log: list[tuple[list[str], np.ndarray | None]] = []  # (ids, vectors) added, (ids, None) removed
         self.graph: HnswIndex | None = None
-        self._thread = threading.Thread(target=self._run, args=(live, m, ef_construction, ef_search),
-                                        name="kvmem-hnsw-build", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(live, m, ef_construction, ef_search), name="kvmem-hnsw-build", daemon=True
+        )
         self._thread.start()
 
     def _run(self, live: ExactIndex, m: int, ef_construction: int, ef_search: int) -> None:
         try:
             self.graph = HnswIndex.from_exact(live, m, ef_construction, ef_search, rebuild_at=None)
         except (MemoryError, RuntimeError) as exc:  # the owner keeps serving what it has
-            log.warning("kvmem: building an HNSW graph of %d vectors failed (%s); search stays as it was",
-                        len(live), exc)
+            log.warning(
+                "kvmem: building an HNSW graph of %d vectors failed (%s); search stays as it was", len(live), exc
+            )
 
     def wait(self, timeout: float | None = None) -> bool:
         """Whether the build has finished (after waiting up to ``timeout`` seconds; None: for good)."""
@@ -73,8 +75,16 @@ class AutoIndex:
         background: build graphs on a thread (False: inside the call that needs one).
     """
 
-    def __init__(self, dim: int, hnsw_from: int = 20_000, m: int = 32, ef_construction: int = 200,
-                 ef_search: int = 64, rebuild_at: float = 0.25, background: bool = True) -> None:
+    def __init__(
+        self,
+        dim: int,
+        hnsw_from: int = 20_000,
+        m: int = 32,
+        ef_construction: int = 200,
+        ef_search: int = 64,
+        rebuild_at: float = 0.25,
+        background: bool = True,
+    ) -> None:
         if hnsw_from < 2:
             raise ValueError(f"hnsw_from={hnsw_from}: expected an int >= 2")
         if not 0.0 < rebuild_at < 1.0:
@@ -127,8 +137,7 @@ class AutoIndex:
         self._plan()
         return removed
 
-    def search(self, vector: np.ndarray, k: int,
-               allowed: Collection[str] | None = None) -> list[tuple[str, float]]:
+    def search(self, vector: np.ndarray, k: int, allowed: Collection[str] | None = None) -> list[tuple[str, float]]:
         """See :meth:`~kvmem.semantic.index.VectorIndex.search`."""
         self._adopt_if_done()
         return self._index.search(vector, k, allowed)
@@ -194,8 +203,15 @@ class AutoIndex:
         return False
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], ids: Sequence[str], vectors: np.ndarray,
-             hnsw_from: int = 20_000, on_recovered: OnRecovered | None = None, **options: float) -> AutoIndex:
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        ids: Sequence[str],
+        vectors: np.ndarray,
+        hnsw_from: int = 20_000,
+        on_recovered: OnRecovered | None = None,
+        **options: float,
+    ) -> AutoIndex:
         """An index of ``ids``/``vectors``: the graph saved at ``path`` when it is current, else exact
         (with a graph build started when there are more than ``hnsw_from``).
 

@@ -58,8 +58,16 @@ class SemanticCache:
         clock: seconds now, for TTLs (default :func:`time.time`; inject one in tests).
     """
 
-    def __init__(self, memory: Memory, threshold: float | None = None, verify: bool = True, turns: int = 0, *,
-                 namespace: str | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        memory: Memory,
+        threshold: float | None = None,
+        verify: bool = True,
+        turns: int = 0,
+        *,
+        namespace: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if turns < 0:
             raise ConfigError(f"turns={turns}: accepted an integer >= 0")
         self.memory = memory
@@ -84,19 +92,25 @@ class SemanticCache:
             messages = [_message(m) for m in prompt]
             last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
             if last is None:
-                raise UnsupportedValueError("chat prompt without a user message: accepted a str, or messages "
-                                            "with at least one role 'user'")
+                raise UnsupportedValueError(
+                    "chat prompt without a user message: accepted a str, or messages with at least one role 'user'"
+                )
             first = max(0, last - self.turns)
-            text = "\n".join(m["content"] for m in messages[first:last + 1])
+            text = "\n".join(m["content"] for m in messages[first : last + 1])
             # messages after the last user message (rare) are exact context as well
-            history = messages[:first] + messages[last + 1:]
-        exact = json.dumps({"partition": dict(partition or {}), "history": history, "turns": self.turns},
-                           sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            history = messages[:first] + messages[last + 1 :]
+        exact = json.dumps(
+            {"partition": dict(partition or {}), "history": history, "turns": self.turns},
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+        )
         return _NAMESPACE_PREFIX + content_hash(exact, self.namespace), text
 
     # -- operations -----------------------------------------------------------------
-    def put(self, prompt: Prompt, response: Any, partition: Mapping[str, Any] | None = None,
-            ttl: float | None = None) -> str:
+    def put(
+        self, prompt: Prompt, response: Any, partition: Mapping[str, Any] | None = None, ttl: float | None = None
+    ) -> str:
         """Cache ``response`` (any value :meth:`Memory.store` takes, e.g. JSON) for ``prompt``.
 
         Args:
@@ -119,8 +133,9 @@ class SemanticCache:
         found = self._find(prompt, partition)
         return found[1] if found is not None else None
 
-    async def aput(self, prompt: Prompt, response: Any, partition: Mapping[str, Any] | None = None,
-                   ttl: float | None = None) -> str:
+    async def aput(
+        self, prompt: Prompt, response: Any, partition: Mapping[str, Any] | None = None, ttl: float | None = None
+    ) -> str:
         """:meth:`put` in a worker thread (embedding and disk writes do not block the event loop)."""
         return await asyncio.to_thread(self.put, prompt, response, partition, ttl)
 
@@ -143,8 +158,9 @@ class SemanticCache:
         value = self._live(text, namespace)
         if value is not None:
             return text, value[0]
-        for match in self.memory.lookup_similar(text, _SIMILAR_CANDIDATES, namespace=namespace,
-                                                threshold=self.threshold, verify=self.verify):
+        for match in self.memory.lookup_similar(
+            text, _SIMILAR_CANDIDATES, namespace=namespace, threshold=self.threshold, verify=self.verify
+        ):
             if match.text == text:
                 continue  # the exact entry, already found expired (and deleted) above
             value = self._live(match.text, namespace)

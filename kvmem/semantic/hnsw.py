@@ -63,8 +63,9 @@ class HnswIndex:
             rebuilds itself (its owner does, as :class:`~kvmem.semantic.auto.AutoIndex` does off-thread).
     """
 
-    def __init__(self, dim: int, m: int = 32, ef_construction: int = 200, ef_search: int = 64,
-                 rebuild_at: float | None = 0.25) -> None:
+    def __init__(
+        self, dim: int, m: int = 32, ef_construction: int = 200, ef_search: int = 64, rebuild_at: float | None = 0.25
+    ) -> None:
         for name, value in (("dim", dim), ("m", m), ("ef_construction", ef_construction), ("ef_search", ef_search)):
             if value < (2 if name == "m" else 1):
                 raise ValueError(f"{name}={value}: expected an int >= {2 if name == 'm' else 1}")
@@ -77,8 +78,14 @@ class HnswIndex:
         self._reset([])
 
     @classmethod
-    def from_exact(cls, exact: ExactIndex, m: int = 32, ef_construction: int = 200, ef_search: int = 64,
-                   rebuild_at: float | None = 0.25) -> HnswIndex:
+    def from_exact(
+        cls,
+        exact: ExactIndex,
+        m: int = 32,
+        ef_construction: int = 200,
+        ef_search: int = 64,
+        rebuild_at: float | None = 0.25,
+    ) -> HnswIndex:
         """A graph over ``exact``'s vectors; ``exact`` becomes the new index's live store (not copied).
 
         Args:
@@ -134,7 +141,7 @@ class HnswIndex:
         self._graph.add(np.ascontiguousarray(rows))
         if self._graph.ntotal > len(self._alive):
             self._alive = np.concatenate([self._alive, np.zeros(max(len(self._alive), len(rows)), dtype=bool)])
-        self._alive[base:self._graph.ntotal] = True
+        self._alive[base : self._graph.ntotal] = True
         for j, id_ in enumerate(new_ids):
             self._label[id_] = base + j
             self._owner.append(id_)
@@ -164,8 +171,7 @@ class HnswIndex:
             self._reset(self._live.ids, self._live.vectors)
             self.rebuilds += 1
 
-    def search(self, vector: np.ndarray, k: int,
-               allowed: Collection[str] | None = None) -> list[tuple[str, float]]:
+    def search(self, vector: np.ndarray, k: int, allowed: Collection[str] | None = None) -> list[tuple[str, float]]:
         """See :meth:`VectorIndex.search`.
 
         Small ``allowed`` sets (under 4096 ids, or an eighth of the index) are scored
@@ -182,8 +188,7 @@ class HnswIndex:
             eligible = n
             keep = self._alive_bits() if ntotal > n else None
         else:
-            labels = np.unique(np.fromiter((x for x in map(self._label.get, allowed) if x is not None),
-                                           dtype=np.int64))
+            labels = np.unique(np.fromiter((x for x in map(self._label.get, allowed) if x is not None), dtype=np.int64))
             eligible = labels.size
             if eligible <= _EXACT_SUBSET or 8 * eligible <= n:
                 return self._live.search(query, k, allowed)
@@ -210,7 +215,7 @@ class HnswIndex:
 
     def _alive_bits(self) -> np.ndarray:
         if self._bits is None:
-            self._bits = np.packbits(self._alive[:self._graph.ntotal], bitorder="little")
+            self._bits = np.packbits(self._alive[: self._graph.ntotal], bitorder="little")
         return self._bits
 
     # -- persistence -------------------------------------------------------------------
@@ -222,9 +227,16 @@ class HnswIndex:
         """
         path = Path(path)
         graph = faiss.serialize_index(self._graph)  # same bytes as faiss.write_index
-        meta = _Sidecar(self.dim, self.m, self.ef_construction, self.ef_search, self.rebuild_at,
-                        graph_sha256=hashlib.sha256(graph.data).hexdigest(),
-                        digest=content_digest(self._live.ids, self._live.vectors), labels=list(self._owner))
+        meta = _Sidecar(
+            self.dim,
+            self.m,
+            self.ef_construction,
+            self.ef_search,
+            self.rebuild_at,
+            graph_sha256=hashlib.sha256(graph.data).hexdigest(),
+            digest=content_digest(self._live.ids, self._live.vectors),
+            labels=list(self._owner),
+        )
         write_atomic(path, graph.data, durable=True)
         write_atomic(_sidecar(path), json.dumps({"format": _FORMAT, **asdict(meta)}), durable=True)
 
@@ -235,8 +247,13 @@ class HnswIndex:
             stale.unlink(missing_ok=True)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], ids: Sequence[str], vectors: np.ndarray,
-             on_recovered: OnRecovered | None = None) -> HnswIndex | None:
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        ids: Sequence[str],
+        vectors: np.ndarray,
+        on_recovered: OnRecovered | None = None,
+    ) -> HnswIndex | None:
         """The index saved at ``path`` if it holds exactly ``ids`` with ``vectors``, else None.
 
         None means missing, stale (saved from other contents) or damaged: the caller then
@@ -279,8 +296,12 @@ class HnswIndex:
             graph = faiss.deserialize_index(np.frombuffer(graph_bytes, dtype=np.uint8))
         except RuntimeError as exc:  # bytes that match a crafted sidecar but no faiss format
             raise Damaged(f"faiss cannot read the graph: {exc}") from None
-        if (not isinstance(graph, faiss.IndexHNSWFlat) or graph.d != meta.dim
-                or graph.metric_type != faiss.METRIC_INNER_PRODUCT or graph.ntotal != len(owners)):
+        if (
+            not isinstance(graph, faiss.IndexHNSWFlat)
+            or graph.d != meta.dim
+            or graph.metric_type != faiss.METRIC_INNER_PRODUCT
+            or graph.ntotal != len(owners)
+        ):
             raise Damaged("the graph is not the inner-product HNSW graph its sidecar describes")
         index = cls(meta.dim, meta.m, meta.ef_construction, meta.ef_search, meta.rebuild_at)
         index._live.add(ids, vectors)
@@ -330,9 +351,14 @@ class _Sidecar:
         meta = cls(**raw)
         ints_ok = all(isinstance(v, int) and v >= 1 for v in (meta.dim, meta.m, meta.ef_construction, meta.ef_search))
         fraction_ok = meta.rebuild_at is None or (isinstance(meta.rebuild_at, float) and 0.0 < meta.rebuild_at < 1.0)
-        if (not ints_ok or meta.m < 2 or not fraction_ok
-                or not isinstance(meta.graph_sha256, str) or not isinstance(meta.digest, str)
-                or not isinstance(meta.labels, list)
-                or not all(o is None or isinstance(o, str) for o in meta.labels)):
+        if (
+            not ints_ok
+            or meta.m < 2
+            or not fraction_ok
+            or not isinstance(meta.graph_sha256, str)
+            or not isinstance(meta.digest, str)
+            or not isinstance(meta.labels, list)
+            or not all(o is None or isinstance(o, str) for o in meta.labels)
+        ):
             raise Damaged("the sidecar holds values no save writes")
         return meta

@@ -35,13 +35,11 @@ class VectorIndex(Protocol):
         """Remove ``ids`` (absent ones are ignored); how many were present."""
         ...
 
-    def search(self, vector: np.ndarray, k: int,
-               allowed: Collection[str] | None = None) -> list[tuple[str, float]]:
+    def search(self, vector: np.ndarray, k: int, allowed: Collection[str] | None = None) -> list[tuple[str, float]]:
         """The ``k`` ids closest to ``vector``, best first (ties by id), only ids in ``allowed`` when given."""
         ...
 
-    def __len__(self) -> int:
-        ...
+    def __len__(self) -> int: ...
 
 
 def checked_rows(ids: Sequence[str], vectors: np.ndarray, dim: int) -> np.ndarray:
@@ -100,7 +98,7 @@ class ExactIndex:
     @property
     def vectors(self) -> np.ndarray:
         """The live ``[n, dim]`` rows, a read-only view (valid until the next add or remove)."""
-        view = self._matrix[:len(self._ids)]
+        view = self._matrix[: len(self._ids)]
         view.flags.writeable = False
         return view
 
@@ -140,8 +138,7 @@ class ExactIndex:
             removed += 1
         return removed
 
-    def search(self, vector: np.ndarray, k: int,
-               allowed: Collection[str] | None = None) -> list[tuple[str, float]]:
+    def search(self, vector: np.ndarray, k: int, allowed: Collection[str] | None = None) -> list[tuple[str, float]]:
         """See :meth:`VectorIndex.search`; with ``allowed``, only its rows are scored."""
         n = len(self._ids)
         if n == 0 or k <= 0:
@@ -157,7 +154,7 @@ class ExactIndex:
     def copy(self) -> ExactIndex:
         """An independent index with the same ids and vectors."""
         twin = ExactIndex(self.dim)
-        twin._matrix = self._matrix[:max(16, len(self._ids))].copy()
+        twin._matrix = self._matrix[: max(16, len(self._ids))].copy()
         twin._ids = list(self._ids)
         twin._row = dict(self._row)
         return twin

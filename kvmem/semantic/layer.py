@@ -48,6 +48,7 @@ from kvmem.semantic.verify import RuleVerifier, Verifier
 
 __all__ = ["Match", "SemanticIndex"]
 
+
 @dataclass(frozen=True)
 class Match:
     """One semantic hit.
@@ -94,10 +95,16 @@ class SemanticIndex:
         on_recovered: told ``"hnsw"`` when a damaged saved graph is set aside (and rebuilt from the rows).
     """
 
-    def __init__(self, database: Database, embedder: Embedder | None = None, verifier: Verifier | None = None,
-                 live: Callable[[Sequence[str]], list[bool]] | None = None,
-                 directory: str | Path | None = None, hnsw_from: int = 20_000,
-                 on_recovered: OnRecovered | None = None) -> None:
+    def __init__(
+        self,
+        database: Database,
+        embedder: Embedder | None = None,
+        verifier: Verifier | None = None,
+        live: Callable[[Sequence[str]], list[bool]] | None = None,
+        directory: str | Path | None = None,
+        hnsw_from: int = 20_000,
+        on_recovered: OnRecovered | None = None,
+    ) -> None:
         inner = embedder if embedder is not None else SentenceTransformerEmbedder()
         self.embedder = inner if isinstance(inner, CachedEmbedder) else CachedEmbedder(inner)
         self.verifier: Verifier = verifier if verifier is not None else RuleVerifier()
@@ -131,8 +138,9 @@ class SemanticIndex:
             ids, vecs = grouped.setdefault(row["namespace"], ([], []))
             ids.append(row["key"])
             vecs.append(vec)
-            self._entries[row["key"]] = _Entry(row["namespace"], row["text"],
-                                               _user_key(row["user_key"], row["user_key_is_bytes"]))
+            self._entries[row["key"]] = _Entry(
+                row["namespace"], row["text"], _user_key(row["user_key"], row["user_key_is_bytes"])
+            )
             self.embedder.remember(row["text"], vec)
         for namespace, (ids, vecs) in grouped.items():
             path = self._graph_path(namespace)
@@ -193,8 +201,9 @@ class SemanticIndex:
         """
         self.add_vector(key, self.embedder.embed([text])[0], namespace, text, user_key)
 
-    def add_vector(self, key: str, vector: np.ndarray, namespace: str, text: str = "",
-                   user_key: str | bytes | None = None) -> None:
+    def add_vector(
+        self, key: str, vector: np.ndarray, namespace: str, text: str = "", user_key: str | bytes | None = None
+    ) -> None:
         """Index a vector made elsewhere (an image's CLIP embedding) for ``key``; ``text`` is its label.
 
         Raises:
@@ -203,8 +212,14 @@ class SemanticIndex:
         vec = np.asarray(vector, dtype=np.float32).reshape(-1)
         if vec.shape != (self.embedder.dim,) or not abs(float(np.linalg.norm(vec)) - 1.0) < 1e-3:
             raise ValueError(f"vector of shape {vec.shape}: expected a unit vector of {self.embedder.dim} floats")
-        row = {"key": key, "namespace": namespace, "embedder": self.embedder.name, "text": text,
-               "vector": vec.tobytes(), **_user_key_columns(user_key)}
+        row = {
+            "key": key,
+            "namespace": namespace,
+            "embedder": self.embedder.name,
+            "text": text,
+            "vector": vec.tobytes(),
+            **_user_key_columns(user_key),
+        }
         with self._lock:
             self._stale.discard(key)
             self._purge()
@@ -258,8 +273,9 @@ class SemanticIndex:
             found = self._forget(key)
         return gone or found
 
-    def search(self, query: str, namespace: str, k: int, threshold: float | None = None,
-               verify: bool = True) -> list[tuple[str, float, str]]:
+    def search(
+        self, query: str, namespace: str, k: int, threshold: float | None = None, verify: bool = True
+    ) -> list[tuple[str, float, str]]:
         """Candidates for ``query`` in ``namespace``: ``(key, score, text)``, best first.
 
         Args:
@@ -275,8 +291,9 @@ class SemanticIndex:
             scored = [c for c in scored if self.verifier.accepts(query, c[2])]
         return scored[:k]
 
-    def search_vector(self, vector: np.ndarray, namespace: str, k: int,
-                      threshold: float | None = None) -> list[tuple[str, float, str]]:
+    def search_vector(
+        self, vector: np.ndarray, namespace: str, k: int, threshold: float | None = None
+    ) -> list[tuple[str, float, str]]:
         """The ``k`` nearest entries of ``namespace`` to a unit ``vector`` scoring at least ``threshold``
         (default: the embedder's): ``(key, score, text)``, best first; no verifier."""
         floor = self.embedder.threshold if threshold is None else threshold
@@ -301,8 +318,11 @@ def _upsert_statement(database: Database) -> Any:
     insert = database.insert(semantic_rows)
     return insert.on_conflict_do_update(
         index_elements=[semantic_rows.c.key],
-        set_={name: insert.excluded[name]
-              for name in ("namespace", "embedder", "text", "vector", "user_key", "user_key_is_bytes")})
+        set_={
+            name: insert.excluded[name]
+            for name in ("namespace", "embedder", "text", "vector", "user_key", "user_key_is_bytes")
+        },
+    )
 
 
 def _user_key_columns(user_key: str | bytes | None) -> dict[str, bytes | bool | None]:

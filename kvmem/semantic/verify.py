@@ -51,80 +51,439 @@ __all__ = ["Analysis", "RuleVerifier", "Verifier", "analyze", "differs", "reason
 _TOKEN = re.compile(r"n't|\d+(?:[.,]\d+)*(?![A-Za-z])|\w*\d\w*|[A-Za-z][A-Za-z'-]*")
 _CONTRACTION = re.compile(r"(?i)\b([a-z]+)n't\b")
 _POSSESSIVE = re.compile(r"(?:'s|')$")
-_NEGATIONS = frozenset({"not", "no", "never", "n't", "none", "nobody", "nothing", "neither", "nor", "without",
-                        "cannot", "nowhere"})
-_NUMBER_WORDS = {w: str(i) for i, w in enumerate(
-    ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
-     "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"])}
-_NUMBER_WORDS.update({"thirty": "30", "forty": "40", "fifty": "50", "hundred": "100", "thousand": "1000",
-                      "million": "1000000", "billion": "1000000000"})
+_NEGATIONS = frozenset(
+    {"not", "no", "never", "n't", "none", "nobody", "nothing", "neither", "nor", "without", "cannot", "nowhere"}
+)
+_NUMBER_WORDS = {
+    w: str(i)
+    for i, w in enumerate(
+        [
+            "zero",
+            "one",
+            "two",
+            "three",
+            "four",
+            "five",
+            "six",
+            "seven",
+            "eight",
+            "nine",
+            "ten",
+            "eleven",
+            "twelve",
+            "thirteen",
+            "fourteen",
+            "fifteen",
+            "sixteen",
+            "seventeen",
+            "eighteen",
+            "nineteen",
+            "twenty",
+        ]
+    )
+}
+_NUMBER_WORDS.update(
+    {
+        "thirty": "30",
+        "forty": "40",
+        "fifty": "50",
+        "hundred": "100",
+        "thousand": "1000",
+        "million": "1000000",
+        "billion": "1000000000",
+    }
+)
 _UNITS = {
-    "km": "km", "kilometer": "km", "kilometre": "km", "mi": "mile", "mile": "mile", "m": "m", "meter": "m",
-    "metre": "m", "cm": "cm", "centimeter": "cm", "centimetre": "cm", "mm": "mm", "millimeter": "mm",
-    "ft": "foot", "foot": "foot", "feet": "foot", "inch": "inch", "inches": "inch", "yard": "yard",
-    "kg": "kg", "kilogram": "kg", "kilo": "kg", "g": "g", "gram": "g", "mg": "mg", "milligram": "mg",
-    "lb": "lb", "lbs": "lb", "pound": "lb", "ounce": "oz", "oz": "oz", "ton": "ton", "tonne": "ton",
-    "l": "l", "liter": "l", "litre": "l", "ml": "ml", "milliliter": "ml", "gallon": "gallon", "pint": "pint",
-    "tablespoon": "tbsp", "tbsp": "tbsp", "teaspoon": "tsp", "tsp": "tsp",
-    "celsius": "celsius", "fahrenheit": "fahrenheit", "kelvin": "kelvin", "percent": "percent",
-    "second": "second", "minute": "minute", "hour": "hour", "hourly": "hour", "day": "day", "daily": "day",
-    "week": "week", "weekly": "week", "month": "month", "monthly": "month", "year": "year", "yearly": "year",
-    "annual": "year", "annually": "year", "quart": "quart", "acre": "acre", "hectare": "hectare", "usd": "usd",
-    "dollar": "usd", "eur": "eur", "euro": "eur",
-    "yen": "jpy", "gbp": "gbp", "sterling": "gbp", "gb": "gb", "gigabyte": "gb", "mb": "mb", "megabyte": "mb",
-    "kb": "kb", "kilobyte": "kb", "tb": "tb", "terabyte": "tb", "mph": "mph", "kmh": "kmh", "watt": "watt",
-    "volt": "volt", "calorie": "calorie", "kcal": "calorie",
+    "km": "km",
+    "kilometer": "km",
+    "kilometre": "km",
+    "mi": "mile",
+    "mile": "mile",
+    "m": "m",
+    "meter": "m",
+    "metre": "m",
+    "cm": "cm",
+    "centimeter": "cm",
+    "centimetre": "cm",
+    "mm": "mm",
+    "millimeter": "mm",
+    "ft": "foot",
+    "foot": "foot",
+    "feet": "foot",
+    "inch": "inch",
+    "inches": "inch",
+    "yard": "yard",
+    "kg": "kg",
+    "kilogram": "kg",
+    "kilo": "kg",
+    "g": "g",
+    "gram": "g",
+    "mg": "mg",
+    "milligram": "mg",
+    "lb": "lb",
+    "lbs": "lb",
+    "pound": "lb",
+    "ounce": "oz",
+    "oz": "oz",
+    "ton": "ton",
+    "tonne": "ton",
+    "l": "l",
+    "liter": "l",
+    "litre": "l",
+    "ml": "ml",
+    "milliliter": "ml",
+    "gallon": "gallon",
+    "pint": "pint",
+    "tablespoon": "tbsp",
+    "tbsp": "tbsp",
+    "teaspoon": "tsp",
+    "tsp": "tsp",
+    "celsius": "celsius",
+    "fahrenheit": "fahrenheit",
+    "kelvin": "kelvin",
+    "percent": "percent",
+    "second": "second",
+    "minute": "minute",
+    "hour": "hour",
+    "hourly": "hour",
+    "day": "day",
+    "daily": "day",
+    "week": "week",
+    "weekly": "week",
+    "month": "month",
+    "monthly": "month",
+    "year": "year",
+    "yearly": "year",
+    "annual": "year",
+    "annually": "year",
+    "quart": "quart",
+    "acre": "acre",
+    "hectare": "hectare",
+    "usd": "usd",
+    "dollar": "usd",
+    "eur": "eur",
+    "euro": "eur",
+    "yen": "jpy",
+    "gbp": "gbp",
+    "sterling": "gbp",
+    "gb": "gb",
+    "gigabyte": "gb",
+    "mb": "mb",
+    "megabyte": "mb",
+    "kb": "kb",
+    "kilobyte": "kb",
+    "tb": "tb",
+    "terabyte": "tb",
+    "mph": "mph",
+    "kmh": "kmh",
+    "watt": "watt",
+    "volt": "volt",
+    "calorie": "calorie",
+    "kcal": "calorie",
 }
 # "what year" / "which day" ask "when": the unit there is not a quantity
 _WHEN_WORDS = frozenset({"what", "which"})
 _OPPOSITES = [
-    ("open", "close"), ("opened", "closed"), ("on", "off"), ("in", "out"), ("up", "down"), ("before", "after"),
-    ("increase", "decrease"), ("increase", "reduce"), ("more", "less"), ("more", "fewer"), ("most", "least"),
-    ("minimum", "maximum"), ("min", "max"), ("minimize", "maximize"), ("buy", "sell"), ("bought", "sold"),
-    ("hot", "cold"), ("warm", "cool"), ("start", "end"), ("begin", "end"), ("start", "finish"),
-    ("allow", "deny"), ("allow", "forbid"), ("accept", "reject"), ("accept", "decline"), ("approve", "reject"),
-    ("approve", "deny"), ("true", "false"), ("win", "lose"), ("won", "lost"), ("add", "remove"),
-    ("add", "subtract"), ("multiply", "divide"), ("include", "exclude"), ("above", "below"), ("over", "under"),
-    ("high", "low"), ("higher", "lower"), ("highest", "lowest"), ("raise", "lower"), ("large", "small"),
-    ("larger", "smaller"), ("big", "small"), ("bigger", "smaller"), ("biggest", "smallest"),
-    ("largest", "smallest"), ("long", "short"), ("longer", "shorter"), ("longest", "shortest"), ("fast", "slow"),
-    ("faster", "slower"), ("fastest", "slowest"), ("quick", "slow"), ("best", "worst"), ("better", "worse"),
-    ("good", "bad"), ("first", "last"), ("input", "output"), ("import", "export"), ("inside", "outside"),
-    ("upload", "download"), ("login", "logout"), ("push", "pull"), ("arrive", "depart"),
-    ("arrival", "departure"), ("north", "south"), ("east", "west"), ("left", "right"), ("cheap", "expensive"),
-    ("cheapest", "expensive"), ("young", "old"), ("younger", "older"), ("youngest", "oldest"), ("new", "old"),
-    ("light", "dark"), ("light", "heavy"), ("wet", "dry"), ("full", "empty"), ("early", "late"),
-    ("earlier", "later"), ("earliest", "latest"), ("easy", "hard"), ("easy", "difficult"), ("safe", "dangerous"),
-    ("pro", "con"), ("enable", "disable"), ("start", "stop"), ("allow", "block"), ("lock", "unlock"),
-    ("positive", "negative"), ("plus", "minus"), ("encrypt", "decrypt"), ("encode", "decode"),
-    ("charge", "drain"), ("gain", "lose"), ("gain", "loss"), ("profit", "loss"), ("rise", "fall"),
-    ("attach", "detach"), ("enter", "exit"), ("send", "receive"), ("give", "take"), ("borrow", "lend"),
-    ("private", "public"), ("male", "female"), ("man", "woman"), ("upper", "lower"), ("uppercase", "lowercase"),
-    ("strength", "weakness"), ("day", "night"), ("morning", "evening"), ("summer", "winter"),
-    ("sunrise", "sunset"), ("past", "future"), ("yesterday", "tomorrow"), ("always", "never"),
-    ("upgrade", "downgrade"), ("ascending", "descending"), ("forward", "backward"), ("front", "back"),
-    ("top", "bottom"), ("inner", "outer"), ("internal", "external"), ("expand", "collapse"), ("show", "hide"),
-    ("visible", "hidden"), ("online", "offline"), ("join", "leave"), ("hire", "fire"), ("debit", "credit"),
-    ("deposit", "withdraw"), ("success", "failure"), ("pass", "fail"), ("asleep", "awake"), ("inbound", "outbound"),
-    ("inhale", "exhale"), ("overweight", "underweight"), ("hotter", "colder"), ("hottest", "coldest"),
-    ("warm", "cold"), ("warmer", "colder"), ("warmest", "coldest"), ("cheap", "pricey"), ("cheaper", "pricier"),
-    ("cheapest", "priciest"), ("wide", "narrow"), ("thick", "thin"), ("deep", "shallow"), ("strong", "weak"),
+    ("open", "close"),
+    ("opened", "closed"),
+    ("on", "off"),
+    ("in", "out"),
+    ("up", "down"),
+    ("before", "after"),
+    ("increase", "decrease"),
+    ("increase", "reduce"),
+    ("more", "less"),
+    ("more", "fewer"),
+    ("most", "least"),
+    ("minimum", "maximum"),
+    ("min", "max"),
+    ("minimize", "maximize"),
+    ("buy", "sell"),
+    ("bought", "sold"),
+    ("hot", "cold"),
+    ("warm", "cool"),
+    ("start", "end"),
+    ("begin", "end"),
+    ("start", "finish"),
+    ("allow", "deny"),
+    ("allow", "forbid"),
+    ("accept", "reject"),
+    ("accept", "decline"),
+    ("approve", "reject"),
+    ("approve", "deny"),
+    ("true", "false"),
+    ("win", "lose"),
+    ("won", "lost"),
+    ("add", "remove"),
+    ("add", "subtract"),
+    ("multiply", "divide"),
+    ("include", "exclude"),
+    ("above", "below"),
+    ("over", "under"),
+    ("high", "low"),
+    ("higher", "lower"),
+    ("highest", "lowest"),
+    ("raise", "lower"),
+    ("large", "small"),
+    ("larger", "smaller"),
+    ("big", "small"),
+    ("bigger", "smaller"),
+    ("biggest", "smallest"),
+    ("largest", "smallest"),
+    ("long", "short"),
+    ("longer", "shorter"),
+    ("longest", "shortest"),
+    ("fast", "slow"),
+    ("faster", "slower"),
+    ("fastest", "slowest"),
+    ("quick", "slow"),
+    ("best", "worst"),
+    ("better", "worse"),
+    ("good", "bad"),
+    ("first", "last"),
+    ("input", "output"),
+    ("import", "export"),
+    ("inside", "outside"),
+    ("upload", "download"),
+    ("login", "logout"),
+    ("push", "pull"),
+    ("arrive", "depart"),
+    ("arrival", "departure"),
+    ("north", "south"),
+    ("east", "west"),
+    ("left", "right"),
+    ("cheap", "expensive"),
+    ("cheapest", "expensive"),
+    ("young", "old"),
+    ("younger", "older"),
+    ("youngest", "oldest"),
+    ("new", "old"),
+    ("light", "dark"),
+    ("light", "heavy"),
+    ("wet", "dry"),
+    ("full", "empty"),
+    ("early", "late"),
+    ("earlier", "later"),
+    ("earliest", "latest"),
+    ("easy", "hard"),
+    ("easy", "difficult"),
+    ("safe", "dangerous"),
+    ("pro", "con"),
+    ("enable", "disable"),
+    ("start", "stop"),
+    ("allow", "block"),
+    ("lock", "unlock"),
+    ("positive", "negative"),
+    ("plus", "minus"),
+    ("encrypt", "decrypt"),
+    ("encode", "decode"),
+    ("charge", "drain"),
+    ("gain", "lose"),
+    ("gain", "loss"),
+    ("profit", "loss"),
+    ("rise", "fall"),
+    ("attach", "detach"),
+    ("enter", "exit"),
+    ("send", "receive"),
+    ("give", "take"),
+    ("borrow", "lend"),
+    ("private", "public"),
+    ("male", "female"),
+    ("man", "woman"),
+    ("upper", "lower"),
+    ("uppercase", "lowercase"),
+    ("strength", "weakness"),
+    ("day", "night"),
+    ("morning", "evening"),
+    ("summer", "winter"),
+    ("sunrise", "sunset"),
+    ("past", "future"),
+    ("yesterday", "tomorrow"),
+    ("always", "never"),
+    ("upgrade", "downgrade"),
+    ("ascending", "descending"),
+    ("forward", "backward"),
+    ("front", "back"),
+    ("top", "bottom"),
+    ("inner", "outer"),
+    ("internal", "external"),
+    ("expand", "collapse"),
+    ("show", "hide"),
+    ("visible", "hidden"),
+    ("online", "offline"),
+    ("join", "leave"),
+    ("hire", "fire"),
+    ("debit", "credit"),
+    ("deposit", "withdraw"),
+    ("success", "failure"),
+    ("pass", "fail"),
+    ("asleep", "awake"),
+    ("inbound", "outbound"),
+    ("inhale", "exhale"),
+    ("overweight", "underweight"),
+    ("hotter", "colder"),
+    ("hottest", "coldest"),
+    ("warm", "cold"),
+    ("warmer", "colder"),
+    ("warmest", "coldest"),
+    ("cheap", "pricey"),
+    ("cheaper", "pricier"),
+    ("cheapest", "priciest"),
+    ("wide", "narrow"),
+    ("thick", "thin"),
+    ("deep", "shallow"),
+    ("strong", "weak"),
 ]
-_ABBREVIATIONS = frozenset({"dr", "mr", "mrs", "ms", "prof", "st", "jr", "sr", "vs", "mt", "ft", "no", "approx",
-                            "dept", "inc", "ltd", "co", "corp", "gen", "capt", "sgt", "rev", "hon"})
+_ABBREVIATIONS = frozenset(
+    {
+        "dr",
+        "mr",
+        "mrs",
+        "ms",
+        "prof",
+        "st",
+        "jr",
+        "sr",
+        "vs",
+        "mt",
+        "ft",
+        "no",
+        "approx",
+        "dept",
+        "inc",
+        "ltd",
+        "co",
+        "corp",
+        "gen",
+        "capt",
+        "sgt",
+        "rev",
+        "hon",
+    }
+)
 _ARTICLES = frozenset({"a", "an", "the"})
 _NEGATING_PREFIXES = ("un", "dis", "in", "im", "il", "ir", "non", "de", "anti")
-_STOPWORDS = frozenset([
-    "a", "an", "the", "what", "which", "who", "whom", "whose", "when", "where", "why", "how", "is", "are", "was",
-    "were", "be", "been", "being", "am", "do", "does", "did", "doing", "done", "can", "could", "should", "would",
-    "will", "shall", "may", "might", "must", "i", "you", "he", "she", "it", "we", "they", "my", "your", "his", "her",
-    "its", "our", "their", "me", "him", "us", "them", "mine", "yours", "this", "that", "these", "those", "there",
-    "here", "in", "on", "at", "of", "to", "for", "from", "by", "with", "about", "into", "onto", "and", "or", "but",
-    "if", "then", "so", "as", "than", "please", "tell", "give", "show", "explain", "list", "find", "way", "ways",
-    "get", "got", "any", "some", "let", "know", "want", "need", "like", "just", "also", "really", "very", "there's",
-    "it's", "i'm", "i've", "i'd", "you're", "let's", "whats", "hows", "wheres", "whos", "im", "ive", "youre",
-    "theres",
-])
+_STOPWORDS = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "what",
+        "which",
+        "who",
+        "whom",
+        "whose",
+        "when",
+        "where",
+        "why",
+        "how",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "been",
+        "being",
+        "am",
+        "do",
+        "does",
+        "did",
+        "doing",
+        "done",
+        "can",
+        "could",
+        "should",
+        "would",
+        "will",
+        "shall",
+        "may",
+        "might",
+        "must",
+        "i",
+        "you",
+        "he",
+        "she",
+        "it",
+        "we",
+        "they",
+        "my",
+        "your",
+        "his",
+        "her",
+        "its",
+        "our",
+        "their",
+        "me",
+        "him",
+        "us",
+        "them",
+        "mine",
+        "yours",
+        "this",
+        "that",
+        "these",
+        "those",
+        "there",
+        "here",
+        "in",
+        "on",
+        "at",
+        "of",
+        "to",
+        "for",
+        "from",
+        "by",
+        "with",
+        "about",
+        "into",
+        "onto",
+        "and",
+        "or",
+        "but",
+        "if",
+        "then",
+        "so",
+        "as",
+        "than",
+        "please",
+        "tell",
+        "give",
+        "show",
+        "explain",
+        "list",
+        "find",
+        "way",
+        "ways",
+        "get",
+        "got",
+        "any",
+        "some",
+        "let",
+        "know",
+        "want",
+        "need",
+        "like",
+        "just",
+        "also",
+        "really",
+        "very",
+        "there's",
+        "it's",
+        "i'm",
+        "i've",
+        "i'd",
+        "you're",
+        "let's",
+        "whats",
+        "hows",
+        "wheres",
+        "whos",
+        "im",
+        "ive",
+        "youre",
+        "theres",
+    ]
+)
 
 
 class Verifier(Protocol):
@@ -183,8 +542,9 @@ def _words(text: str) -> tuple[list[str], list[bool]]:
     text = _CONTRACTION.sub(r"\1 n't", text)
     matches = list(_TOKEN.finditer(text))
     raw = [_POSSESSIVE.sub("", m.group()) or m.group() for m in matches]  # "France's" names France
-    gaps = [text[:matches[0].start()] if matches else ""] + [
-        text[a.end():b.start()] for a, b in itertools.pairwise(matches)]
+    gaps = [text[: matches[0].start()] if matches else ""] + [
+        text[a.end() : b.start()] for a, b in itertools.pairwise(matches)
+    ]
     # hyphenated numbers are numbers ("five-year-old" -> five year old); other hyphens stay ("wi-fi")
     split_raw: list[str] = []
     split_gaps: list[str] = []
@@ -196,9 +556,10 @@ def _words(text: str) -> tuple[list[str], list[bool]]:
         else:
             split_raw.append(word)
             split_gaps.append(gap)
-    initial = [i == 0 or any(c in "?!:" for c in gap)
-               or ("." in gap and split_raw[i - 1].lower() not in _ABBREVIATIONS)
-               for i, gap in enumerate(split_gaps)]
+    initial = [
+        i == 0 or any(c in "?!:" for c in gap) or ("." in gap and split_raw[i - 1].lower() not in _ABBREVIATIONS)
+        for i, gap in enumerate(split_gaps)
+    ]
     return split_raw, initial
 
 
@@ -207,8 +568,10 @@ def analyze(text: str) -> Analysis:
     """Tokenize and normalize ``text`` for :func:`reason` (cached: stored texts are compared often)."""
     raw, initial = _words(text)
     # Title Case Text capitalizes function words too ("How Do I Reset My Password"): capitals name nothing
-    title_case = sum(w[0].isupper() and w.lower() in _STOPWORDS and w != "I" and not first
-                     for w, first in zip(raw, initial)) >= 2
+    title_case = (
+        sum(w[0].isupper() and w.lower() in _STOPWORDS and w != "I" and not first for w, first in zip(raw, initial))
+        >= 2
+    )
     protected: set[str] = set()
     units: set[str] = set()
     vocab: set[str] = set()
@@ -218,8 +581,11 @@ def analyze(text: str) -> Analysis:
     i = 0
     while i < len(raw):
         word, low = raw[i], raw[i].lower()
-        number = low.replace(",", "") if low[0].isdigit() and low.replace(",", "").replace(".", "").isdigit() \
+        number = (
+            low.replace(",", "")
+            if low[0].isdigit() and low.replace(",", "").replace(".", "").isdigit()
             else _NUMBER_WORDS.get(low)
+        )
         if number is not None:
             nxt = _unit(raw[i + 1]) if i + 1 < len(raw) else None
             token = f"{number} {nxt}" if nxt else number
@@ -239,7 +605,8 @@ def analyze(text: str) -> Analysis:
             token = low
             content = low not in _STOPWORDS and unit is None
             if any(c.isdigit() for c in low) or (
-                    word[0].isupper() and not initial[i] and not title_case and low not in _STOPWORDS):
+                word[0].isupper() and not initial[i] and not title_case and low not in _STOPWORDS
+            ):
                 protected.add(token)
         stem = _stem(token.replace("-", ""))  # "wi-fi" is "wifi"
         vocab.update((token, stem, token.replace("-", "")))
@@ -250,8 +617,9 @@ def analyze(text: str) -> Analysis:
         ordered.append((stem, content))
         i += 1
     content_stems = _content_order(ordered)
-    return Analysis(frozenset(protected), frozenset(units), frozenset(vocab), stems, words, content_stems,
-                    _roles(ordered))
+    return Analysis(
+        frozenset(protected), frozenset(units), frozenset(vocab), stems, words, content_stems, _roles(ordered)
+    )
 
 
 def _content_order(ordered: list[tuple[str, bool]]) -> tuple[str, ...]:
@@ -270,7 +638,7 @@ def _content_order(ordered: list[tuple[str, bool]]) -> tuple[str, ...]:
                 tail.append(ordered[j][0])
                 j += 1
             if tail:
-                out[len(out) - run:len(out) - run] = tail
+                out[len(out) - run : len(out) - run] = tail
                 run += len(tail)
                 i = j
                 continue
@@ -328,7 +696,7 @@ def _opposite(q: Analysis, c: Analysis) -> str | None:
     gain = _gain(q.words, c.words)
     for word, d in gain.items():
         for prefix in _NEGATING_PREFIXES:
-            base = word[len(prefix):]
+            base = word[len(prefix) :]
             if word.startswith(prefix) and len(base) >= 3 and gain.get(base, 0) * d < 0:
                 return f"{base}/{word}"
     return None
@@ -341,9 +709,12 @@ def _occurs(token: str, vocabulary: frozenset[str]) -> bool:
     if len(token) < 6 or not token.isalpha():
         return False
     # 80 % of the shorter word and at least 6 letters: Austria/Australia and Java/JavaScript stay apart
-    return any(len(other) >= 6 and other.isalpha()
-               and len(os.path.commonprefix([token, other])) >= 0.8 * min(len(token), len(other))
-               for other in vocabulary)
+    return any(
+        len(other) >= 6
+        and other.isalpha()
+        and len(os.path.commonprefix([token, other])) >= 0.8 * min(len(token), len(other))
+        for other in vocabulary
+    )
 
 
 def _rotated(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
@@ -355,12 +726,13 @@ def _substitution(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, str] | N
     """The one block of at most two content words ``b`` puts in place of ``a``'s, the rest equal; else ``None``."""
     start = len(os.path.commonprefix([a, b]))
     end = len(os.path.commonprefix([a[start:][::-1], b[start:][::-1]]))
-    x, y = a[start:len(a) - end], b[start:len(b) - end]
+    x, y = a[start : len(a) - end], b[start : len(b) - end]
     if not x or not y or len(x) > 2 or len(y) > 2 or start + end < 2:
         return None
     x_word, y_word = " ".join(x), " ".join(y)
-    if len(x) == len(y) == 1 and len(os.path.commonprefix([x_word, y_word])) >= max(4, 0.8 * min(len(x_word),
-                                                                                             len(y_word))):
+    if len(x) == len(y) == 1 and len(os.path.commonprefix([x_word, y_word])) >= max(
+        4, 0.8 * min(len(x_word), len(y_word))
+    ):
         return None  # the same word in another form ("game"/"gameplay")
     return x_word, y_word
 
@@ -372,8 +744,10 @@ def reason(query: str, candidate: str) -> str | None:
     ``substitution`` and ``direction``; see the module docstring.
     """
     q, c = analyze(query), analyze(candidate)
-    missing = sorted({t for t in q.protected if not _occurs(t, c.vocabulary)}
-                     | {t for t in c.protected if not _occurs(t, q.vocabulary)})
+    missing = sorted(
+        {t for t in q.protected if not _occurs(t, c.vocabulary)}
+        | {t for t in c.protected if not _occurs(t, q.vocabulary)}
+    )
     if missing:
         return f"protected: {', '.join(missing)}"
     q_units, c_units = q.units - c.vocabulary, c.units - q.vocabulary

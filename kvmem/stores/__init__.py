@@ -40,10 +40,31 @@ from kvmem.stores.disk import DiskTier
 from kvmem.stores.memory import GpuTier
 from kvmem.stores.tiered import Fetched, Stored, TieredStore
 
-__all__ = ["StorageTier", "TierBase", "CpuTier", "GpuTier", "DiskTier", "TieredStore",
-           "Fetched", "Stored", "register_remote", "build_tiers",
-           "Capabilities", "VerifiedReads", "OpensBlobs", "AdvisesReads", "Quarantine", "Durable", "LendsBlobs",
-           "BatchWrites", "BatchLookups", "PinsFormat", "SharesBuffers", "SelfEvicting", "Trusted"]
+__all__ = [
+    "StorageTier",
+    "TierBase",
+    "CpuTier",
+    "GpuTier",
+    "DiskTier",
+    "TieredStore",
+    "Fetched",
+    "Stored",
+    "register_remote",
+    "build_tiers",
+    "Capabilities",
+    "VerifiedReads",
+    "OpensBlobs",
+    "AdvisesReads",
+    "Quarantine",
+    "Durable",
+    "LendsBlobs",
+    "BatchWrites",
+    "BatchLookups",
+    "PinsFormat",
+    "SharesBuffers",
+    "SelfEvicting",
+    "Trusted",
+]
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +95,7 @@ def _gpu(config: Config) -> StorageTier | None:
     if not config.gpu_bytes:
         return None
     if not torch.cuda.is_available():
-        log.warning("kvmem: gpu_bytes=%d but no CUDA device is present; running without a GPU tier",
-                    config.gpu_bytes)
+        log.warning("kvmem: gpu_bytes=%d but no CUDA device is present; running without a GPU tier", config.gpu_bytes)
         return None
     return GpuTier(config.gpu_bytes)
 
@@ -106,7 +126,8 @@ def build_tiers(config: Config, on_recovered: OnRecovered | None = None) -> list
         scheme = urlsplit(config.remote_url).scheme
         if scheme not in _REMOTES:
             known = ", ".join(f"{s}://" for s in sorted(_REMOTES)) or "none (install kvmem[redis])"
-            raise ConfigError(f"remote_url={redact(config.remote_url)!r}: scheme {scheme!r} is not supported; "
-                              f"accepted {known}")
+            raise ConfigError(
+                f"remote_url={redact(config.remote_url)!r}: scheme {scheme!r} is not supported; accepted {known}"
+            )
         tiers.append(_REMOTES[scheme](config.remote_url, config))
     return tiers

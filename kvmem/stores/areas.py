@@ -36,8 +36,17 @@ from kvmem.stores import files
 if TYPE_CHECKING:
     from kvmem.stores.disk import DiskTier
 
-__all__ = ["AreaState", "DiskAreas", "entry_file", "read_state", "scan_area", "state_from_directories",
-           "write_state", "STATE_FILE", "SUFFIX"]
+__all__ = [
+    "AreaState",
+    "DiskAreas",
+    "entry_file",
+    "read_state",
+    "scan_area",
+    "state_from_directories",
+    "write_state",
+    "STATE_FILE",
+    "SUFFIX",
+]
 
 STATE_FILE = "areas.json"
 _FIRST_AREA = "blobs"
@@ -173,8 +182,9 @@ def state_from_directories(root: Path) -> AreaState:
         return AreaState(_FIRST_AREA, blobfmt.FORMAT_VERSION)
     active = found[-2][1] if len(found) > 1 else found[-1][1]
     target = found[-1][1] if len(found) > 1 else None
-    return AreaState(active, _area_format(root / active),
-                     target, _area_format(root / target) if target is not None else None)
+    return AreaState(
+        active, _area_format(root / active), target, _area_format(root / target) if target is not None else None
+    )
 
 
 def _areas(root: Path) -> dict[str, int]:
@@ -240,12 +250,12 @@ def scan_area(area: Path, clean_tmp: bool) -> list[tuple[int, str, int]]:
             if entry.name.endswith(".tmp"):
                 if clean_tmp:
                     files.remove_stray_tmp(entry)
-            elif entry.name.endswith(SUFFIX) and is_storage_key(entry.name[:-len(SUFFIX)]):
+            elif entry.name.endswith(SUFFIX) and is_storage_key(entry.name[: -len(SUFFIX)]):
                 try:
                     st = entry.stat()
                 except FileNotFoundError:
                     continue  # deleted by another process while we scanned
-                found.append((st.st_mtime_ns, entry.name[:-len(SUFFIX)], st.st_size))
+                found.append((st.st_mtime_ns, entry.name[: -len(SUFFIX)], st.st_size))
     return sorted(found)
 
 

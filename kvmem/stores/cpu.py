@@ -101,23 +101,24 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
         _copy(spans, 0, blob.head)
         for piece in blob.pieces:
             if piece.pad:
-                _copy(spans, piece.offset - piece.pad, _ZEROS[:piece.pad])
+                _copy(spans, piece.offset - piece.pad, _ZEROS[: piece.pad])
             _copy(spans, piece.offset, piece.source)
         header, start = blob.header, blob.start
         if header is None:  # a whole blob wrapped from bytes (a promotion): its head is parsed once, here
-            header, start = blobfmt.parse_head(torch.from_numpy(spans[0][:min(blob.nbytes, blob.start)]))
+            header, start = blobfmt.parse_head(torch.from_numpy(spans[0][: min(blob.nbytes, blob.start)]))
         else:
             header = {**header, "segments": [list(seg) for seg in header["segments"]]}
         # NOTE: plain views of the pages: the blob's owner (the allocation) keeps them while anyone holds the blob
         if len(spans) == 1:
-            pieces = [Piece(start, spans[0][start:blob.nbytes])] if blob.nbytes > start else []
+            pieces = [Piece(start, spans[0][start : blob.nbytes])] if blob.nbytes > start else []
         else:
             pieces, at = [], start
             for arr in alloc.array(start):
                 pieces.append(Piece(at, arr))
                 at += arr.size
-        pooled = EncodedBlob(spans[0][:start], tuple(pieces), blob.nbytes, header, blob.crc_slots(),
-                             sealed=blob.sealed, owner=alloc)
+        pooled = EncodedBlob(
+            spans[0][:start], tuple(pieces), blob.nbytes, header, blob.crc_slots(), sealed=blob.sealed, owner=alloc
+        )
         if self.checks_crc:
             pooled.seal()  # NOTE: verified loads need CRCs taken as the bytes came in, not when first needed
         return _Entry(alloc, pooled, [int(end) for end, _crc in header["segments"]])
@@ -268,7 +269,7 @@ def _copy(spans: list[np.ndarray], offset: int, src: torch.Tensor | np.ndarray) 
             offset -= span.size
             continue
         if offset + n <= span.size:
-            dst = span[offset:offset + n]
+            dst = span[offset : offset + n]
             if isinstance(src, np.ndarray) and src.dtype == np.uint8 and src.ndim == 1:
                 dst[:] = src  # the head, padding: one slice assignment
             elif isinstance(src, torch.Tensor) and n >= TORCH_COPY_FROM:

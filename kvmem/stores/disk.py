@@ -77,8 +77,9 @@ class DiskTier(TierBase, VerifiedReads, OpensBlobs, AdvisesReads, Quarantine, Du
 
     persistent = True
 
-    def __init__(self, root: str | os.PathLike[str], capacity: int, fsync: str = "batch",
-                 on_recovered: OnRecovered | None = None) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], capacity: int, fsync: str = "batch", on_recovered: OnRecovered | None = None
+    ) -> None:
         self.name = "disk"
         self.capacity = capacity
         self.fsync = fsync
@@ -286,8 +287,9 @@ class DiskTier(TierBase, VerifiedReads, OpensBlobs, AdvisesReads, Quarantine, Du
                 self._index[key] = blob.nbytes
                 if self.fsync == "batch":
                     self._unsynced.add(path)
-        if self.fsync == "batch" and (len(self._unsynced) >= _BATCH_FSYNC_EVERY
-                                      or time.monotonic() - self._last_sync > _BATCH_FSYNC_SECONDS):
+        if self.fsync == "batch" and (
+            len(self._unsynced) >= _BATCH_FSYNC_EVERY or time.monotonic() - self._last_sync > _BATCH_FSYNC_SECONDS
+        ):
             self.flush()
 
     def open_blob(self, key: str) -> BlobReader | None:
@@ -409,5 +411,3 @@ def _in_format(blob: EncodedBlob, blob_format: int) -> EncodedBlob:
 
     buf = blob.to_tensor()
     return reframe(buf, blob_format, blobfmt.verify(buf))
-
-

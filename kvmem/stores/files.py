@@ -17,8 +17,22 @@ import numpy as np
 from kvmem import blob as blobfmt
 from kvmem.rows import steps
 
-__all__ = ["CREATE", "IOV_MAX", "advance", "fsync_dir", "io_pool", "open_or_none", "pid_alive", "preadv_all",
-           "pwrite_all", "read_into", "remove_stray_tmp", "stamp", "write_blob", "write_tmp"]
+__all__ = [
+    "CREATE",
+    "IOV_MAX",
+    "advance",
+    "fsync_dir",
+    "io_pool",
+    "open_or_none",
+    "pid_alive",
+    "preadv_all",
+    "pwrite_all",
+    "read_into",
+    "remove_stray_tmp",
+    "stamp",
+    "write_blob",
+    "write_tmp",
+]
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +138,7 @@ def read_into(fd: int, dst: np.ndarray, checker: blobfmt.StreamVerifier | None) 
     step = _READ_STEP if checker is not None else size
     got = 0
     while got < size:
-        n = os.readv(fd, [view[got:got + step]])
+        n = os.readv(fd, [view[got : got + step]])
         if n == 0:
             break
         got += n

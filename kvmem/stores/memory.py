@@ -85,8 +85,13 @@ class GpuTier(LruTier["_Entry"], Trusted, OpensBlobs):
     as this value refused (it goes to the tiers below).
     """
 
-    def __init__(self, capacity: int, device: torch.device | str = "cuda", page_bytes: int | None = None,
-                 transfer_bytes: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        device: torch.device | str = "cuda",
+        page_bytes: int | None = None,
+        transfer_bytes: int = 1 << 20,
+    ) -> None:
         self.name = "gpu"
         self.capacity = capacity
         self.device = torch.device(device)
@@ -99,8 +104,11 @@ class GpuTier(LruTier["_Entry"], Trusted, OpensBlobs):
         pin = self.device.type == "cuda"
         # NOTE: the staging buffers are the only memory a put touches besides the pages: no per-entry allocation.
         self._host_staging = torch.empty((1, run * self.page_bytes), dtype=torch.uint8, pin_memory=pin)
-        self._staging = self._host_staging if self.device.type == "cpu" else torch.empty_like(
-            self._host_staging, device=self.device)
+        self._staging = (
+            self._host_staging
+            if self.device.type == "cpu"
+            else torch.empty_like(self._host_staging, device=self.device)
+        )
         super().__init__()
 
     def get(self, key: str) -> torch.Tensor | None:
@@ -109,7 +117,7 @@ class GpuTier(LruTier["_Entry"], Trusted, OpensBlobs):
             if entry is None:
                 return None
             self._entries.move_to_end(key)
-            return self._buffer.read(entry.blocks)[0, :entry.nbytes]
+            return self._buffer.read(entry.blocks)[0, : entry.nbytes]
 
     def read_range(self, key: str, start: int, stop: int) -> torch.Tensor | None:
         with self._lock:
@@ -121,7 +129,7 @@ class GpuTier(LruTier["_Entry"], Trusted, OpensBlobs):
                 return torch.empty(0, dtype=torch.uint8, device=self.device)
             first, last = start // self.page_bytes, -(-stop // self.page_bytes)
             got = self._buffer.read(entry.blocks[first:last])[0]
-            return got[start - first * self.page_bytes:stop - first * self.page_bytes]
+            return got[start - first * self.page_bytes : stop - first * self.page_bytes]
 
     def open_blob(self, key: str) -> BlobReader | None:
         """``key``'s blob read by ranges (each a gather of the pages it covers), not CRC-checked."""
@@ -131,8 +139,10 @@ class GpuTier(LruTier["_Entry"], Trusted, OpensBlobs):
         with self._lock:
             blocks = self._buffer.pool.allocate(-(-blob.nbytes // self.page_bytes))
             if blocks is None:
-                raise CapacityError(f"GPU tier: {blob.nbytes} bytes need {-(-blob.nbytes // self.page_bytes)} pages "
-                                    f"of {self.page_bytes} B, {self._buffer.pool.num_free} are free")
+                raise CapacityError(
+                    f"GPU tier: {blob.nbytes} bytes need {-(-blob.nbytes // self.page_bytes)} pages "
+                    f"of {self.page_bytes} B, {self._buffer.pool.num_free} are free"
+                )
             self._write(blocks, blob)
             old = self._entries.pop(key, None)
             if old is not None:  # NOTE: the new version is written before the old one's pages are freed
@@ -148,7 +158,7 @@ class GpuTier(LruTier["_Entry"], Trusted, OpensBlobs):
             taken = 0
             while taken < part.size:
                 n = min(part.size - taken, host.size - fill)
-                host[fill:fill + n] = part[taken:taken + n]
+                host[fill : fill + n] = part[taken : taken + n]
                 fill, taken = fill + n, taken + n
                 if fill == host.size:
                     done = self._flush(blocks, done, fill)
@@ -161,7 +171,7 @@ class GpuTier(LruTier["_Entry"], Trusted, OpensBlobs):
         n = -(-fill // self.page_bytes)
         if self._staging is not self._host_staging:
             self._staging.copy_(self._host_staging)  # one >= transfer_bytes DMA; blocking: the host refills
-        self._buffer.write(blocks[done:done + n], self._staging[:, :n * self.page_bytes])
+        self._buffer.write(blocks[done : done + n], self._staging[:, : n * self.page_bytes])
         return done + n
 
     def _forget(self, entry: _Entry) -> None:

@@ -189,9 +189,16 @@ class PagedBuffer:
         ConfigError: a page dimension < 1, or a ``storage`` too small.
     """
 
-    def __init__(self, num_blocks: int, rows: int, cols: int, dtype: torch.dtype = torch.uint8,
-                 device: torch.device | str = "cpu", pin_memory: bool = False,
-                 storage: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        rows: int,
+        cols: int,
+        dtype: torch.dtype = torch.uint8,
+        device: torch.device | str = "cpu",
+        pin_memory: bool = False,
+        storage: torch.Tensor | None = None,
+    ) -> None:
         if rows < 1 or cols < 1:
             raise ConfigError(f"page shape ({rows}, {cols}): accepted rows >= 1 and cols >= 1")
         self.pool = BlockPool(num_blocks)
@@ -200,8 +207,10 @@ class PagedBuffer:
         if storage is not None:
             nbytes = num_blocks * rows * cols * dtype.itemsize
             if storage.numel() < nbytes or storage.dtype != torch.uint8 or storage.device != self.device:
-                raise ConfigError(f"storage of {storage.numel()} {storage.dtype} on {storage.device}: accepted "
-                                  f"at least {nbytes} uint8 on {self.device}")
+                raise ConfigError(
+                    f"storage of {storage.numel()} {storage.dtype} on {storage.device}: accepted "
+                    f"at least {nbytes} uint8 on {self.device}"
+                )
             self.pages = storage[:nbytes].view(dtype).view(shape)
             return
         pin = pin_memory and self.device.type == "cpu" and torch.cuda.is_available()

@@ -34,8 +34,16 @@ from kvmem.errors import IntegrityError
 from kvmem.rows import TORCH_COPY_FROM, copy_rows, steps, writable_rows
 from kvmem.stores.files import preadv_all
 
-__all__ = ["BlobReader", "FileReader", "Guard", "GuardedReader", "RangeReader", "check_size", "copy_part",
-           "open_by_ranges"]
+__all__ = [
+    "BlobReader",
+    "FileReader",
+    "Guard",
+    "GuardedReader",
+    "RangeReader",
+    "check_size",
+    "copy_part",
+    "open_by_ranges",
+]
 
 Header = dict[str, Any]
 T = TypeVar("T")
@@ -139,15 +147,16 @@ class RangeReader(BlobReader):
         IntegrityError: the head is not an intact blob header (or the blob went between reads).
     """
 
-    def __init__(self, read_range: Callable[[int, int], torch.Tensor | None], tier: str, checks_crc: bool,
-                 head: torch.Tensor) -> None:
+    def __init__(
+        self, read_range: Callable[[int, int], torch.Tensor | None], tier: str, checks_crc: bool, head: torch.Tensor
+    ) -> None:
         self._read_range = read_range
         self.checks_crc = checks_crc
         extent = blobfmt.header_extent(head)
         if extent > head.numel():
             head = self.read_bytes(0, extent)
         super().__init__(blobfmt.parse_head(head), tier)
-        self._head = head[:self.start].cpu().numpy()
+        self._head = head[: self.start].cpu().numpy()
 
     def head_bytes(self) -> np.ndarray:
         return self._head
@@ -159,8 +168,9 @@ class RangeReader(BlobReader):
         return got
 
 
-def open_by_ranges(read_range: Callable[[int, int], torch.Tensor | None], tier: str,
-                   checks_crc: bool) -> RangeReader | None:
+def open_by_ranges(
+    read_range: Callable[[int, int], torch.Tensor | None], tier: str, checks_crc: bool
+) -> RangeReader | None:
     """A :class:`RangeReader` over ``read_range`` (one blob's ``(start, stop) -> bytes or None``), or ``None``
     when the blob is absent.
 
@@ -236,7 +246,7 @@ class FileReader(BlobReader):
         except BaseException:
             self.close()
             raise
-        self._head = head[:self.start].numpy()
+        self._head = head[: self.start].numpy()
 
     def head_bytes(self) -> np.ndarray:
         return self._head
@@ -299,8 +309,10 @@ def copy_part(src: torch.Tensor, dst: torch.Tensor) -> None:
 
 def check_size(part: dict[str, Any], dst: torch.Tensor) -> None:
     if "raw" in part or int(part["n"]) != dst.numel() * dst.element_size():
-        raise IntegrityError(f"a part of {part['n']} bytes{' (lz4)' if 'raw' in part else ''} cannot be read "
-                             f"into a tensor of {dst.numel() * dst.element_size()} bytes")
+        raise IntegrityError(
+            f"a part of {part['n']} bytes{' (lz4)' if 'raw' in part else ''} cannot be read "
+            f"into a tensor of {dst.numel() * dst.element_size()} bytes"
+        )
 
 
 def _pread(fd: int, lo: int, hi: int) -> torch.Tensor:

@@ -83,8 +83,10 @@ _DEFAULT_TIMEOUT = 2.0  # socket timeouts: a dead server costs at most this per 
 _OPTIONS = ("prefix", "ttl", "max_value", "capacity")
 _CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 _FAILURES = (redis.RedisError, RedisClusterException)  # NOTE: redis-py's cluster errors are not all RedisErrors
-_ACCEPTED = ("redis://[[user]:password@]host[:port][/db][?prefix=...&ttl=SECONDS&max_value=SIZE&capacity=SIZE], "
-             "or redis+cluster://[[user]:password@]host:port,host:port,...[?...] (rediss: TLS)")
+_ACCEPTED = (
+    "redis://[[user]:password@]host[:port][/db][?prefix=...&ttl=SECONDS&max_value=SIZE&capacity=SIZE], "
+    "or redis+cluster://[[user]:password@]host:port,host:port,...[?...] (rediss: TLS)"
+)
 
 Client = redis.Redis | RedisCluster
 
@@ -111,8 +113,9 @@ def _cluster_connect(url: str, theirs: list[tuple[str, str]], password: str | No
         raise ValueError(f"database {parts.path.strip('/')!r}: a Redis Cluster has only database 0")
     tls = parts.scheme == "rediss+cluster"
     # redis-py's own URL parser converts its query options (timeouts, ssl_*) and unquotes the credentials.
-    single = urlunsplit(("rediss" if tls else "redis", (userinfo + "@" if userinfo else "") + "localhost", "",
-                         urlencode(theirs), ""))
+    single = urlunsplit(
+        ("rediss" if tls else "redis", (userinfo + "@" if userinfo else "") + "localhost", "", urlencode(theirs), "")
+    )
     kwargs = parse_url(single)
     for name in ("host", "port", "db", "connection_class"):
         kwargs.pop(name, None)
@@ -126,13 +129,17 @@ def _cluster_connect(url: str, theirs: list[tuple[str, str]], password: str | No
 def _misconfiguration(exc: BaseException) -> str | None:
     """What ``exc`` says is wrong with the settings (credentials, TLS), or ``None`` for a plain outage."""
     if isinstance(exc, redis.AuthenticationError):
-        return (f"the server refused the credentials ({exc}); give the user in the URL "
-                "(redis://USER@host) and the password there or in remote_password")
+        return (
+            f"the server refused the credentials ({exc}); give the user in the URL "
+            "(redis://USER@host) and the password there or in remote_password"
+        )
     seen: BaseException | None = exc
     while seen is not None:  # redis-py raises its ConnectionError inside the handler of the ssl error
         if isinstance(seen, ssl.SSLError) or (isinstance(seen, TimeoutError) and "handshake" in str(seen)):
-            return (f"the TLS handshake failed ({type(seen).__name__}: {seen}); check that the port serves TLS "
-                    "and the ssl_ca_certs, ssl_certfile, ssl_keyfile options")
+            return (
+                f"the TLS handshake failed ({type(seen).__name__}: {seen}); check that the port serves TLS "
+                "and the ssl_ca_certs, ssl_certfile, ssl_keyfile options"
+            )
         seen = seen.__cause__ or seen.__context__
     return None
 
@@ -158,9 +165,17 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
 
     persistent = True
 
-    def __init__(self, client: Client | None = None, *, prefix: str = "kvmem:", ttl: int | None = None,
-                 max_value: int = REDIS_MAX_VALUE, capacity: int | None = None, url: str = "redis://",
-                 connect: Callable[[], Client] | None = None) -> None:
+    def __init__(
+        self,
+        client: Client | None = None,
+        *,
+        prefix: str = "kvmem:",
+        ttl: int | None = None,
+        max_value: int = REDIS_MAX_VALUE,
+        capacity: int | None = None,
+        url: str = "redis://",
+        connect: Callable[[], Client] | None = None,
+    ) -> None:
         if ttl is not None and ttl <= 0:
             raise ConfigError(f"remote_url ttl={ttl!r}: accepted a whole number of seconds > 0")
         if not 0 < max_value <= REDIS_MAX_VALUE:
@@ -172,15 +187,18 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
         self._connect = connect
         self.cluster = isinstance(client, RedisCluster) or urlsplit(url).scheme in _CLUSTER_SCHEMES
         if self.cluster and ("{" in prefix or "}" in prefix):
-            raise ConfigError(f"remote_url prefix={prefix!r}: a cluster prefix may not hold '{{' or '}}' "
-                              "(kvmem hash-tags each key with its storage key)")
+            raise ConfigError(
+                f"remote_url prefix={prefix!r}: a cluster prefix may not hold '{{' or '}}' "
+                "(kvmem hash-tags each key with its storage key)"
+            )
         self.prefix = prefix
         self.ttl = ttl
         self.max_value = max_value
         self.url = redact(url)
         # a cluster client drops redis-py's command_packer option: its puts join the blob's parts once
         self._gather = isinstance(client, redis.Redis) and isinstance(
-            client.connection_pool.connection_kwargs.get("command_packer"), GatherPacker)
+            client.connection_pool.connection_kwargs.get("command_packer"), GatherPacker
+        )
         self._pattern = self._glob("") + ("{" + "?" * 64 + "}" if self.cluster else "?" * 64)
         self._usage = (0, float("-inf"))  # (bytes, monotonic time read)
         self.capacity = capacity if capacity is not None else self._server_capacity()
@@ -219,15 +237,23 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
                 # redis-py lets a password in the URL override this one: ours goes only where it has none
                 extra = {"password": password} if password else {}
                 client_url = urlunsplit(parts._replace(query=urlencode(theirs)))
-                client = redis.Redis.from_url(client_url, retry=Retry(NoBackoff(), 1), command_packer=GatherPacker(),
-                                              **extra)
+                client = redis.Redis.from_url(
+                    client_url, retry=Retry(NoBackoff(), 1), command_packer=GatherPacker(), **extra
+                )
                 connect = None
         except (ValueError, TypeError) as exc:
             # NOTE: a parse error may quote a piece of a password that was not percent-encoded: not shown then
             detail = "cannot be parsed (percent-encode @ : / ? # in the password)" if in_url else str(exc)
             raise ConfigError(f"remote_url={redact(url)!r}: {detail}; accepted {_ACCEPTED}") from None
-        return cls(client, prefix=ours.get("prefix", "kvmem:"), ttl=ttl, max_value=max_value, capacity=capacity,
-                   url=url, connect=connect)
+        return cls(
+            client,
+            prefix=ours.get("prefix", "kvmem:"),
+            ttl=ttl,
+            max_value=max_value,
+            capacity=capacity,
+            url=url,
+            connect=connect,
+        )
 
     @property
     def client(self) -> Client:
@@ -266,16 +292,21 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
         try:
             infos = self._memory_infos()
         except NoPermissionError as exc:  # an ACL user without INFO: kvmem works, blind to memory
-            log.warning("kvmem: redis tier at %s may not run INFO (%s); capacity unbounded, usage unknown",
-                        self.url, exc)
+            log.warning(
+                "kvmem: redis tier at %s may not run INFO (%s); capacity unbounded, usage unknown", self.url, exc
+            )
             return _UNBOUNDED
         except (*_FAILURES, TierUnavailable) as exc:
             cause = exc.__cause__ if isinstance(exc, TierUnavailable) and exc.__cause__ is not None else exc
             problem = _misconfiguration(cause)
             if problem is not None:
                 raise ConfigError(f"remote_url={self.url!r}: {problem}") from exc
-            log.warning("kvmem: redis tier at %s is not reachable (%s: %s); local tiers serve until it is",
-                        self.url, type(cause).__name__, cause)
+            log.warning(
+                "kvmem: redis tier at %s is not reachable (%s: %s); local tiers serve until it is",
+                self.url,
+                type(cause).__name__,
+                cause,
+            )
             return _UNBOUNDED
         self._usage = (sum(int(i.get("used_memory", 0)) for i in infos), time.monotonic())
         limits = [int(i.get("maxmemory", 0)) for i in infos]
@@ -344,8 +375,10 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
                     pipe.getex(self._key(k), ex=self.ttl)
                 found = pipe.execute()
         # redis-py types a reply as bytes | str; this client never decodes replies (bytes only)
-        return [None if d is None else torch.from_numpy(np.frombuffer(d, dtype=np.uint8).copy())  # type: ignore[arg-type]
-                for d in found]
+        return [
+            None if d is None else torch.from_numpy(np.frombuffer(d, dtype=np.uint8).copy())  # type: ignore[arg-type]
+            for d in found
+        ]
 
     def read_range(self, key: str, start: int, stop: int) -> torch.Tensor | None:
         """Bytes ``[start, stop)`` of ``key``'s value with one ``GETRANGE`` (not CRC-checked)."""
@@ -376,9 +409,11 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
             TierUnavailable: Redis failed or refused the write (e.g. out of memory).
         """
         if blob.nbytes > self.max_value:
-            raise CapacityError(f"value of {blob.nbytes} bytes is larger than the redis tier accepts per value "
-                                f"({self.max_value} bytes; Redis's own limit is {REDIS_MAX_VALUE}): store it "
-                                "compressed, or on local tiers only")
+            raise CapacityError(
+                f"value of {blob.nbytes} bytes is larger than the redis tier accepts per value "
+                f"({self.max_value} bytes; Redis's own limit is {REDIS_MAX_VALUE}): store it "
+                "compressed, or on local tiers only"
+            )
         data: Gathered | memoryview
         if self._gather:
             data = Gathered(blob.parts, blob.nbytes)
@@ -425,8 +460,7 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
     def quarantined(self) -> list[str]:
         """Redis keys of values moved aside by :meth:`quarantine`."""
         with self._errors():
-            return sorted(k.decode() for k in self.client.scan_iter(match=self._glob(_QUARANTINE) + "*",
-                                                                    count=1000))
+            return sorted(k.decode() for k in self.client.scan_iter(match=self._glob(_QUARANTINE) + "*", count=1000))
 
     def purge_quarantine(self) -> int:
         freed = 0
@@ -469,4 +503,3 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
 
     def _glob(self, suffix: str) -> str:
         return re.sub(r"([*?\[\]\\])", r"\\\1", self.prefix + suffix)
-

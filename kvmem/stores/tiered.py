@@ -91,9 +91,17 @@ class TieredStore:
         on_removed: called with a key when it has left the last tier holding it.
     """
 
-    def __init__(self, tiers: Sequence[StorageTier], metrics: Metrics, *, offload_threshold: float = 0.7,
-                 write_policy: str = "through", queue_size: int = 64, retry_seconds: float = 5.0,
-                 on_removed: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        tiers: Sequence[StorageTier],
+        metrics: Metrics,
+        *,
+        offload_threshold: float = 0.7,
+        write_policy: str = "through",
+        queue_size: int = 64,
+        retry_seconds: float = 5.0,
+        on_removed: Callable[[str], None] | None = None,
+    ) -> None:
         self.tiers = list(tiers)
         self.metrics = metrics
         self.offload_threshold = offload_threshold
@@ -130,17 +138,26 @@ class TieredStore:
         """
         health = self._health[tier.name]
         if not health.usable():
-            raise TierUnavailable(f"tier {tier.name} is skipped for up to {self.retry_seconds:.1f}s after a "
-                                  "failure (see kvmem_tier_errors_total)")
+            raise TierUnavailable(
+                f"tier {tier.name} is skipped for up to {self.retry_seconds:.1f}s after a "
+                "failure (see kvmem_tier_errors_total)"
+            )
         try:
             return fn(*args)
         except (OSError, TierUnavailable) as exc:
             health.down_until = time.monotonic() + self.retry_seconds
             self.metrics.tier_errors.labels(tier=tier.name).inc()
-            log.warning("kvmem: tier %s failed (%s: %s); skipping it for %.1fs",
-                        tier.name, type(exc).__name__, exc, self.retry_seconds)
-            raise TierUnavailable(f"tier {tier.name} failed ({type(exc).__name__}: {exc}); skipped for "
-                                  f"{self.retry_seconds:.1f}s (see kvmem_tier_errors_total)") from exc
+            log.warning(
+                "kvmem: tier %s failed (%s: %s); skipping it for %.1fs",
+                tier.name,
+                type(exc).__name__,
+                exc,
+                self.retry_seconds,
+            )
+            raise TierUnavailable(
+                f"tier {tier.name} failed ({type(exc).__name__}: {exc}); skipped for "
+                f"{self.retry_seconds:.1f}s (see kvmem_tier_errors_total)"
+            ) from exc
 
     def _call(self, tier: StorageTier, fn: Callable[[*Ts], T | None], *args: *Ts) -> T | None:
         """:meth:`_call_or_raise` for a caller that goes on without ``tier``: ``None`` when it failed or is
@@ -292,7 +309,7 @@ class TieredStore:
 
     def promote(self, key: str, blob: EncodedBlob, served_by: str) -> None:
         """Copy ``blob`` (just read from tier ``served_by``) into the usable tiers above it that can take it."""
-        upper = self.tiers[:next(i for i, t in enumerate(self.tiers) if t.name == served_by)]
+        upper = self.tiers[: next(i for i, t in enumerate(self.tiers) if t.name == served_by)]
         if upper:
             self._promote(key, blob, upper)
 
@@ -305,7 +322,7 @@ class TieredStore:
         self.metrics.crc_failures.labels(tier=tier).inc()
         log.warning("kvmem: entry %s from tier %s is unusable (%s); quarantined", key, tier, reason)
         upto = next(i for i, t in enumerate(self.tiers) if t.name == tier)
-        for t in self.tiers[:upto + 1]:
+        for t in self.tiers[: upto + 1]:
             self.quarantine_copy(t, key)
 
     def _read_owned(self, tier: StorageTier, key: str) -> blobfmt.Verified | None:
@@ -435,7 +452,7 @@ class TieredStore:
         home = next((i for i, t in enumerate(self.tiers) if blob.nbytes <= t.capacity and self.healthy(t)), None)
         if home is None:
             return []
-        return [self.tiers[home]] + [t for t in self.tiers[home + 1:] if t.persistent]
+        return [self.tiers[home]] + [t for t in self.tiers[home + 1 :] if t.persistent]
 
     def _put_into(self, tier: StorageTier, batch: list[tuple[str, EncodedBlob]]) -> list[bool | CapacityError]:
         """Put ``batch`` into ``tier``: per entry, whether it was written (or the refusal)."""
@@ -503,7 +520,7 @@ class TieredStore:
     def _shed(self, tier: StorageTier, limit: int) -> None:
         if self._caps[tier.name].self_evicting or tier.usage() <= limit:
             return
-        lower = self.tiers[self.tiers.index(tier) + 1:]
+        lower = self.tiers[self.tiers.index(tier) + 1 :]
         for victim in tier.keys():
             if tier.usage() <= limit:
                 break

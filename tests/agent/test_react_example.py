@@ -19,15 +19,19 @@ BLOCK = 32
 
 # The scripted policy's run: every action, and what the real tools answered.
 EXPECTED = [
-    ('lookup("A17")', ("id=A17; kind=order; item=USB-C cable; qty=3; unit_price=12.50; status=shipped 2 May; "
-                       "carrier=DHL")),
+    (
+        'lookup("A17")',
+        ("id=A17; kind=order; item=USB-C cable; qty=3; unit_price=12.50; status=shipped 2 May; carrier=DHL"),
+    ),
     ('lookup("B42")', "id=B42; kind=order; item=mechanical keyboard; qty=1; unit_price=89.00; status=processing"),
     ('calculator("3 * 12.50 + 1 * 89.00")', "126.5"),
     ('calculator("126.5 * 1.08")', "136.62"),
     ('lookup("DHL")', "id=DHL; kind=carrier; days=2-4"),
 ]
-ANSWER = ("Orders A17 and B42 cost 136.62 together, including 8% VAT. Order A17 shipped 2 May with DHL, which "
-          "delivers in 2-4 days.")
+ANSWER = (
+    "Orders A17 and B42 cost 136.62 together, including 8% VAT. Order A17 shipped 2 May with DHL, which "
+    "delivers in 2-4 days."
+)
 # step, prompt, reused, TTFT plain, TTFT kvmem, speed-up, tool call -> observation
 _ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+) ms\s+([\d.]+) ms\s+([\d.]+)x\s+(.*)$", re.MULTILINE)
 
@@ -46,7 +50,8 @@ def _run(agent: ModuleType, *argv: str) -> object:
 
 
 def test_scripted_run_uses_real_tools_reuses_kv_and_resumes_in_a_second_process(
-        agent: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    agent: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "kvmem"
     report = _run(agent, "--path", str(path))
     out = capsys.readouterr().out
@@ -63,8 +68,9 @@ def test_scripted_run_uses_real_tools_reuses_kv_and_resumes_in_a_second_process(
         assert step.reused_tokens == previous.prompt_tokens // BLOCK * BLOCK > previous.reused_tokens
 
     rows = _ROW.findall(out)
-    assert [(int(r[0]), int(r[1]), int(r[2])) for r in rows] == [(s.step, s.prompt_tokens, s.reused_tokens)
-                                                                  for s in steps], out
+    assert [(int(r[0]), int(r[1]), int(r[2])) for r in rows] == [
+        (s.step, s.prompt_tokens, s.reused_tokens) for s in steps
+    ], out
 
     resumed = report.resumed
     assert resumed is not None and resumed.matches and resumed.steps == len(steps)
@@ -76,7 +82,8 @@ def test_scripted_run_uses_real_tools_reuses_kv_and_resumes_in_a_second_process(
     with Memory(path) as memory:  # the chain on disk is what the run reported
         stored = AgentSession.resume("support-1234", memory=memory)
         assert [(s.thought, s.action, s.observation) for s in stored.steps] == [
-            (s.thought, s.action, s.observation) for s in steps]
+            (s.thought, s.action, s.observation) for s in steps
+        ]
         assert agent.digest(stored.context()) == report.digest
     wrong = _run(agent, "--resume", "support-1234", "--path", str(path), "--expect-digest", "0" * 64)
     assert not wrong.ok and wrong.steps == len(steps) and "DIFFERS FROM" in capsys.readouterr().out
@@ -84,8 +91,9 @@ def test_scripted_run_uses_real_tools_reuses_kv_and_resumes_in_a_second_process(
         _run(agent, "--resume", "support-9999", "--path", str(path))
 
 
-def test_runs_are_deterministic_and_a_checkpoint_directory_works(agent: ModuleType, tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_runs_are_deterministic_and_a_checkpoint_directory_works(
+    agent: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     first = _run(agent, "--no-resume", "--max-steps", "3")
     checkpoint = tmp_path / "llama"
     agent.tiny_llama(seed=0).save_pretrained(checkpoint)  # no tokenizer files: hashed words, scripted policy
@@ -114,16 +122,36 @@ def test_model_policy_parses_what_the_model_writes(agent: ModuleType, capsys: py
     assert agent.parse_step(" just musing") == ("just musing", "")
 
 
-@pytest.mark.parametrize(("expression", "value"), [
-    ("3 * 12.50 + 1 * 89.00", 126.5), ("(1 + 2) ** 3 / 9", 3.0), ("-2 ** 2", -4), ("+7 - -3", 10), ("2 ** -1", 0.5)])
+@pytest.mark.parametrize(
+    ("expression", "value"),
+    [("3 * 12.50 + 1 * 89.00", 126.5), ("(1 + 2) ** 3 / 9", 3.0), ("-2 ** 2", -4), ("+7 - -3", 10), ("2 ** -1", 0.5)],
+)
 def test_calculator(agent: ModuleType, expression: str, value: float) -> None:
     assert agent.calculate(expression) == value
 
 
-@pytest.mark.parametrize("expression", [
-    "__import__('os').system('true')", "x + 1", "abs(-1)", "(1).real", "'a' * 3", "True + 1", "[1, 2]",
-    "1 if 1 else 2", "2 ** 1000", "((10 ** 64) ** 64) ** 64", "9 ** 9 ** 9", "1 / 0", "1 +", "1" * 201,
-    "3 // 2", "3 % 2", "1 < 2"])
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "__import__('os').system('true')",
+        "x + 1",
+        "abs(-1)",
+        "(1).real",
+        "'a' * 3",
+        "True + 1",
+        "[1, 2]",
+        "1 if 1 else 2",
+        "2 ** 1000",
+        "((10 ** 64) ** 64) ** 64",
+        "9 ** 9 ** 9",
+        "1 / 0",
+        "1 +",
+        "1" * 201,
+        "3 // 2",
+        "3 % 2",
+        "1 < 2",
+    ],
+)
 def test_calculator_refuses_everything_but_arithmetic(agent: ModuleType, expression: str) -> None:
     with pytest.raises(agent.ToolError):
         agent.calculate(expression)

@@ -44,9 +44,11 @@ def test_append_and_read_back(memory: Memory) -> None:
     fill(s, 2)
     assert [x.index for x in s.steps] == [0, 1, 2] and s.steps[2].parent_key == s.steps[1].key == s.steps[2 - 1].key
     assert s.head == s.steps[-1].key
-    assert s.context() == (f"{SYSTEM}\n\nThought: I should look up the order\nAction: lookup(\"A17\")\n"
-                           "Observation: shipped 2 May\nThought: think 0\nAction: lookup(0)\nObservation: result 0\n"
-                           "Thought: think 1\nAction: lookup(1)\nObservation: result 1\n")
+    assert s.context() == (
+        f'{SYSTEM}\n\nThought: I should look up the order\nAction: lookup("A17")\n'
+        "Observation: shipped 2 May\nThought: think 0\nAction: lookup(0)\nObservation: result 0\n"
+        "Thought: think 1\nAction: lookup(1)\nObservation: result 1\n"
+    )
     again = AgentSession("support-1", memory=memory)  # opening an existing session
     assert again.steps == s.steps and again.context() == s.context() and again.system_prompt == SYSTEM
     with pytest.raises(ConfigError, match="another system prompt"):
@@ -58,12 +60,15 @@ def test_resume_in_another_process_after_close(tmp_path: Path) -> None:
         s = AgentSession("support-2", memory=mem, system_prompt=SYSTEM)
         fill(s, 4)
         want = {"head": s.head, "context": s.context()}
-    code = ("import json, sys; from kvmem import Memory; from kvmem.agent import AgentSession\n"
-            "mem = Memory(sys.argv[1]); s = AgentSession.resume('support-2', memory=mem)\n"
-            "s.append_step('from the child', 'none()', 'ok')\n"
-            "print(json.dumps({'head': s.steps[-2].key, 'context': s.context(), 'n': len(s)})); mem.close()")
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "kvmem")], capture_output=True, text=True,
-                         check=True, cwd=REPO)
+    code = (
+        "import json, sys; from kvmem import Memory; from kvmem.agent import AgentSession\n"
+        "mem = Memory(sys.argv[1]); s = AgentSession.resume('support-2', memory=mem)\n"
+        "s.append_step('from the child', 'none()', 'ok')\n"
+        "print(json.dumps({'head': s.steps[-2].key, 'context': s.context(), 'n': len(s)})); mem.close()"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "kvmem")], capture_output=True, text=True, check=True, cwd=REPO
+    )
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["head"] == want["head"] and got["n"] == 5
     assert got["context"] == want["context"] + "Thought: from the child\nAction: none()\nObservation: ok\n"
@@ -199,8 +204,15 @@ class WordTokenizer:
 
 def test_each_step_reuses_the_previous_prompts_full_chunks(memory: Memory) -> None:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+    )
     model = LlamaForCausalLM(config).eval()
     s = AgentSession("kv", memory=memory, system_prompt=SYSTEM + " Be brief. " * 6)
     s.attach(model, WordTokenizer(), block_size=16)

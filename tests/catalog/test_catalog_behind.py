@@ -110,8 +110,13 @@ def test_the_timer_writes_the_row_without_a_flush_call(mem: kvmem.Memory) -> Non
 def test_rows_of_a_process_killed_before_its_flush_are_replayed(tmp_path: Path) -> None:
     path = tmp_path / "kvmem"
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVMEM_")}
-    done = subprocess.run([sys.executable, WORKERS, "persist-store", str(path), "abort"], capture_output=True,
-                          text=True, timeout=120, env=env)
+    done = subprocess.run(
+        [sys.executable, WORKERS, "persist-store", str(path), "abort"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert done.returncode == 0 and done.stdout.strip() == "stored", done.stderr
     expected = persistence_values()
     with kvmem.Memory(str(tmp_path / "keys-only"), cpu_bytes="1MiB", disk_bytes=0) as namer:
@@ -131,8 +136,7 @@ def test_rows_of_a_process_killed_before_its_flush_are_replayed(tmp_path: Path) 
                 assert info.metadata == (meta or {}), (reopen, key)  # the newest store's metadata
             assert mem.stats().entries == len(expected)
         assert list((path / "catalog-pending").glob("pending.*")) == [], "a replayed journal was left behind"
-    assert {skeys[k]: v for k, (v, _m) in db_rows(path).items()} == \
-        {k: 2 if k == "versioned" else 1 for k in expected}
+    assert {skeys[k]: v for k, (v, _m) in db_rows(path).items()} == {k: 2 if k == "versioned" else 1 for k in expected}
 
 
 def test_a_key_deleted_before_its_row_was_written_stays_deleted(tmp_path: Path) -> None:
@@ -154,8 +158,9 @@ def test_a_key_deleted_before_its_row_was_written_stays_deleted(tmp_path: Path) 
 def test_a_key_deleted_by_a_killed_process_is_not_replayed(tmp_path: Path) -> None:
     path = tmp_path / "kvmem"
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVMEM_")}
-    done = subprocess.run([sys.executable, WORKERS, "store-delete-abort", str(path)], capture_output=True,
-                          text=True, timeout=120, env=env)
+    done = subprocess.run(
+        [sys.executable, WORKERS, "store-delete-abort", str(path)], capture_output=True, text=True, timeout=120, env=env
+    )
     assert done.returncode == 0 and done.stdout.strip() == "stored", done.stderr
     with kvmem.Memory(str(path), cpu_bytes="8MiB", disk_bytes="64MiB") as m:
         kept = m.info("kept")
@@ -182,8 +187,18 @@ def test_two_flushes_of_a_key_commit_in_the_order_their_stores_were_made(tmp_pat
             time.sleep(0.5)  # NOTE: the second store's flush runs meanwhile
 
     def store(crc: int) -> None:
-        catalog.upsert_later("k" * 64, namespace="", user_key="k", kind="bytes", size=1, stored_size=1, codec="none",
-                             crc=crc, tiers=["disk"], metadata={})
+        catalog.upsert_later(
+            "k" * 64,
+            namespace="",
+            user_key="k",
+            kind="bytes",
+            size=1,
+            stored_size=1,
+            codec="none",
+            crc=crc,
+            tiers=["disk"],
+            metadata={},
+        )
 
     store(1)
     first = threading.Thread(target=catalog.flush)

@@ -74,8 +74,16 @@ def test_processes_on_several_nodes_lose_no_update(tmp_path: Path, pg: str) -> N
     keys, rounds, workers = [f"shared/{i}" for i in range(4)], 12, 3
     node(tmp_path / "init", pg).close()  # schema made once; the race on it is in test_schema.py
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        loads = sum(pool.map(_store_rounds, [str(tmp_path / f"node{w}") for w in range(workers)], [pg] * workers,
-                             range(workers), [keys] * workers, [rounds] * workers))
+        loads = sum(
+            pool.map(
+                _store_rounds,
+                [str(tmp_path / f"node{w}") for w in range(workers)],
+                [pg] * workers,
+                range(workers),
+                [keys] * workers,
+                [rounds] * workers,
+            )
+        )
     with node(tmp_path / "check", pg) as mem:
         for key in keys:
             info = mem.info(key)
@@ -88,8 +96,15 @@ def test_agent_session_compare_and_swap_race(tmp_path: Path, pg: str) -> None:
         AgentSession("race", memory=mem, system_prompt="sys")
     workers, n = 3, 8
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        list(pool.map(append_steps, [str(tmp_path / f"node{w}") for w in range(workers)], range(workers),
-                      [n] * workers, [pg] * workers))
+        list(
+            pool.map(
+                append_steps,
+                [str(tmp_path / f"node{w}") for w in range(workers)],
+                range(workers),
+                [n] * workers,
+                [pg] * workers,
+            )
+        )
     with node(tmp_path / "check", pg) as mem:
         session = AgentSession.resume("race", memory=mem)
         chain = session.steps  # verified link by link
@@ -103,10 +118,13 @@ def test_agent_session_compare_and_swap_race(tmp_path: Path, pg: str) -> None:
         assert sweep(mem.database) == 0  # every committed step is reachable
 
 
-@pytest.mark.parametrize("credentials, options", [("kvmem:s3cret@", ""), ("kvmem@", "?password=s3cret"),
-                                                  ("kvmem:s3cret@", "?sslmode=disable&sslpassword=s3cret")])
-def test_unreachable_at_start_is_a_clear_error_without_the_password(tmp_path: Path, credentials: str,
-                                                                    options: str) -> None:
+@pytest.mark.parametrize(
+    "credentials, options",
+    [("kvmem:s3cret@", ""), ("kvmem@", "?password=s3cret"), ("kvmem:s3cret@", "?sslmode=disable&sslpassword=s3cret")],
+)
+def test_unreachable_at_start_is_a_clear_error_without_the_password(
+    tmp_path: Path, credentials: str, options: str
+) -> None:
     port = free_port()
     url = f"postgresql+psycopg://{credentials}127.0.0.1:{port}/kvmem{options}"
     started = time.monotonic()
@@ -123,8 +141,9 @@ def _wait(condition: Callable[[], bool], seconds: float = 20.0) -> None:
         time.sleep(0.1)
 
 
-def test_outage_mid_run_keeps_serving_and_the_catalog_catches_up(tmp_path: Path,
-                                                                  postgres_server: PostgresServer) -> None:
+def test_outage_mid_run_keeps_serving_and_the_catalog_catches_up(
+    tmp_path: Path, postgres_server: PostgresServer
+) -> None:
     url = postgres_server.url
     with node(tmp_path / "a", url) as mem:
         for i in range(4):
@@ -169,8 +188,9 @@ sys.stdin.readline()  # killed here
 """
 
 
-def test_a_process_killed_during_an_outage_loses_no_catalog_write(tmp_path: Path,
-                                                                   postgres_server: PostgresServer) -> None:
+def test_a_process_killed_during_an_outage_loses_no_catalog_write(
+    tmp_path: Path, postgres_server: PostgresServer
+) -> None:
     """Stores made while PostgreSQL is down are journaled: the next memory opened there writes them."""
     import json
     import os
@@ -178,8 +198,12 @@ def test_a_process_killed_during_an_outage_loses_no_catalog_write(tmp_path: Path
     import subprocess
     import sys
 
-    child = subprocess.Popen([sys.executable, "-c", _OUTAGE_CHILD, str(tmp_path / "n"), postgres_server.url,
-                              json.dumps(SMALL)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _OUTAGE_CHILD, str(tmp_path / "n"), postgres_server.url, json.dumps(SMALL)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdin is not None and child.stdout is not None
     try:
         assert child.stdout.readline().split() == ["READY"]

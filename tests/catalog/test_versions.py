@@ -45,6 +45,7 @@ def pin_count(mem: kvmem.Memory) -> int:
 
 # -- one process ------------------------------------------------------------------------------------
 
+
 def test_a_pin_keeps_its_version_while_the_key_moves_on(memory: kvmem.Memory) -> None:
     memory.store(KEY, make_value(KEY, 1))
     first = memory.pin(KEY)
@@ -125,12 +126,18 @@ def test_the_catalog_gone_is_a_clear_error(tmp_path: Path, postgres_server: obje
 
 # -- reader processes -------------------------------------------------------------------------------
 
+
 class Reader:
     """A ``tests/version_worker.py`` process on a memory at ``path`` with ``settings``."""
 
     def __init__(self, path: Path, settings: dict[str, object]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.version_worker", str(path), json.dumps(settings),
-                                      KEY], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.version_worker", str(path), json.dumps(settings), KEY],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
 
     def ask(self, command: str) -> list[str]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -162,8 +169,7 @@ def node_settings(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[s
     return lambda name: (tmp_path / "shared", base)
 
 
-def test_reader_process_holds_v1_while_a_writer_writes_v2(node_settings: Callable[[str], tuple[Path, dict]]
-                                                           ) -> None:
+def test_reader_process_holds_v1_while_a_writer_writes_v2(node_settings: Callable[[str], tuple[Path, dict]]) -> None:
     path, settings = node_settings("writer")
     with kvmem.Memory(path, **settings) as writer:
         writer.store(KEY, make_value(KEY, 1))
@@ -191,8 +197,12 @@ def test_reader_process_holds_v1_while_a_writer_writes_v2(node_settings: Callabl
 
 
 def test_a_killed_readers_pin_expires_and_gc_reclaims_its_version(tmp_path: Path) -> None:
-    settings: dict[str, object] = {"cpu_bytes": "16MiB", "disk_bytes": "64MiB", "fsync": "never",
-                                   "pin_lease_seconds": 1.0}
+    settings: dict[str, object] = {
+        "cpu_bytes": "16MiB",
+        "disk_bytes": "64MiB",
+        "fsync": "never",
+        "pin_lease_seconds": 1.0,
+    }
     with kvmem.Memory(tmp_path / "shared", **settings) as writer:
         writer.store(KEY, make_value(KEY, 1))
         writer.flush()
@@ -217,8 +227,13 @@ def test_pins_writes_and_collections_racing_on_postgres(tmp_path: Path, pg: str)
     """Writers store versions whose value names its version; readers pin and check that every pinned load
     returns exactly the pinned version while gc runs beside them."""
     # NOTE: one shared directory whose CPU tiers hold nothing: both memories read the same disk tier
-    settings: dict[str, object] = {"cpu_bytes": "4KiB", "disk_bytes": "64MiB", "fsync": "never", "catalog_url": pg,
-                                   "pin_lease_seconds": 5}
+    settings: dict[str, object] = {
+        "cpu_bytes": "4KiB",
+        "disk_bytes": "64MiB",
+        "fsync": "never",
+        "catalog_url": pg,
+        "pin_lease_seconds": 5,
+    }
     errors: list[BaseException] = []
     stop = threading.Event()
     pinned = [0]
@@ -233,6 +248,7 @@ def test_pins_writes_and_collections_racing_on_postgres(tmp_path: Path, pg: str)
                 except BaseException as exc:
                     errors.append(exc)
                     stop.set()
+
             return run
 
         version = iter(range(2, 10_000))

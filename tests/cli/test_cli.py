@@ -31,9 +31,19 @@ REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "examples" / "grafana" / "kvmem-dashboard.json"
 # The metric families of the core (issue #2, part 10) the dashboard must chart.
 CORE_METRICS = {
-    "kvmem_memory_usage_bytes", "kvmem_capacity_bytes", "kvmem_hits", "kvmem_misses", "kvmem_hit_rate",
-    "kvmem_load_seconds", "kvmem_store_seconds", "kvmem_compression_ratio", "kvmem_crc_failures",
-    "kvmem_evictions", "kvmem_demotions", "kvmem_promotions", "kvmem_tier_errors",
+    "kvmem_memory_usage_bytes",
+    "kvmem_capacity_bytes",
+    "kvmem_hits",
+    "kvmem_misses",
+    "kvmem_hit_rate",
+    "kvmem_load_seconds",
+    "kvmem_store_seconds",
+    "kvmem_compression_ratio",
+    "kvmem_crc_failures",
+    "kvmem_evictions",
+    "kvmem_demotions",
+    "kvmem_promotions",
+    "kvmem_tier_errors",
 }
 
 
@@ -57,8 +67,11 @@ class DataDir:
 def _fill(path: Path) -> DataDir:
     values: dict[str, tuple[str | bytes, str, object]] = {
         "a": ("prompt/a", "llama", torch.arange(1000, dtype=torch.float32)),
-        "b": ("prompt/b", "llama", {"k": torch.ones(2, 64, 8, dtype=torch.bfloat16),
-                                    "v": torch.zeros(2, 64, 8, dtype=torch.bfloat16)}),
+        "b": (
+            "prompt/b",
+            "llama",
+            {"k": torch.ones(2, 64, 8, dtype=torch.bfloat16), "v": torch.zeros(2, 64, 8, dtype=torch.bfloat16)},
+        ),
         "c": (b"\x00raw", "agent", b"x" * 5000),
         "d": ("line\nbreak\x00key", "agent", "some text"),
     }
@@ -83,7 +96,8 @@ def _run_json(capsys: pytest.CaptureFixture[str], argv: list[str], expect: int =
 
 # -- demo --tiers -----------------------------------------------------------------------------------
 def test_demo_tiers_in_a_temporary_directory_prints_the_table_and_cleans_up(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert main(["demo", "--tiers", "--chunks", "3"]) == 0
     out = capsys.readouterr().out
@@ -95,8 +109,9 @@ def test_demo_tiers_in_a_temporary_directory_prints_the_table_and_cleans_up(
     assert not list(tmp_path.glob("kvmem-demo-*")), "temporary data directory left behind"
 
 
-def test_demo_keep_leaves_data_the_other_commands_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_keep_leaves_data_the_other_commands_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert main(["demo", "--tiers", "--chunks", "2", "--keep"]) == 0
     capsys.readouterr()
@@ -198,21 +213,20 @@ def test_verify_finds_a_corrupt_file_and_fix_repairs(data: DataDir, capsys: pyte
     assert not list((data.path / "disk" / "quarantine").iterdir())
 
 
-def test_verify_reports_missing_data_and_gc_drops_the_row(data: DataDir,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_verify_reports_missing_data_and_gc_drops_the_row(data: DataDir, capsys: pytest.CaptureFixture[str]) -> None:
     data.blob_file("c").unlink()
     report = _run_json(capsys, data.argv("verify", "--json"), expect=1)
     assert report["missing"] == [data.keys["c"]] and report["checked"] == 3
     assert main(data.argv("gc")) == 0
     assert "removed 1 catalog rows without data" in capsys.readouterr().out
     assert _run_json(capsys, data.argv("verify", "--json"))["ok"] is True
-    assert {r["key"] for r in _run_json(capsys, data.argv("ls", "--json"))} == {
-        data.keys[n] for n in ("a", "b", "d")}
+    assert {r["key"] for r in _run_json(capsys, data.argv("ls", "--json"))} == {data.keys[n] for n in ("a", "b", "d")}
 
 
 # -- config -----------------------------------------------------------------------------------------
-def test_config_shows_each_value_and_its_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_config_shows_each_value_and_its_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     settings = tmp_path / "kvmem.yaml"
     settings.write_text("cpu_bytes: 1GiB\nfsync: always\n")
     monkeypatch.setenv("KVMEM_BLOCK_SIZE", "128")
@@ -231,25 +245,32 @@ def test_config_shows_each_value_and_its_source(tmp_path: Path, monkeypatch: pyt
 
 def test_config_never_prints_a_password(tmp_path: Path) -> None:
     """The issue's own reproduction, run for real: passwords in the URLs and in ``remote_password``."""
-    env = {**os.environ, "KVMEM_REMOTE_URL": "redis://kvmem:PW-url@127.0.0.1:6399/0?password=PW-query",
-           "KVMEM_CATALOG_URL": "postgresql+psycopg://kvmem:PW-pg@127.0.0.1:5432/kvmem",
-           "KVMEM_REMOTE_PASSWORD": "PW-field"}
+    env = {
+        **os.environ,
+        "KVMEM_REMOTE_URL": "redis://kvmem:PW-url@127.0.0.1:6399/0?password=PW-query",
+        "KVMEM_CATALOG_URL": "postgresql+psycopg://kvmem:PW-pg@127.0.0.1:5432/kvmem",
+        "KVMEM_REMOTE_PASSWORD": "PW-field",
+    }
     argv = [sys.executable, "-m", "kvmem", "config", "--path", str(tmp_path)]
-    text, as_json = (subprocess.run(argv + extra, env=env, capture_output=True, text=True, timeout=120)
-                     for extra in ([], ["--json"]))
+    text, as_json = (
+        subprocess.run(argv + extra, env=env, capture_output=True, text=True, timeout=120) for extra in ([], ["--json"])
+    )
     for proc in (text, as_json):
         assert proc.returncode == 0, proc.stderr
         assert "PW-" not in proc.stdout + proc.stderr, proc.stdout
-    assert re.search(r"^remote_url\s+redis://kvmem:\*\*\*@127\.0\.0\.1:6399/0\?password=\*\*\*\s+env KVMEM_REMOTE_URL$",
-                     text.stdout, re.M), text.stdout
+    assert re.search(
+        r"^remote_url\s+redis://kvmem:\*\*\*@127\.0\.0\.1:6399/0\?password=\*\*\*\s+env KVMEM_REMOTE_URL$",
+        text.stdout,
+        re.M,
+    ), text.stdout
     rows = json.loads(as_json.stdout)
     assert rows["catalog_url"]["value"] == "postgresql+psycopg://kvmem:***@127.0.0.1:5432/kvmem"
     assert rows["remote_password"] == {"value": "***", "source": "env KVMEM_REMOTE_PASSWORD"}
 
 
-def test_stats_shows_a_postgresql_catalog_without_its_password(tmp_path: Path, postgres_url: str,
-                                                               monkeypatch: pytest.MonkeyPatch,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_stats_shows_a_postgresql_catalog_without_its_password(
+    tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The server trusts loopback, so it takes the passwords and ignores them: the URL is real, not a stand-in."""
     with scratch_database(postgres_url) as url:
         url = url.replace("://postgres@", "://postgres:PW-user@") + "?password=PW-query"
@@ -258,20 +279,29 @@ def test_stats_shows_a_postgresql_catalog_without_its_password(tmp_path: Path, p
         out = capsys.readouterr().out
         assert main(["doctor", "--path", str(tmp_path / "data")]) in (0, 1)
         out += capsys.readouterr().out
-    assert re.search(r"^catalog\s+postgresql\+psycopg://postgres:\*\*\*@127\.0\.0\.1:\d+/\w+\?password=\*\*\*$",
-                     out, re.M), out
+    assert re.search(
+        r"^catalog\s+postgresql\+psycopg://postgres:\*\*\*@127\.0\.0\.1:\d+/\w+\?password=\*\*\*$", out, re.M
+    ), out
     assert "PW-" not in out
 
 
 # -- errors ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("argv, env, needle", [
-    (["stats"], {"KVMEM_BLOCK_SIZE": "0"}, "block_size=0"),
-    (["ls", "--config", "/nonexistent/kvmem.yaml"], {}, "cannot be read"),
-    (["verify"], {"KVMEM_CPU_BYTES": "lots"}, "cpu_bytes='lots'"),
-])
-def test_errors_print_one_line_and_exit_2(data: DataDir, monkeypatch: pytest.MonkeyPatch,
-                                          capsys: pytest.CaptureFixture[str], argv: list[str],
-                                          env: dict[str, str], needle: str) -> None:
+@pytest.mark.parametrize(
+    "argv, env, needle",
+    [
+        (["stats"], {"KVMEM_BLOCK_SIZE": "0"}, "block_size=0"),
+        (["ls", "--config", "/nonexistent/kvmem.yaml"], {}, "cannot be read"),
+        (["verify"], {"KVMEM_CPU_BYTES": "lots"}, "cpu_bytes='lots'"),
+    ],
+)
+def test_errors_print_one_line_and_exit_2(
+    data: DataDir,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    env: dict[str, str],
+    needle: str,
+) -> None:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert main(data.argv(*argv)) == 2
@@ -280,8 +310,7 @@ def test_errors_print_one_line_and_exit_2(data: DataDir, monkeypatch: pytest.Mon
     assert captured.err.count("\n") == 1 and captured.err.startswith("kvmem: error: ") and needle in captured.err
 
 
-def test_commands_do_not_create_a_data_directory_on_a_typo(tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_commands_do_not_create_a_data_directory_on_a_typo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["stats", "--path", str(tmp_path / "typo")]) == 2
     assert "no kvmem data directory" in capsys.readouterr().err
     assert not (tmp_path / "typo").exists()
@@ -289,8 +318,13 @@ def test_commands_do_not_create_a_data_directory_on_a_typo(tmp_path: Path,
 
 def test_python_dash_m_kvmem_config_error_exits_2_without_traceback(tmp_path: Path) -> None:
     env = {**os.environ, "KVMEM_FSYNC": "sometimes"}
-    proc = subprocess.run([sys.executable, "-m", "kvmem", "config", "--path", str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvmem", "config", "--path", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == "" and "Traceback" not in proc.stderr
     assert proc.stderr.splitlines() == ["kvmem: error: fsync='sometimes': accepted always | batch | never"]
@@ -305,8 +339,12 @@ def _usage_gauge(url: str, tier: str) -> float | None:
 
 @pytest.mark.timeout(180)
 def test_serve_metrics_serves_usage_and_follows_other_writers(data: DataDir) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "kvmem", "serve-metrics", "--port", "0", "--interval", "0.2",
-                             "--path", str(data.path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvmem", "serve-metrics", "--port", "0", "--interval", "0.2", "--path", str(data.path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()
@@ -322,7 +360,7 @@ def test_serve_metrics_serves_usage_and_follows_other_writers(data: DataDir) -> 
             time.sleep(0.1)
         assert _usage_gauge(url, "disk") == grown
         body = urllib.request.urlopen(url, timeout=10).read().decode()
-        assert "kvmem_capacity_bytes{tier=\"disk\"}" in body
+        assert 'kvmem_capacity_bytes{tier="disk"}' in body
         # only what the processes share: their counters and CPU tiers are theirs to serve (metrics_port)
         assert "kvmem_hits_total" not in body and "kvmem_load_seconds" not in body and 'tier="cpu"' not in body
     finally:
@@ -333,6 +371,7 @@ def test_serve_metrics_serves_usage_and_follows_other_writers(data: DataDir) -> 
 
 def test_serve_metrics_port_in_use_is_an_error(data: DataDir, capsys: pytest.CaptureFixture[str]) -> None:
     import socket
+
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -343,8 +382,9 @@ def test_serve_metrics_port_in_use_is_an_error(data: DataDir, capsys: pytest.Cap
 
 
 @pytest.mark.parametrize("interval", ["0", "-1", "nan", "soon"])
-def test_serve_metrics_refuses_an_interval_that_is_not_positive(data: DataDir, interval: str,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_serve_metrics_refuses_an_interval_that_is_not_positive(
+    data: DataDir, interval: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exited:
         main(data.argv("serve-metrics", "--port", "0", "--interval", interval))
     assert exited.value.code == 2 and "expected a number of seconds > 0" in capsys.readouterr().err

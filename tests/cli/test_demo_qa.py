@@ -20,12 +20,16 @@ from kvmem.cli.main import main
 REPO = Path(__file__).resolve().parents[2]
 
 # request, prompt, cold s, warm s, reused, computed, tier, chunks, speedup, max |dlogit|
-_REQUEST_ROW = re.compile(r"^(q\d+)\s+(\d+)\s+([\d.]+) s\s+([\d.]+) s\s+(\d+)\s+(\d+)\s+(\w+) (\d+)\s+"
-                          r"([\d.]+)x\s+(\S+)$", re.M)
+_REQUEST_ROW = re.compile(
+    r"^(q\d+)\s+(\d+)\s+([\d.]+) s\s+([\d.]+) s\s+(\d+)\s+(\d+)\s+(\w+) (\d+)\s+"
+    r"([\d.]+)x\s+(\S+)$",
+    re.M,
+)
 
 
-def test_demo_reuses_the_document_and_reports_ttft(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   capsys: pytest.CaptureFixture[str], one_thread: None) -> None:
+def test_demo_reuses_the_document_and_reports_ttft(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], one_thread: None
+) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert main(["demo", "--doc-tokens", "512", "--questions", "2"]) == 0
     out = capsys.readouterr().out
@@ -45,23 +49,42 @@ def test_demo_reuses_the_document_and_reports_ttft(tmp_path: Path, monkeypatch: 
     assert not list(tmp_path.glob("kvmem-demo-*")), "temporary data directory left behind"
 
 
-def test_demo_with_a_local_checkpoint_and_its_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                        one_thread: None) -> None:
+def test_demo_with_a_local_checkpoint_and_its_tokenizer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], one_thread: None
+) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     torch.manual_seed(3)
-    LlamaForCausalLM(LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                 intermediate_size=128, vocab_size=300, max_position_embeddings=1024)
-                     ).save_pretrained(tmp_path / "ckpt")
+    LlamaForCausalLM(
+        LlamaConfig(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            vocab_size=300,
+            max_position_embeddings=1024,
+        )
+    ).save_pretrained(tmp_path / "ckpt")
     words = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
-    words.train_from_iterator([(REPO / "kvmem" / "api.py").read_text()],
-                              trainers.WordLevelTrainer(vocab_size=300, special_tokens=["[UNK]"]))
+    words.train_from_iterator(
+        [(REPO / "kvmem" / "api.py").read_text()], trainers.WordLevelTrainer(vocab_size=300, special_tokens=["[UNK]"])
+    )
     PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]").save_pretrained(tmp_path / "ckpt")
 
-    argv = ["demo", "--model", str(tmp_path / "ckpt"), "--doc-tokens", "300", "--questions", "3",
-            "--path", str(tmp_path / "data")]
+    argv = [
+        "demo",
+        "--model",
+        str(tmp_path / "ckpt"),
+        "--doc-tokens",
+        "300",
+        "--questions",
+        "3",
+        "--path",
+        str(tmp_path / "data"),
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert f"LlamaForCausalLM ({tmp_path / 'ckpt'}): 0.1M params" in out
@@ -77,9 +100,17 @@ def test_demo_with_a_local_checkpoint_and_its_tokenizer(tmp_path: Path, capsys: 
 
 
 def test_demo_report_fails_when_warm_logits_differ() -> None:
-    report = QADemoReport(source="random", block_size=256, document_tokens=512, ingest_seconds=1.0, ingest_chunks=2,
-                          requests=[RequestResult("q1", 544, 2.0, 0.5, 512, 32, {"disk": 2}, 1e-6),
-                                    RequestResult("q2", 544, 2.0, 0.25, 512, 32, {"cpu": 2}, 0.01)])
+    report = QADemoReport(
+        source="random",
+        block_size=256,
+        document_tokens=512,
+        ingest_seconds=1.0,
+        ingest_chunks=2,
+        requests=[
+            RequestResult("q1", 544, 2.0, 0.5, 512, 32, {"disk": 2}, 1e-6),
+            RequestResult("q2", 544, 2.0, 0.25, 512, 32, {"cpu": 2}, 0.01),
+        ],
+    )
     assert not report.ok and report.median_speedup == 6.0 and report.chunk_hits == {"disk": 2, "cpu": 2}
     text = render_qa_report(report)
     assert "FAILED: warm vs cold logits of the last position: max abs diff 1.0e-02 (exceeds 1e-03)" in text

@@ -58,14 +58,22 @@ def only(findings: list[Finding], area: str) -> Finding:
 def test_a_healthy_snapshot_is_all_ok_except_the_live_only_prefetch_note() -> None:
     findings = check(snap())
     assert [(f.check, f.severity) for f in findings] == [
-        ("prefetch", "info"), ("block_size", "ok"), ("pipeline", "ok"), ("capacity", "ok"), ("integrity", "ok")]
+        ("prefetch", "info"),
+        ("block_size", "ok"),
+        ("pipeline", "ok"),
+        ("capacity", "ok"),
+        ("integrity", "ok"),
+    ]
     assert all(not f.recommendation for f in findings)
 
 
 # -- (a) prefetch --------------------------------------------------------------------------
 def _traffic(chunk_hits: dict[str, int], ttft_mean: float, prefetches: int = 0) -> LiveMetrics:
-    return LiveMetrics(ttft=HistogramSummary(10, 10 * ttft_mean, 2 * ttft_mean), chunk_hits=chunk_hits,
-                       prefetch=HistogramSummary(prefetches, 0.01 * prefetches, 0.01))
+    return LiveMetrics(
+        ttft=HistogramSummary(10, 10 * ttft_mean, 2 * ttft_mean),
+        chunk_hits=chunk_hits,
+        prefetch=HistogramSummary(prefetches, 0.01 * prefetches, 0.01),
+    )
 
 
 def test_prefetch_warns_on_slow_first_tokens_served_from_disk() -> None:
@@ -74,16 +82,20 @@ def test_prefetch_warns_on_slow_first_tokens_served_from_disk() -> None:
     assert f.numbers["from_disk_share"] == 0.75 and f.numbers["ttft_mean_s"] == pytest.approx(0.8)
     assert f.numbers["chunk_hits_disk"] == 30
     assert f.recommendation.startswith("prefetch_depth: 3 -> 6") and "PrefixCache.prefetch" in f.recommendation
-    with_prefetch = only(check(snap(_traffic({"disk": 30}, 0.8, prefetches=5), config={"prefetch_depth": 1})),
-                         "prefetch")
+    with_prefetch = only(
+        check(snap(_traffic({"disk": 30}, 0.8, prefetches=5), config={"prefetch_depth": 1})), "prefetch"
+    )
     assert with_prefetch.recommendation == "prefetch_depth: 1 -> 3"
 
 
-@pytest.mark.parametrize("live, severity", [
-    (_traffic({"cpu": 30, "disk": 10}, ttft_mean=0.8), "ok"),  # mostly from memory
-    (_traffic({"disk": 30}, ttft_mean=0.05), "info"),  # from disk, but fast
-    (_traffic({"disk": 3}, ttft_mean=0.8), "info"),  # too few hits to judge
-])
+@pytest.mark.parametrize(
+    "live, severity",
+    [
+        (_traffic({"cpu": 30, "disk": 10}, ttft_mean=0.8), "ok"),  # mostly from memory
+        (_traffic({"disk": 30}, ttft_mean=0.05), "info"),  # from disk, but fast
+        (_traffic({"disk": 3}, ttft_mean=0.8), "info"),  # too few hits to judge
+    ],
+)
 def test_prefetch_does_not_warn_without_both_symptoms(live: LiveMetrics, severity: str) -> None:
     f = only(check(snap(live)), "prefetch")
     assert f.severity == severity and not f.recommendation
@@ -99,8 +111,10 @@ def test_prefetch_out_of_process_warns_only_when_prefetch_is_off_and_chunks_are_
 
 # -- (b) block size ---------------------------------------------------------------------------
 def _prompts(n: int, tokens: int, reused: int = 0) -> LiveMetrics:
-    return LiveMetrics(ttft=HistogramSummary(n, 0.1 * n, 0.1),
-                       kv_tokens={"requested": n * tokens, "reused": n * reused, "computed": n * (tokens - reused)})
+    return LiveMetrics(
+        ttft=HistogramSummary(n, 0.1 * n, 0.1),
+        kv_tokens={"requested": n * tokens, "reused": n * reused, "computed": n * (tokens - reused)},
+    )
 
 
 def test_block_size_warns_when_prompts_are_a_chunk_or_two_long() -> None:
@@ -121,8 +135,9 @@ def test_block_size_notes_very_fine_chunks() -> None:
 
 
 def test_block_size_warns_on_fragmentation_from_the_catalog() -> None:
-    fragmented = KVChunkGroup(256, chunks=100, stored_bytes=100 * 4096, reused=5, reused_bytes=5 * 4096, hits=40,
-                              re_stored=2)
+    fragmented = KVChunkGroup(
+        256, chunks=100, stored_bytes=100 * 4096, reused=5, reused_bytes=5 * 4096, hits=40, re_stored=2
+    )
     f = only(check(snap(kv=(fragmented,))), "block_size")
     assert f.severity == "warn" and f.recommendation == "block_size: 256 -> 128"
     assert f.numbers["never_reused_share"] == 0.95 and f.numbers["never_reused_bytes"] == 95 * 4096
@@ -192,8 +207,13 @@ def test_capacity_warns_on_a_full_disk_tier() -> None:
 
 
 def test_capacity_warns_on_churn_in_process() -> None:
-    churn = LiveMetrics(store=HistogramSummary(60, 0.6, 0.01), demotions={"cpu": 50}, evictions={"disk": 5},
-                        promotions={"cpu": 40}, ttft=HistogramSummary(10, 12.0, 2.0))
+    churn = LiveMetrics(
+        store=HistogramSummary(60, 0.6, 0.01),
+        demotions={"cpu": 50},
+        evictions={"disk": 5},
+        promotions={"cpu": 40},
+        ttft=HistogramSummary(10, 12.0, 2.0),
+    )
     f = only(check(snap(churn)), "capacity")
     assert f.severity == "warn" and f.numbers["demotions_cpu"] == 50 and f.numbers["evictions_disk"] == 5
     assert f.recommendation == "cpu_bytes: 2GiB -> 4GiB, or offload_threshold: 0.7 -> 0.85"
@@ -209,18 +229,24 @@ def test_capacity_notes_a_low_offload_threshold_and_is_ok_otherwise() -> None:
 
 
 # -- (e) integrity ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("fields", [
-    {"quarantined_rows": 1}, {"quarantine_files": 2, "quarantine_bytes": 300},
-    {"live": LiveMetrics(crc_failures={"disk": 1})},
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"quarantined_rows": 1},
+        {"quarantine_files": 2, "quarantine_bytes": 300},
+        {"live": LiveMetrics(crc_failures={"disk": 1})},
+    ],
+)
 def test_integrity_warns_on_corruption(fields: dict[str, Any]) -> None:
     f = only(check(snap(**fields)), "integrity")
     assert f.severity == "warn" and "kvmem verify --fix" in f.recommendation
 
 
 def test_integrity_warns_on_failing_tiers() -> None:
-    for fields in ({"live": LiveMetrics(tier_errors={"disk": 3})},
-                   {"tiers": (TIERS[0], replace(TIERS[1], healthy=False))}):
+    for fields in (
+        {"live": LiveMetrics(tier_errors={"disk": 3})},
+        {"tiers": (TIERS[0], replace(TIERS[1], healthy=False))},
+    ):
         f = only(check(snap(**fields)), "integrity")
         assert f.severity == "warn" and "disk" in f.title
 
@@ -269,8 +295,17 @@ def test_diagnose_judges_live_prefix_cache_traffic(tmp_path: Path, llama: torch.
         pc.close()
         snapshot = take_snapshot(memory)
         findings = diagnose(memory, Thresholds(slow_ttft_s=0.0))
-    assert snapshot.kv == (KVChunkGroup(16, chunks=6, stored_bytes=snapshot.kv[0].stored_bytes, reused=6,
-                                        reused_bytes=snapshot.kv[0].stored_bytes, hits=12, re_stored=0),)
+    assert snapshot.kv == (
+        KVChunkGroup(
+            16,
+            chunks=6,
+            stored_bytes=snapshot.kv[0].stored_bytes,
+            reused=6,
+            reused_bytes=snapshot.kv[0].stored_bytes,
+            hits=12,
+            re_stored=0,
+        ),
+    )
     assert snapshot.live is not None and snapshot.live.chunk_hits == {"disk": 12}
     assert snapshot.live.kv_tokens == {"requested": 300, "reused": 192, "computed": 108}
     prefetch = only(findings, "prefetch")
@@ -339,8 +374,9 @@ def test_cli_doctor_on_a_missing_directory_is_an_error(tmp_path: Path, capsys: p
     assert "no kvmem data directory" in capsys.readouterr().err
 
 
-def test_a_snapshot_counts_disk_quarantine_files_beside_quarantined_redis_values(tmp_path: Path,
-                                                                                  redis_url: str) -> None:
+def test_a_snapshot_counts_disk_quarantine_files_beside_quarantined_redis_values(
+    tmp_path: Path, redis_url: str
+) -> None:
     """Redis names its quarantined values (keys, no file): the snapshot counts the disk tier's files only."""
     with kvmem.Memory(tmp_path / "d", cpu_bytes=0, disk_bytes="8MiB", fsync="never", remote_url=redis_url) as mem:
         skeys = [mem.store(f"k{i}", torch.arange(64), namespace=f"doctor-{tmp_path.name}") for i in range(2)]

@@ -19,8 +19,19 @@ from tests.bounds import assert_bit_exact, error_bound, exact_under
 
 TENSOR_CODECS = ["none", "fp16", "bf16", "int8", "int4"]
 SPECS = [f"{c}+lz4" if lz else c for c in TENSOR_CODECS for lz in (False, True)]
-DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int16, torch.int32,
-          torch.int64, torch.uint8, torch.bool, torch.complex64]
+DTYPES = [
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+]
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -33,7 +44,7 @@ def random_tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int = 0) -> 
     if dtype == torch.bool:
         return torch.rand(shape, generator=g) > 0.5
     info = torch.iinfo(dtype)
-    lo, hi = max(info.min, -2**62), min(info.max, 2**62)
+    lo, hi = max(info.min, -(2**62)), min(info.max, 2**62)
     return torch.randint(lo, hi, shape, generator=g, dtype=torch.int64).to(dtype)
 
 
@@ -58,20 +69,31 @@ def roundtrip(value: object, spec: str) -> tuple[object, dict, int, int]:
 
 
 # -- spec parsing --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("spec, expected", [
-    (None, CodecSpec("none", False)), ("none", CodecSpec("none", False)), ("fp16", CodecSpec("fp16", False)),
-    ("bf16", CodecSpec("bf16", False)), ("int8", CodecSpec("int8", False)), ("int4", CodecSpec("int4", False)),
-    ("lz4", CodecSpec("none", True)), ("int8+lz4", CodecSpec("int8", True)), ("lz4+int4", CodecSpec("int4", True)),
-    ("INT4+LZ4", CodecSpec("int4", True)), (" fp16 + lz4 ", CodecSpec("fp16", True)),
-    ("none+lz4", CodecSpec("none", True)),
-])
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        (None, CodecSpec("none", False)),
+        ("none", CodecSpec("none", False)),
+        ("fp16", CodecSpec("fp16", False)),
+        ("bf16", CodecSpec("bf16", False)),
+        ("int8", CodecSpec("int8", False)),
+        ("int4", CodecSpec("int4", False)),
+        ("lz4", CodecSpec("none", True)),
+        ("int8+lz4", CodecSpec("int8", True)),
+        ("lz4+int4", CodecSpec("int4", True)),
+        ("INT4+LZ4", CodecSpec("int4", True)),
+        (" fp16 + lz4 ", CodecSpec("fp16", True)),
+        ("none+lz4", CodecSpec("none", True)),
+    ],
+)
 def test_parse_codec_accepts(spec: str | None, expected: CodecSpec) -> None:
     assert parse_codec(spec) == expected
     assert parse_codec(str(expected)) == expected
 
 
-@pytest.mark.parametrize("spec", ["", "int3", "gzip", "lz4+lz4", "int8+int4", "+lz4", "int8+", "fp32", "int8+zstd",
-                                  5, b"int8", ["int8"]])
+@pytest.mark.parametrize(
+    "spec", ["", "int3", "gzip", "lz4+lz4", "int8+int4", "+lz4", "int8+", "fp32", "int8+zstd", 5, b"int8", ["int8"]]
+)
 def test_parse_codec_refuses(spec: object) -> None:
     with pytest.raises(CodecError, match="codec") as info:
         parse_codec(spec)  # type: ignore[arg-type]
@@ -81,8 +103,14 @@ def test_parse_codec_refuses(spec: object) -> None:
 
 
 def test_lossless_flags() -> None:
-    assert [parse_codec(s).lossless for s in ("none", "lz4", "fp16", "bf16", "int8", "int4+lz4")] == \
-        [True, True, False, False, False, False]
+    assert [parse_codec(s).lossless for s in ("none", "lz4", "fp16", "bf16", "int8", "int4+lz4")] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+        False,
+    ]
 
 
 def test_unknown_tensor_codec_and_bad_quant_params() -> None:
@@ -111,8 +139,7 @@ def test_round_trip(spec: str, dtype: torch.dtype, case: str, record_property: p
     bound = error_bound(x, codec)
     record_property("max_abs_error", float(err.max()))
     record_property("mean_abs_error", float(err.mean()))
-    print(f"{spec} {dtype} {case}: max {float(err.max()):.3g} mean {float(err.mean()):.3g} "
-          f"ratio {raw / stored:.2f}")
+    print(f"{spec} {dtype} {case}: max {float(err.max()):.3g} mean {float(err.mean()):.3g} ratio {raw / stored:.2f}")
     assert bool((err <= bound).all()), f"max error/bound {float((err / bound).max()):.4f}"
     assert float(err.max()) > 0, "a lossy codec that changed nothing was not applied"
 
@@ -135,8 +162,13 @@ def test_round_trip_large(spec: str) -> None:
 def test_tree_of_mixed_leaves(spec: str) -> None:
     x = random_tensor(torch.float32, (4, 64))
     ids = torch.arange(10)
-    value = {"layers": [(x, ids)], "meta": {"n": 3, "ok": True, "name": None, "pi": 3.5},
-             "arr": np.arange(12, dtype=np.int16).reshape(3, 4), "raw": b"\x00\xff" * 50, "text": "héllo"}
+    value = {
+        "layers": [(x, ids)],
+        "meta": {"n": 3, "ok": True, "name": None, "pi": 3.5},
+        "arr": np.arange(12, dtype=np.int16).reshape(3, 4),
+        "raw": b"\x00\xff" * 50,
+        "text": "héllo",
+    }
     back, header, _, _ = roundtrip(value, spec)
     assert isinstance(back, dict) and isinstance(back["layers"], list) and isinstance(back["layers"][0], tuple)
     assert back["meta"] == value["meta"] and back["raw"] == value["raw"] and back["text"] == value["text"]
@@ -199,12 +231,18 @@ def test_quant_bound_holds_on_awkward_ranges(bits: int, data: str) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(shape=st.lists(st.integers(1, 70), min_size=1, max_size=3), axis=st.sampled_from([-1, -2, 0]),
-       scale=st.sampled_from([1e-7, 1e-3, 1.0, 300.0, 1e5]), offset=st.sampled_from([0.0, 1.0, -40.0, 3e4]),
-       bits=st.sampled_from([8, 4]), seed=st.integers(0, 2**16))
+@given(
+    shape=st.lists(st.integers(1, 70), min_size=1, max_size=3),
+    axis=st.sampled_from([-1, -2, 0]),
+    scale=st.sampled_from([1e-7, 1e-3, 1.0, 300.0, 1e5]),
+    offset=st.sampled_from([0.0, 1.0, -40.0, 3e4]),
+    bits=st.sampled_from([8, 4]),
+    seed=st.integers(0, 2**16),
+)
 @example(shape=[1, 3], axis=-2, scale=1e-7, offset=1.0, bits=8, seed=0)  # constant groups: fp16 lo is 2 ulp off
-def test_quant_bound_holds_for_any_shape_axis_and_range(shape: list[int], axis: int, scale: float, offset: float,
-                                                        bits: int, seed: int) -> None:
+def test_quant_bound_holds_for_any_shape_axis_and_range(
+    shape: list[int], axis: int, scale: float, offset: float, bits: int, seed: int
+) -> None:
     x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * scale + offset
     axis = axis if -x.ndim <= axis < x.ndim else -1
     codec = QuantCodec(bits)
@@ -220,8 +258,10 @@ def test_quant_error_scales_with_bits() -> None:
     x = random_tensor(torch.float32, (64, 256), seed=5)
     e8 = (roundtrip(x, "int8")[0] - x).abs()
     e4 = (roundtrip(x, "int4")[0] - x).abs()
-    print(f"int8 max {float(e8.max()):.4g} mean {float(e8.mean()):.4g}; "
-          f"int4 max {float(e4.max()):.4g} mean {float(e4.mean()):.4g}")
+    print(
+        f"int8 max {float(e8.max()):.4g} mean {float(e8.mean()):.4g}; "
+        f"int4 max {float(e4.max()):.4g} mean {float(e4.mean()):.4g}"
+    )
     assert float(e4.mean()) > 8 * float(e8.mean())  # 15 levels vs 255: ~17x coarser
 
 
@@ -234,8 +274,20 @@ def kv_with_outlier_channels(dtype: torch.dtype = torch.float32) -> torch.Tensor
     return t.to(dtype)
 
 
-@pytest.mark.parametrize("name, axis", [("k", -2), ("key", -2), ("keys", -2), ("key_states", -2), ("key_cache", -2),
-                                        ("K", -2), ("v", -1), ("value_states", -1), ("x", -1)])
+@pytest.mark.parametrize(
+    "name, axis",
+    [
+        ("k", -2),
+        ("key", -2),
+        ("keys", -2),
+        ("key_states", -2),
+        ("key_cache", -2),
+        ("K", -2),
+        ("v", -1),
+        ("value_states", -1),
+        ("x", -1),
+    ],
+)
 def test_quant_axis_from_dict_key(name: str, axis: int) -> None:
     t = kv_with_outlier_channels()
     _, header, _, _ = roundtrip({name: t}, "int8")
@@ -259,20 +311,26 @@ def test_keys_per_channel_beat_per_token_on_outlier_channels(spec: str) -> None:
     normal[::16] = False
     err_k = (back["k"] - t)[..., normal].abs().mean()
     err_v = (back["v"] - t)[..., normal].abs().mean()
-    print(f"{spec}: mean error on normal channels: keys (per channel) {float(err_k):.4g}, "
-          f"values (per token) {float(err_v):.4g}")
+    print(
+        f"{spec}: mean error on normal channels: keys (per channel) {float(err_k):.4g}, "
+        f"values (per token) {float(err_v):.4g}"
+    )
     assert err_k * 10 < err_v
 
 
 # -- ratios --------------------------------------------------------------------------------------------------
 def kv_bf16() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(2)
-    return {"k": torch.randn(1, 8, 256, 128, generator=g).to(torch.bfloat16),
-            "v": torch.randn(1, 8, 256, 128, generator=g).to(torch.bfloat16)}
+    return {
+        "k": torch.randn(1, 8, 256, 128, generator=g).to(torch.bfloat16),
+        "v": torch.randn(1, 8, 256, 128, generator=g).to(torch.bfloat16),
+    }
 
 
-@pytest.mark.parametrize("spec, at_least", [("int4", 3.5), ("int4+lz4", 3.5), ("int8", 1.85), ("int8+lz4", 1.85),
-                                            ("none", 0.99), ("fp16", 0.99)])
+@pytest.mark.parametrize(
+    "spec, at_least",
+    [("int4", 3.5), ("int4+lz4", 3.5), ("int8", 1.85), ("int8+lz4", 1.85), ("none", 0.99), ("fp16", 0.99)],
+)
 def test_ratio_on_bf16_kv(spec: str, at_least: float) -> None:
     kv = kv_bf16()
     _, _, raw, stored = roundtrip(kv, spec)
@@ -326,8 +384,14 @@ def test_lz4_refuses_garbage() -> None:
 @pytest.mark.parametrize("codec", ["none", "int8", "int4+lz4", "fp16+lz4"])
 def test_reframe_moves_a_blob_between_formats_without_touching_its_encoded_bytes(codec: str) -> None:
     g = torch.Generator().manual_seed(3)
-    value = {"k": torch.randn(2, 8, 256, 64, generator=g), "v": torch.randn(2, 8, 256, 64, generator=g).bfloat16(),
-             "empty": torch.empty(0), "raw": b"xyz", "n": np.arange(5), "note": "hi"}
+    value = {
+        "k": torch.randn(2, 8, 256, 64, generator=g),
+        "v": torch.randn(2, 8, 256, 64, generator=g).bfloat16(),
+        "empty": torch.empty(0),
+        "raw": b"xyz",
+        "n": np.arange(5),
+        "note": "hi",
+    }
     old = encode_value(value, parse_codec(codec), blob_format=1)[0].to_tensor()
     new = reframe(old, 2).to_tensor()
     assert blob.format_of(old) == (1, 64) and blob.format_of(new) == (2, blob.PAGE)

@@ -44,8 +44,8 @@ def test_fused_dequantize_scatter_writes_only_its_tokens(bits: int, axis: int, t
     parts, meta = quantize_kv(t, bits, 64, axis)
     dst = torch.full((1, 2, tokens + 10, 16), 7.0, dtype=torch.bfloat16)
     dequantize_kv_into(dst, 3, parts, meta)
-    assert torch.equal(dst[:, :, 3:3 + tokens], QuantCodec(bits, 64).decode(parts, meta, torch.bfloat16, t.shape))
-    assert (dst[:, :, :3] == 7).all() and (dst[:, :, 3 + tokens:] == 7).all()
+    assert torch.equal(dst[:, :, 3 : 3 + tokens], QuantCodec(bits, 64).decode(parts, meta, torch.bfloat16, t.shape))
+    assert (dst[:, :, :3] == 7).all() and (dst[:, :, 3 + tokens :] == 7).all()
     with pytest.raises(CodecError, match="does not fit"):
         dequantize_kv_into(dst, 11, parts, meta)
 

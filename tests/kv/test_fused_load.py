@@ -46,8 +46,9 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("axis", [-2, -1])
 @pytest.mark.parametrize("shape", [(1, 2, 16, 8), (2, 3, 37, 64), (1, 2, 256, 64), (1, 1, 5, 7)])
-def test_reference_op_is_quantcodec_decode_bit_for_bit(bits: int, group: int, dtype: torch.dtype, axis: int,
-                                                      shape: tuple[int, ...]) -> None:
+def test_reference_op_is_quantcodec_decode_bit_for_bit(
+    bits: int, group: int, dtype: torch.dtype, axis: int, shape: tuple[int, ...]
+) -> None:
     codec = QuantCodec(bits, group)
     # offset 1000: a group's range is tiny next to its magnitude, so its scales fall back to fp32
     for seed, offset in enumerate((0.0, 1000.0)):
@@ -62,8 +63,8 @@ def test_reference_op_is_quantcodec_decode_bit_for_bit(bits: int, group: int, dt
         for skip, count in ((0, t_len - 1), (t_len // 3, t_len - t_len // 3), (1, max(t_len - 3, 1))):
             dst = torch.full((shape[0], shape[1], count + 4, shape[3]), 7.0, dtype=dtype)
             dequantize_kv_into(dst, 2, parts, meta, skip=skip, count=count)
-            assert torch.equal(_bits(dst[:, :, 2:2 + count]), _bits(want[:, :, skip:skip + count]))
-            assert (dst[:, :, :2] == 7).all() and (dst[:, :, 2 + count:] == 7).all()
+            assert torch.equal(_bits(dst[:, :, 2 : 2 + count]), _bits(want[:, :, skip : skip + count]))
+            assert (dst[:, :, :2] == 7).all() and (dst[:, :, 2 + count :] == 7).all()
 
 
 def test_dequantize_refuses_parts_that_do_not_match_their_metadata() -> None:
@@ -78,8 +79,14 @@ def test_dequantize_refuses_parts_that_do_not_match_their_metadata() -> None:
 
 
 def test_packed_transfer_keeps_every_part() -> None:
-    parts = [{"q": torch.arange(37, dtype=torch.uint8).reshape(37, 1, 1), "step": torch.randn(3, 1, 1).half(),
-              "lo": torch.randn(5, 1, 1)}, {"q": torch.arange(9, dtype=torch.uint8), "step": torch.randn(2).double()}]
+    parts = [
+        {
+            "q": torch.arange(37, dtype=torch.uint8).reshape(37, 1, 1),
+            "step": torch.randn(3, 1, 1).half(),
+            "lo": torch.randn(5, 1, 1),
+        },
+        {"q": torch.arange(9, dtype=torch.uint8), "step": torch.randn(2).double()},
+    ]
     moved = kvstream._packed_to(torch.device("cpu"), parts)
     for want, got in zip(parts, moved):
         assert want.keys() == got.keys()
@@ -115,8 +122,9 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Calls]:
     yield Calls(monkeypatch)
 
 
-def _decoded_prefix(memory: kvmem.Memory, sources: list[ChunkSource], layer_idx: int, first: int, tokens: int
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def _decoded_prefix(
+    memory: kvmem.Memory, sources: list[ChunkSource], layer_idx: int, first: int, tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefix tokens ``[first, tokens)`` of a layer by the decode path, from the whole blobs."""
     keys, values = [], []
     for source in sources:
@@ -132,9 +140,15 @@ def _decoded_prefix(memory: kvmem.Memory, sources: list[ChunkSource], layer_idx:
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
 @pytest.mark.parametrize("compression", QUANT)
 @pytest.mark.parametrize("tier", ["cpu", "disk"])
-def test_fused_load_writes_the_decode_paths_values(tiny_model: Callable, make_memory: Callable,
-                                                   prefix_cache: Callable, calls: Calls, arch: str,
-                                                   compression: str, tier: str) -> None:
+def test_fused_load_writes_the_decode_paths_values(
+    tiny_model: Callable,
+    make_memory: Callable,
+    prefix_cache: Callable,
+    calls: Calls,
+    arch: str,
+    compression: str,
+    tier: str,
+) -> None:
     model = tiny_model(arch)
     memory = make_memory(cpu_bytes="64MiB" if tier == "cpu" else 0)
     sources = stored_sources(memory, prefix_cache(model, memory, compression=compression))[:4]
@@ -165,8 +179,14 @@ def _prefill_and_generate(pc: PrefixCache) -> tuple[torch.Tensor, torch.Tensor, 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "mistral"])
 @pytest.mark.parametrize("compression", QUANT)
 def test_prefill_and_generate_are_bit_identical_to_the_decode_path(
-        tiny_model: Callable, make_memory: Callable, prefix_cache: Callable, calls: Calls,
-        monkeypatch: pytest.MonkeyPatch, arch: str, compression: str) -> None:
+    tiny_model: Callable,
+    make_memory: Callable,
+    prefix_cache: Callable,
+    calls: Calls,
+    monkeypatch: pytest.MonkeyPatch,
+    arch: str,
+    compression: str,
+) -> None:
     model = tiny_model(arch)
     memory = make_memory(cpu_bytes=0)  # ranged reads from disk
     stored_sources(memory, prefix_cache(model, memory, compression=compression))
@@ -190,8 +210,12 @@ def test_prefill_and_generate_are_bit_identical_to_the_decode_path(
 
 @pytest.mark.parametrize("layerwise", [True, False])
 def test_the_prompts_new_tokens_go_into_the_room_the_prefix_is_not_copied(
-        tiny_model: Callable, make_memory: Callable, prefix_cache: Callable, monkeypatch: pytest.MonkeyPatch,
-        layerwise: bool) -> None:
+    tiny_model: Callable,
+    make_memory: Callable,
+    prefix_cache: Callable,
+    monkeypatch: pytest.MonkeyPatch,
+    layerwise: bool,
+) -> None:
     model = tiny_model("llama")
     memory = make_memory()
     stored_sources(memory, prefix_cache(model, memory, compression="int8"))
@@ -207,21 +231,25 @@ def test_the_prompts_new_tokens_go_into_the_room_the_prefix_is_not_copied(
     result = prefix_cache(model, memory, compression="int8", layerwise=layerwise).prefill(PROMPT_B)
     held = [t for layer in result.cache.layers for t in (layer.keys, layer.values)]
     assert len(buffers) == len(held)
-    assert all(h.data_ptr() == b.data_ptr() and h.shape == b.shape == (1, 2, PROMPT_B.shape[1], 16)
-               for h, b in zip(held, buffers))
+    assert all(
+        h.data_ptr() == b.data_ptr() and h.shape == b.shape == (1, 2, PROMPT_B.shape[1], 16)
+        for h, b in zip(held, buffers)
+    )
 
 
-def test_room_that_does_not_fit_the_update_falls_back_to_one_copy(tiny_model: Callable, make_memory: Callable,
-                                                                 prefix_cache: Callable) -> None:
+def test_room_that_does_not_fit_the_update_falls_back_to_one_copy(
+    tiny_model: Callable, make_memory: Callable, prefix_cache: Callable
+) -> None:
     model = tiny_model("qwen2")
     memory = make_memory()
     sources = stored_sources(memory, prefix_cache(model, memory, compression="int8"))[:4]
-    suffix = PROMPT_B[:, SHARED:SHARED + 3]
+    suffix = PROMPT_B[:, SHARED : SHARED + 3]
     logits = []
     for room in (3, 7):  # exactly the 3 new tokens; more than them
         cache = new_cache(model, StreamingCache)
-        cache.loader = LayerwiseLoader(memory.chunk_store(), sources, cache, BLOCK, SHARED, torch.device("cpu"),
-                                       room=room)
+        cache.loader = LayerwiseLoader(
+            memory.chunk_store(), sources, cache, BLOCK, SHARED, torch.device("cpu"), room=room
+        )
         with torch.no_grad():
             logits.append(model(suffix, use_cache=True, **{cache_argument(model): cache}).logits)
         assert cache.get_seq_length() == SHARED + 3 and cache.layers[0].keys.shape[-2] == SHARED + 3
@@ -232,8 +260,9 @@ def _chunk_file(memory: kvmem.Memory, source: ChunkSource) -> Path:
     return Path(memory.config.path) / "disk" / "blobs" / source.key[:2] / f"{source.key}.kvb"
 
 
-def test_a_corrupt_int8_segment_is_caught_before_the_op_reads_it(tiny_model: Callable, make_memory: Callable,
-                                                                 prefix_cache: Callable, calls: Calls) -> None:
+def test_a_corrupt_int8_segment_is_caught_before_the_op_reads_it(
+    tiny_model: Callable, make_memory: Callable, prefix_cache: Callable, calls: Calls
+) -> None:
     model = tiny_model("llama")
     memory = make_memory(cpu_bytes=0)
     sources = stored_sources(memory, prefix_cache(model, memory, compression="int8"))[:4]
@@ -251,8 +280,9 @@ def test_a_corrupt_int8_segment_is_caught_before_the_op_reads_it(tiny_model: Cal
     assert calls.fused == 4 * 2 + 2 * 2  # layer 0: 4 chunks; the last layer: chunks 0 and 1, then the bad one
 
 
-def test_lossless_chunks_keep_the_decode_path(tiny_model: Callable, make_memory: Callable, prefix_cache: Callable,
-                                              calls: Calls) -> None:
+def test_lossless_chunks_keep_the_decode_path(
+    tiny_model: Callable, make_memory: Callable, prefix_cache: Callable, calls: Calls
+) -> None:
     model = tiny_model("llama")
     memory = make_memory()
     stored_sources(memory, prefix_cache(model, memory, compression="fp16"))

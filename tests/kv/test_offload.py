@@ -38,12 +38,19 @@ def cache_bytes(cache: DynamicCache) -> int:
 
 
 @pytest.mark.parametrize("resident, lag, transfer", [(1, 0, 1), (2, 2, 1), (2, 1, 16384)])
-def test_generation_is_identical_and_resident_bytes_stay_bounded(llama: PreTrainedModel, resident: int, lag: int,
-                                                                 transfer: int) -> None:
+def test_generation_is_identical_and_resident_bytes_stay_bounded(
+    llama: PreTrainedModel, resident: int, lag: int, transfer: int
+) -> None:
     plain = DynamicCache(config=llama.config)
     expected = generate(llama, plain)
-    cache = OffloadingCache(llama.config, max_tokens=256, block_size=BLOCK, resident_blocks=resident,
-                            max_lag_blocks=lag, min_transfer_bytes=transfer)
+    cache = OffloadingCache(
+        llama.config,
+        max_tokens=256,
+        block_size=BLOCK,
+        resident_blocks=resident,
+        max_lag_blocks=lag,
+        min_transfer_bytes=transfer,
+    )
     try:
         got = generate(llama, cache)
         assert torch.equal(got, expected)
@@ -58,15 +65,14 @@ def test_generation_is_identical_and_resident_bytes_stay_bounded(llama: PreTrain
         assert cache.resident_bytes() < cache_bytes(plain) / 2
         # the offloaded prefix came back bit-exact: every layer's host pages equal the plain cache's tokens
         for i, layer in enumerate(plain.layers):
-            host = cache._host.read(cache._tables[i].blocks[:p.start // BLOCK])  # type: ignore[union-attr]
+            host = cache._host.read(cache._tables[i].blocks[: p.start // BLOCK])  # type: ignore[union-attr]
             kv = host.view(2, layer.keys.shape[1], p.start, -1)
-            assert torch.equal(kv[0], layer.keys[0, :, :p.start]) and torch.equal(kv[1], layer.values[0, :, :p.start])
+            assert torch.equal(kv[0], layer.keys[0, :, : p.start]) and torch.equal(kv[1], layer.values[0, :, : p.start])
     finally:
         cache.close()
 
 
-def test_host_pages_come_from_the_cpu_tiers_pool_and_count_in_its_usage(llama: PreTrainedModel,
-                                                                         tmp_path: Path) -> None:
+def test_host_pages_come_from_the_cpu_tiers_pool_and_count_in_its_usage(llama: PreTrainedModel, tmp_path: Path) -> None:
     plain = DynamicCache(config=llama.config)
     expected = generate(llama, plain)
     with kvmem.Memory(tmp_path / "kvmem", cpu_bytes="8MiB", disk_bytes=0) as mem:
@@ -87,8 +93,9 @@ def test_host_pages_come_from_the_cpu_tiers_pool_and_count_in_its_usage(llama: P
 
 
 def test_producer_waits_only_when_offload_falls_behind(llama: PreTrainedModel) -> None:
-    cache = OffloadingCache(llama.config, max_tokens=256, block_size=BLOCK, resident_blocks=1, max_lag_blocks=0,
-                            min_transfer_bytes=1)
+    cache = OffloadingCache(
+        llama.config, max_tokens=256, block_size=BLOCK, resident_blocks=1, max_lag_blocks=0, min_transfer_bytes=1
+    )
     try:
         generate(llama, cache)
         p = cache.pointers

@@ -33,7 +33,7 @@ EXACT = 1e-5
 def _max_diff(result: PrefillResult, full_logits: torch.Tensor) -> float:
     """Largest logit difference between a prefill and a full forward pass, over the computed positions."""
     assert result.logits.shape == (1, result.computed_tokens, VOCAB)
-    return (result.logits - full_logits[:, result.reused_tokens:]).abs().max().item()
+    return (result.logits - full_logits[:, result.reused_tokens :]).abs().max().item()
 
 
 def _full_logits(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
@@ -53,8 +53,13 @@ def _chunk_hits(memory: kvmem.Memory, tier: str) -> int:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_reuse_from_cpu_tier_is_exact(arch: str, tiny_model: ModelFactory, reference: Callable[[str], Reference],
-                                      make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory) -> None:
+def test_reuse_from_cpu_tier_is_exact(
+    arch: str,
+    tiny_model: ModelFactory,
+    reference: Callable[[str], Reference],
+    make_memory: MemoryFactory,
+    prefix_cache: PrefixCacheFactory,
+) -> None:
     model, ref = tiny_model(arch), reference(arch)
     memory = make_memory()
     pc = prefix_cache(model, memory)
@@ -69,7 +74,7 @@ def test_reuse_from_cpu_tier_is_exact(arch: str, tiny_model: ModelFactory, refer
     assert _max_diff(result, ref.logits) <= EXACT
 
     # the returned cache decodes on exactly like a full pass (sliding layers trimmed to their window)
-    nxt = ref.generated[:, PROMPT_B.shape[1]:PROMPT_B.shape[1] + 1]
+    nxt = ref.generated[:, PROMPT_B.shape[1] : PROMPT_B.shape[1] + 1]
     with torch.no_grad():
         step = model(nxt, use_cache=True, **{cache_argument(model): result.cache}).logits[:, -1]
     full_step = _full_logits(model, torch.cat([PROMPT_B, nxt], dim=1))[:, -1]
@@ -82,8 +87,13 @@ def test_reuse_from_cpu_tier_is_exact(arch: str, tiny_model: ModelFactory, refer
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_int8_chunks_are_reused(arch: str, tiny_model: ModelFactory, reference: Callable[[str], Reference],
-                                make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory) -> None:
+def test_int8_chunks_are_reused(
+    arch: str,
+    tiny_model: ModelFactory,
+    reference: Callable[[str], Reference],
+    make_memory: MemoryFactory,
+    prefix_cache: PrefixCacheFactory,
+) -> None:
     """int8 KV is lossy: its accuracy is reported, not asserted (a trained model is what measures it)."""
     model, ref = tiny_model(arch), reference(arch)
     memory = make_memory()
@@ -101,21 +111,26 @@ def test_int8_chunks_are_reused(arch: str, tiny_model: ModelFactory, reference: 
     full = ref.logits[:, SHARED:]
     agree = (result.logits.argmax(-1) == full.argmax(-1)).float().mean().item()
     last = bool(result.logits[0, -1].argmax() == full[0, -1].argmax())
-    print(f"\n{arch} int8 KV: top-1 agreement {agree:.0%} over {result.computed_tokens} computed positions, "
-          f"last position {'agrees' if last else 'differs'}, max |dlogit| {_max_diff(result, ref.logits):.2e}")
+    print(
+        f"\n{arch} int8 KV: top-1 agreement {agree:.0%} over {result.computed_tokens} computed positions, "
+        f"last position {'agrees' if last else 'differs'}, max |dlogit| {_max_diff(result, ref.logits):.2e}"
+    )
 
 
 # -- chunk boundaries -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("length", "expected"), [
-    (BLOCK - 5, 0),  # shorter than one chunk: nothing to share
-    (3 * BLOCK, 3 * BLOCK - 1),  # exactly 3 chunks: the last token is always computed
-    (3 * BLOCK + 1, 3 * BLOCK),  # 3 chunks + 1 token
-])
-def test_repeat_prompt_reuse_at_chunk_boundaries(length: int, expected: int, tiny_model: ModelFactory,
-                                                 make_memory: MemoryFactory,
-                                                 prefix_cache: PrefixCacheFactory) -> None:
+@pytest.mark.parametrize(
+    ("length", "expected"),
+    [
+        (BLOCK - 5, 0),  # shorter than one chunk: nothing to share
+        (3 * BLOCK, 3 * BLOCK - 1),  # exactly 3 chunks: the last token is always computed
+        (3 * BLOCK + 1, 3 * BLOCK),  # 3 chunks + 1 token
+    ],
+)
+def test_repeat_prompt_reuse_at_chunk_boundaries(
+    length: int, expected: int, tiny_model: ModelFactory, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
     model, memory = tiny_model("llama"), make_memory()
     pc = prefix_cache(model, memory)
     ids = prompt(7, length)
@@ -130,8 +145,9 @@ def test_repeat_prompt_reuse_at_chunk_boundaries(length: int, expected: int, tin
     assert [memory.info(k, namespace=pc.namespace).version for k in pc.chunk_keys(ids)] == [1] * (length // BLOCK)
 
 
-def test_divergence_inside_chunk_2_reuses_the_chunks_before_it(tiny_model: ModelFactory, make_memory: MemoryFactory,
-                                                               prefix_cache: PrefixCacheFactory) -> None:
+def test_divergence_inside_chunk_2_reuses_the_chunks_before_it(
+    tiny_model: ModelFactory, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
     model = tiny_model("llama")
     pc = prefix_cache(model, make_memory())
     ids = prompt(8, 4 * BLOCK + 3)
@@ -146,8 +162,9 @@ def test_divergence_inside_chunk_2_reuses_the_chunks_before_it(tiny_model: Model
     assert _max_diff(result, _full_logits(model, changed)) <= EXACT
 
 
-def test_two_prompts_sharing_3_chunks(tiny_model: ModelFactory, make_memory: MemoryFactory,
-                                      prefix_cache: PrefixCacheFactory) -> None:
+def test_two_prompts_sharing_3_chunks(
+    tiny_model: ModelFactory, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
     model = tiny_model("llama")
     pc = prefix_cache(model, make_memory())
     shared = prompt(9, 3 * BLOCK)
@@ -168,8 +185,9 @@ def test_two_prompts_sharing_3_chunks(tiny_model: ModelFactory, make_memory: Mem
 # -- model fingerprint ------------------------------------------------------------------------------------------
 
 
-def test_same_config_different_weights_never_share_chunks(tiny_model: ModelFactory, make_memory: MemoryFactory,
-                                                          prefix_cache: PrefixCacheFactory) -> None:
+def test_same_config_different_weights_never_share_chunks(
+    tiny_model: ModelFactory, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
     base, other = tiny_model("llama", seed=0), tiny_model("llama", seed=1)
     assert base.config.to_dict() == other.config.to_dict()
     assert model_fingerprint(base) != model_fingerprint(other)
@@ -188,8 +206,9 @@ def test_same_config_different_weights_never_share_chunks(tiny_model: ModelFacto
     assert _max_diff(result, _full_logits(other, ids)) <= EXACT
 
 
-def _store_and_close(model: torch.nn.Module, ids: torch.Tensor, make_memory: MemoryFactory,
-                     prefix_cache: PrefixCacheFactory) -> None:
+def _store_and_close(
+    model: torch.nn.Module, ids: torch.Tensor, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
     """Prefill ``ids`` through one Memory and close it: its chunks are on disk, its CPU tier gone."""
     writer = make_memory()
     pc = prefix_cache(model, writer)
@@ -201,8 +220,9 @@ def _store_and_close(model: torch.nn.Module, ids: torch.Tensor, make_memory: Mem
 # -- corruption -------------------------------------------------------------------------------------------------
 
 
-def test_corrupt_middle_chunk_on_disk_stops_reuse_before_it(tiny_model: ModelFactory, make_memory: MemoryFactory,
-                                                            prefix_cache: PrefixCacheFactory) -> None:
+def test_corrupt_middle_chunk_on_disk_stops_reuse_before_it(
+    tiny_model: ModelFactory, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
     model = tiny_model("llama")
     ids = prompt(13, 5 * BLOCK + 3)
     _store_and_close(model, ids, make_memory, prefix_cache)
@@ -231,8 +251,9 @@ def test_corrupt_middle_chunk_on_disk_stops_reuse_before_it(tiny_model: ModelFac
 # -- metrics ----------------------------------------------------------------------------------------------------
 
 
-def test_metrics_count_tokens_chunk_hits_and_ttft(tiny_model: ModelFactory, make_memory: MemoryFactory,
-                                                  prefix_cache: PrefixCacheFactory) -> None:
+def test_metrics_count_tokens_chunk_hits_and_ttft(
+    tiny_model: ModelFactory, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
     memory = make_memory()
     pc = prefix_cache(tiny_model("llama"), memory)
     ids = prompt(14, 3 * BLOCK + 5)
@@ -248,8 +269,9 @@ def test_metrics_count_tokens_chunk_hits_and_ttft(tiny_model: ModelFactory, make
     assert memory.metrics.value("kvmem_ttft_seconds_count") == 2
 
 
-def test_cold_then_warm_prompt_reads_hit_rate_one_half(tiny_model: ModelFactory, make_memory: MemoryFactory,
-                                                       prefix_cache: PrefixCacheFactory) -> None:
+def test_cold_then_warm_prompt_reads_hit_rate_one_half(
+    tiny_model: ModelFactory, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
     memory = make_memory()
     pc = prefix_cache(tiny_model("llama"), memory)
     ids = prompt(19, 3 * BLOCK + 5)
@@ -263,8 +285,9 @@ def test_cold_then_warm_prompt_reads_hit_rate_one_half(tiny_model: ModelFactory,
     assert memory.stats().hit_rate == pytest.approx(0.5)
 
 
-def test_chunks_after_a_missing_one_are_misses(tiny_model: ModelFactory, make_memory: MemoryFactory,
-                                               prefix_cache: PrefixCacheFactory) -> None:
+def test_chunks_after_a_missing_one_are_misses(
+    tiny_model: ModelFactory, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
     memory = make_memory()
     pc = prefix_cache(tiny_model("llama"), memory)
     ids = prompt(20, 4 * BLOCK)
@@ -280,8 +303,9 @@ def test_chunks_after_a_missing_one_are_misses(tiny_model: ModelFactory, make_me
 # -- explicit store and prefetch --------------------------------------------------------------------------------
 
 
-def test_store_of_a_plain_forward_cache_is_reused(tiny_model: ModelFactory, make_memory: MemoryFactory,
-                                                  prefix_cache: PrefixCacheFactory) -> None:
+def test_store_of_a_plain_forward_cache_is_reused(
+    tiny_model: ModelFactory, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
     model = tiny_model("llama")
     pc = prefix_cache(model, make_memory())
     ids = prompt(15, 3 * BLOCK + 7)
@@ -296,8 +320,9 @@ def test_store_of_a_plain_forward_cache_is_reused(tiny_model: ModelFactory, make
     assert _max_diff(result, _full_logits(model, longer)) <= EXACT
 
 
-def test_prefetch_warms_chunks_from_disk_into_the_cpu_tier(tiny_model: ModelFactory, make_memory: MemoryFactory,
-                                                           prefix_cache: PrefixCacheFactory) -> None:
+def test_prefetch_warms_chunks_from_disk_into_the_cpu_tier(
+    tiny_model: ModelFactory, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
     model = tiny_model("llama")
     ids = prompt(17, 4 * BLOCK + 2)
     _store_and_close(model, ids, make_memory, prefix_cache)
@@ -320,16 +345,19 @@ def test_prefetch_warms_chunks_from_disk_into_the_cpu_tier(tiny_model: ModelFact
 # -- bad input --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bad", [
-    pytest.param(torch.randint(0, VOCAB, (2, 20)), id="batch-2"),
-    pytest.param(torch.empty(1, 0, dtype=torch.long), id="empty"),
-    pytest.param([], id="empty-list"),
-    pytest.param(torch.rand(1, 20), id="float"),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param(torch.randint(0, VOCAB, (2, 20)), id="batch-2"),
+        pytest.param(torch.empty(1, 0, dtype=torch.long), id="empty"),
+        pytest.param([], id="empty-list"),
+        pytest.param(torch.rand(1, 20), id="float"),
+    ],
+)
 @pytest.mark.parametrize("method", ["prefill", "lookup", "generate", "prefetch", "chunk_keys"])
-def test_bad_input_ids_raise_invalid_key_error(bad: object, method: str, tiny_model: ModelFactory,
-                                               make_memory: MemoryFactory,
-                                               prefix_cache: PrefixCacheFactory) -> None:
+def test_bad_input_ids_raise_invalid_key_error(
+    bad: object, method: str, tiny_model: ModelFactory, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
     pc = prefix_cache(tiny_model("llama"), make_memory())
     with pytest.raises(InvalidKeyError, match="input_ids"):
         getattr(pc, method)(bad)
@@ -349,8 +377,9 @@ class FreshProcess:
         self._out, self._err = logs / "stdout", logs / "stderr"
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVMEM_")}
         with self._out.open("w") as out, self._err.open("w") as err:
-            self._proc = subprocess.Popen([sys.executable, WORKERS, "disk-reuse", path, *ARCHS],
-                                          stdout=out, stderr=err, env=env)
+            self._proc = subprocess.Popen(
+                [sys.executable, WORKERS, "disk-reuse", path, *ARCHS], stdout=out, stderr=err, env=env
+            )
 
     def reports(self) -> dict[str, dict[str, object]]:
         """The worker's report by arch (waits for it)."""
@@ -366,15 +395,19 @@ class FreshProcess:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _fresh_process(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-                   tiny_model: ModelFactory) -> Iterator[FreshProcess | None]:
+def _fresh_process(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_model: ModelFactory
+) -> Iterator[FreshProcess | None]:
     """Store ``PROMPT_A``'s chunks for every arch, then start the worker that reuses them from disk.
 
     Autouse, so the worker starts before this module's first test and its slow imports
     overlap the in-process tests; it starts only when a selected test reads its report.
     """
-    if not any("fresh_process" in item.fixturenames for item in request.session.items
-               if getattr(item, "module", None) is request.module):
+    if not any(
+        "fresh_process" in item.fixturenames
+        for item in request.session.items
+        if getattr(item, "module", None) is request.module
+    ):
         yield None
         return
     root = tmp_path_factory.mktemp("kv-disk")
@@ -399,8 +432,9 @@ def fresh_process(_fresh_process: FreshProcess | None) -> FreshProcess:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_reuse_from_disk_tier_in_a_fresh_process_is_exact(arch: str, fresh_process: FreshProcess,
-                                                          reference: Callable[[str], Reference]) -> None:
+def test_reuse_from_disk_tier_in_a_fresh_process_is_exact(
+    arch: str, fresh_process: FreshProcess, reference: Callable[[str], Reference]
+) -> None:
     report = fresh_process.reports()[arch]
     assert report["fingerprint"] == fresh_process.fingerprints[arch]  # same seed and weights: same fingerprint
     assert report["reused"] == SHARED

@@ -53,11 +53,12 @@ def _full_logits(model: PreTrainedModel, embeds: torch.Tensor) -> torch.Tensor:
 
 def _max_diff(result: PrefillResult, full_logits: torch.Tensor) -> float:
     assert result.logits.shape[1] == result.computed_tokens
-    return (result.logits - full_logits[:, result.reused_tokens:]).abs().max().item()
+    return (result.logits - full_logits[:, result.reused_tokens :]).abs().max().item()
 
 
-def test_embeds_prefill_reuses_a_scoped_prefix_exactly(tiny_model: ModelFactory, make_memory: MemoryFactory,
-                                                       prefix_cache: PrefixCacheFactory) -> None:
+def test_embeds_prefill_reuses_a_scoped_prefix_exactly(
+    tiny_model: ModelFactory, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
     model = tiny_model("llama")
     pc = prefix_cache(model, make_memory())
     turn1 = _image_prompt(20, 2 * BLOCK + 3)
@@ -75,8 +76,9 @@ def test_embeds_prefill_reuses_a_scoped_prefix_exactly(tiny_model: ModelFactory,
     assert _max_diff(result, _full_logits(model, embeds2)) <= EXACT
 
 
-def test_two_images_with_the_same_ids_never_share_chunks(tiny_model: ModelFactory, make_memory: MemoryFactory,
-                                                         prefix_cache: PrefixCacheFactory) -> None:
+def test_two_images_with_the_same_ids_never_share_chunks(
+    tiny_model: ModelFactory, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
     model = tiny_model("llama")
     memory = make_memory()
     pc = prefix_cache(model, memory)
@@ -97,8 +99,9 @@ def test_two_images_with_the_same_ids_never_share_chunks(tiny_model: ModelFactor
     assert memory.metrics.value("kvmem_kv_tokens_total", kind="reused") == 0
 
 
-def test_store_and_generate_key_their_chunks_by_scope(tiny_model: ModelFactory, make_memory: MemoryFactory,
-                                                     prefix_cache: PrefixCacheFactory) -> None:
+def test_store_and_generate_key_their_chunks_by_scope(
+    tiny_model: ModelFactory, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
     model = tiny_model("llama")
     pc = prefix_cache(model, make_memory())
     ids = _text(30, 2 * BLOCK + 3)
@@ -114,8 +117,9 @@ def test_store_and_generate_key_their_chunks_by_scope(tiny_model: ModelFactory, 
     assert torch.equal(pc.generate(ids, scope="s", max_new_tokens=BLOCK, do_sample=False), out)
 
 
-def test_scope_is_not_spelled_by_another_namespace(tiny_model: ModelFactory, make_memory: MemoryFactory,
-                                                   prefix_cache: PrefixCacheFactory) -> None:
+def test_scope_is_not_spelled_by_another_namespace(
+    tiny_model: ModelFactory, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
     model, memory = tiny_model("llama"), make_memory()
     ids = prompt(23, 2 * BLOCK)
     scoped = prefix_cache(model, memory, namespace="a").chunk_keys(ids, scope="b")
@@ -123,22 +127,27 @@ def test_scope_is_not_spelled_by_another_namespace(tiny_model: ModelFactory, mak
         assert prefix_cache(model, memory, namespace=namespace).chunk_keys(ids, scope=scope) != scoped
 
 
-@pytest.mark.parametrize("bad", [
-    pytest.param(torch.zeros(1, 7, 64), id="too-short"),
-    pytest.param(torch.zeros(2, 8, 64), id="batch-2"),
-    pytest.param(torch.zeros(8, 64, dtype=torch.long), id="integer"),
-    pytest.param(torch.zeros(64), id="1-d"),
-])
-def test_bad_inputs_embeds_raise(bad: torch.Tensor, tiny_model: ModelFactory, make_memory: MemoryFactory,
-                                 prefix_cache: PrefixCacheFactory) -> None:
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param(torch.zeros(1, 7, 64), id="too-short"),
+        pytest.param(torch.zeros(2, 8, 64), id="batch-2"),
+        pytest.param(torch.zeros(8, 64, dtype=torch.long), id="integer"),
+        pytest.param(torch.zeros(64), id="1-d"),
+    ],
+)
+def test_bad_inputs_embeds_raise(
+    bad: torch.Tensor, tiny_model: ModelFactory, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
     pc = prefix_cache(tiny_model("llama"), make_memory())
     with pytest.raises(InvalidKeyError, match="inputs_embeds"):
         pc.prefill(prompt(24, 8), inputs_embeds=bad)
 
 
 @pytest.mark.parametrize("method", ["prefill", "lookup", "chunk_keys", "prefetch"])
-def test_a_scope_that_is_not_a_str_raises(method: str, tiny_model: ModelFactory, make_memory: MemoryFactory,
-                                          prefix_cache: PrefixCacheFactory) -> None:
+def test_a_scope_that_is_not_a_str_raises(
+    method: str, tiny_model: ModelFactory, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
     pc = prefix_cache(tiny_model("llama"), make_memory())
     with pytest.raises(InvalidKeyError, match="scope"):
         getattr(pc, method)(prompt(25, 2 * BLOCK), scope=b"image")
@@ -150,11 +159,27 @@ def test_a_scope_that_is_not_a_str_raises(method: str, tiny_model: ModelFactory,
 @pytest.fixture(scope="module")
 def llava() -> LlavaForConditionalGeneration:
     """A tiny LLaVA (random weights): a 2-layer CLIP vision tower on 32x32 images (16 patches), a 2-layer Llama."""
-    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                              image_size=32, patch_size=8, projection_dim=32)
-    text = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1,
-                       eos_token_id=None, pad_token_id=0)
+    vision = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=32,
+        patch_size=8,
+        projection_dim=32,
+    )
+    text = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=IMAGE_TOKEN, image_seq_length=16)
     return LlavaForConditionalGeneration(config).eval()
@@ -169,8 +194,8 @@ def _llava_embeds(model: LlavaForConditionalGeneration, ids: torch.Tensor, pixel
 
 
 def test_llava_prefill_from_merged_embeddings_matches_its_own_forward(
-        llava: LlavaForConditionalGeneration, make_memory: MemoryFactory,
-        prefix_cache: PrefixCacheFactory) -> None:
+    llava: LlavaForConditionalGeneration, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
     pc = prefix_cache(llava, make_memory())
     assert cache_argument(llava) in ("cache", "past_key_values")  # NOTE: 5.19: past_key_values
     pixels = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(5))
@@ -180,8 +205,7 @@ def test_llava_prefill_from_merged_embeddings_matches_its_own_forward(
     for turn, reused in ((turn1, 0), (turn2, turn1.shape[1] // BLOCK * BLOCK)):
         with torch.no_grad():
             full = llava(input_ids=turn, pixel_values=pixels).logits
-        result = pc.prefill(turn, inputs_embeds=_llava_embeds(llava, turn, pixels), scope="pixels-5",
-                            logits_to_keep=1)
+        result = pc.prefill(turn, inputs_embeds=_llava_embeds(llava, turn, pixels), scope="pixels-5", logits_to_keep=1)
         pc.flush()
         assert result.reused_tokens == reused
         assert result.logits.shape == (1, 1, VOCAB)
@@ -195,8 +219,9 @@ def test_llava_prefill_from_merged_embeddings_matches_its_own_forward(
         assert (step - whole).abs().max().item() <= EXACT
 
 
-def test_llava_text_only_prompt_reuses_by_ids(llava: LlavaForConditionalGeneration, make_memory: MemoryFactory,
-                                              prefix_cache: PrefixCacheFactory) -> None:
+def test_llava_text_only_prompt_reuses_by_ids(
+    llava: LlavaForConditionalGeneration, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
     memory: kvmem.Memory = make_memory()
     pc = prefix_cache(llava, memory)
     ids = _text(29, 3 * BLOCK + 2)

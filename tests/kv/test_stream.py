@@ -25,8 +25,9 @@ def _chunk_file(memory: kvmem.Memory, source: ChunkSource) -> Path:
 
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
 @pytest.mark.parametrize("tier", ["cpu", "disk"])
-def test_loader_fills_each_layer_with_the_stored_prefix(tiny_model: Callable, make_memory: Callable,
-                                                       prefix_cache: Callable, arch: str, tier: str) -> None:
+def test_loader_fills_each_layer_with_the_stored_prefix(
+    tiny_model: Callable, make_memory: Callable, prefix_cache: Callable, arch: str, tier: str
+) -> None:
     model = tiny_model(arch)
     memory = make_memory(cpu_bytes="64MiB" if tier == "cpu" else 0)
     sources = stored_sources(memory, prefix_cache(model, memory))
@@ -34,7 +35,7 @@ def test_loader_fills_each_layer_with_the_stored_prefix(tiny_model: Callable, ma
     full = new_cache(model)  # records every token, sliding layers included
     with torch.no_grad():
         # NOTE: the model's own cache argument: past_key_values= in transformers 5.19, cache= in 5.24
-        model(PROMPT_B[:, :4 * BLOCK], use_cache=True, **{cache_argument(model): full})
+        model(PROMPT_B[:, : 4 * BLOCK], use_cache=True, **{cache_argument(model): full})
     tokens = 4 * BLOCK - 3  # a prefix that ends inside the last chunk
     cache = new_cache(model, StreamingCache)
     loader = LayerwiseLoader(memory.chunk_store(), sources[:4], cache, BLOCK, tokens, torch.device("cpu"))
@@ -43,15 +44,16 @@ def test_loader_fills_each_layer_with_the_stored_prefix(tiny_model: Callable, ma
     for layer, want in zip(cache.layers, full.layers):
         if arch == "mistral":  # a sliding layer receives just the prefix's last window - 1 tokens
             assert layer.keys.shape[-2] == WINDOW - 1 and layer.cumulative_length == tokens
-            assert torch.equal(layer.keys, want.keys[:, :, tokens - (WINDOW - 1):tokens])
-            assert torch.equal(layer.values, want.values[:, :, tokens - (WINDOW - 1):tokens])
+            assert torch.equal(layer.keys, want.keys[:, :, tokens - (WINDOW - 1) : tokens])
+            assert torch.equal(layer.values, want.values[:, :, tokens - (WINDOW - 1) : tokens])
         else:
             assert torch.equal(layer.keys, want.keys[:, :, :tokens])
             assert torch.equal(layer.values, want.values[:, :, :tokens])
 
 
-def test_a_corrupt_layer_segment_is_reported_with_its_chunk(tiny_model: Callable, make_memory: Callable,
-                                                            prefix_cache: Callable) -> None:
+def test_a_corrupt_layer_segment_is_reported_with_its_chunk(
+    tiny_model: Callable, make_memory: Callable, prefix_cache: Callable
+) -> None:
     model = tiny_model("llama")
     memory = make_memory(cpu_bytes=0)
     sources = stored_sources(memory, prefix_cache(model, memory))
@@ -68,8 +70,9 @@ def test_a_corrupt_layer_segment_is_reported_with_its_chunk(tiny_model: Callable
     assert info.value.key == sources[2].key and "CRC32C" in str(info.value)
 
 
-def test_a_chunk_gone_before_the_read_is_not_called_corrupt(tiny_model: Callable, make_memory: Callable,
-                                                            prefix_cache: Callable) -> None:
+def test_a_chunk_gone_before_the_read_is_not_called_corrupt(
+    tiny_model: Callable, make_memory: Callable, prefix_cache: Callable
+) -> None:
     model = tiny_model("llama")
     memory = make_memory(cpu_bytes=0)
     sources = stored_sources(memory, prefix_cache(model, memory))
@@ -82,9 +85,9 @@ def test_a_chunk_gone_before_the_read_is_not_called_corrupt(tiny_model: Callable
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "gpt2"])
-def test_layerwise_and_load_all_give_the_same_exact_logits(tiny_model: Callable, reference: Callable,
-                                                          make_memory: Callable, prefix_cache: Callable,
-                                                          arch: str) -> None:
+def test_layerwise_and_load_all_give_the_same_exact_logits(
+    tiny_model: Callable, reference: Callable, make_memory: Callable, prefix_cache: Callable, arch: str
+) -> None:
     model = tiny_model(arch)
     memory = make_memory(cpu_bytes=0)  # every chunk read from disk, in ranged reads
     writer = prefix_cache(model, memory)
@@ -94,13 +97,13 @@ def test_layerwise_and_load_all_give_the_same_exact_logits(tiny_model: Callable,
         pc = prefix_cache(model, memory, layerwise=layerwise)
         result = pc.prefill(PROMPT_B)
         assert result.reused_tokens == 4 * BLOCK
-        want = reference(arch).logits[:, result.reused_tokens:]
+        want = reference(arch).logits[:, result.reused_tokens :]
         assert (result.logits - want).abs().max().item() <= EXACT
 
 
-def test_corrupt_header_of_the_first_chunk_falls_back_to_a_full_prefill(tiny_model: Callable, reference: Callable,
-                                                                       make_memory: Callable,
-                                                                       prefix_cache: Callable) -> None:
+def test_corrupt_header_of_the_first_chunk_falls_back_to_a_full_prefill(
+    tiny_model: Callable, reference: Callable, make_memory: Callable, prefix_cache: Callable
+) -> None:
     model = tiny_model("qwen2")
     memory = make_memory(cpu_bytes=0)
     pc = prefix_cache(model, memory)

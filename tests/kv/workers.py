@@ -51,8 +51,15 @@ PROMPT_B = torch.cat([_PREFIX, prompt(102, 13)], dim=1)  # reuses them, computes
 def config(arch: str) -> PretrainedConfig:
     """A tiny config of ``arch``: hidden 64, 2 layers, vocab 1000, no EOS (generation runs its full length)."""
     common = {"vocab_size": VOCAB, "bos_token_id": 1, "eos_token_id": None, "pad_token_id": 0}
-    decoder = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-               "num_key_value_heads": 2, "max_position_embeddings": 256, **common}  # GQA: 2 KV heads, 4 query heads
+    decoder = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        **common,
+    }  # GQA: 2 KV heads, 4 query heads
     if arch == "llama":
         return LlamaConfig(**decoder)
     if arch == "qwen2":
@@ -97,14 +104,18 @@ def disk_reuse(path: str, arch: str) -> dict[str, object]:
         with torch.no_grad():
             full = model(PROMPT_B).logits
         result = pc.prefill(PROMPT_B)
-        diff = (result.logits - full[:, result.reused_tokens:]).abs().max().item()
+        diff = (result.logits - full[:, result.reused_tokens :]).abs().max().item()
         generated = pc.generate(PROMPT_B, max_new_tokens=NEW_TOKENS, do_sample=False)
         pc.close()
         m = memory.metrics
-        return {"fingerprint": pc.fingerprint, "reused": result.reused_tokens, "max_diff": diff,
-                "generate_reused": int(m.value("kvmem_kv_tokens_total", kind="reused")) - result.reused_tokens,
-                "generated": generated[0].tolist(),
-                "chunk_hits": {t: m.value("kvmem_kv_chunk_hits_total", tier=t) for t in ("cpu", "disk")}}
+        return {
+            "fingerprint": pc.fingerprint,
+            "reused": result.reused_tokens,
+            "max_diff": diff,
+            "generate_reused": int(m.value("kvmem_kv_tokens_total", kind="reused")) - result.reused_tokens,
+            "generated": generated[0].tolist(),
+            "chunk_hits": {t: m.value("kvmem_kv_chunk_hits_total", tier=t) for t in ("cpu", "disk")},
+        }
 
 
 def main(argv: list[str]) -> None:

@@ -13,9 +13,11 @@ from PIL import Image
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TINY = "kvmem-tiny-vit"
-TINY_CONFIG = {"embed_dim": 32,
-               "vision_cfg": {"image_size": 64, "layers": 3, "width": 64, "patch_size": 16, "head_width": 32},
-               "text_cfg": {"context_length": 16, "vocab_size": 1000, "width": 32, "heads": 2, "layers": 1}}
+TINY_CONFIG = {
+    "embed_dim": 32,
+    "vision_cfg": {"image_size": 64, "layers": 3, "width": 64, "patch_size": 16, "head_width": 32},
+    "text_cfg": {"context_length": 16, "vocab_size": 1000, "width": 32, "heads": 2, "layers": 1},
+}
 
 
 @pytest.fixture(scope="session", autouse=True)

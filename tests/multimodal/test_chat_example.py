@@ -17,8 +17,9 @@ from tests.multimodal.conftest import picture, png
 BLOCK = 32
 
 # turn, prompt, reused, visual, TTFT plain, TTFT kvmem, speed-up, max |dlogit|
-_ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+(\d+)\s+(hit|miss)\s+([\d.]+) ms\s+([\d.]+) ms\s+([\d.]+)x\s+(\S+)$",
-                  re.MULTILINE)
+_ROW = re.compile(
+    r"^\s+(\d+)\s+(\d+)\s+(\d+)\s+(hit|miss)\s+([\d.]+) ms\s+([\d.]+) ms\s+([\d.]+)x\s+(\S+)$", re.MULTILINE
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +35,9 @@ def _run(chat: ModuleType, *argv: str) -> object:
     return chat.main(["--threads", "1", "--block-size", str(BLOCK), "--answer-tokens", "2", *argv])
 
 
-def test_second_turn_reuses_visual_tokens_and_prefix_kv(chat: ModuleType, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_second_turn_reuses_visual_tokens_and_prefix_kv(
+    chat: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     report = _run(chat, "--turns", "3", "--path", str(tmp_path))
     out = capsys.readouterr().out
     assert report.ok, out
@@ -52,13 +54,15 @@ def test_second_turn_reuses_visual_tokens_and_prefix_kv(chat: ModuleType, tmp_pa
     assert all(t.max_abs_diff <= 1e-4 and t.same_first_token for t in report.turns)
 
     rows = _ROW.findall(out)
-    assert [(int(r[0]), int(r[2]), r[3]) for r in rows] == [(t.turn, t.reused_tokens, "hit" if t.visual_hit else
-                                                              "miss") for t in report.turns], out
+    assert [(int(r[0]), int(r[2]), r[3]) for r in rows] == [
+        (t.turn, t.reused_tokens, "hit" if t.visual_hit else "miss") for t in report.turns
+    ], out
     assert "agree on every turn" in out
 
 
 def test_another_image_with_the_same_ids_shares_nothing_and_a_reopened_store_serves_the_first(
-        chat: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    chat: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = str(tmp_path / "kvmem")
     assert _run(chat, "--turns", "1", "--path", path).ok
 

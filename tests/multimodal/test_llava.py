@@ -20,21 +20,42 @@ IMAGE_TOKEN = 499
 
 def _llava(strategy: str = "default", layer: int | list[int] = -2, seed: int = 0) -> LlavaForConditionalGeneration:
     """A tiny LLaVA: a 3-layer CLIP tower on 32 px images (16 patches), a 1-layer Llama."""
-    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2,
-                              image_size=32, patch_size=8, projection_dim=16)
-    text = LlamaConfig(vocab_size=500, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                       num_attention_heads=2, num_key_value_heads=1)
-    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=IMAGE_TOKEN,
-                         vision_feature_select_strategy=strategy, vision_feature_layer=layer)
+    vision = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        image_size=32,
+        patch_size=8,
+        projection_dim=16,
+    )
+    text = LlamaConfig(
+        vocab_size=500,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=IMAGE_TOKEN,
+        vision_feature_select_strategy=strategy,
+        vision_feature_layer=layer,
+    )
     torch.manual_seed(seed)
     return LlavaForConditionalGeneration(config).eval()
 
 
-@pytest.mark.parametrize(("strategy", "layer", "tokens", "width"), [
-    ("default", -2, 16, 32),
-    ("full", -1, 17, 32),
-    ("default", [0, -2], 16, 64),
-])
+@pytest.mark.parametrize(
+    ("strategy", "layer", "tokens", "width"),
+    [
+        ("default", -2, 16, 32),
+        ("full", -1, 17, 32),
+        ("default", [0, -2], 16, 64),
+    ],
+)
 def test_tokens_are_what_llava_projects(strategy: str, layer: int | list[int], tokens: int, width: int) -> None:
     model = _llava(strategy, layer)
     encoder = LlavaImageEncoder(model)
@@ -58,8 +79,9 @@ def test_preprocess_is_the_clip_processor_of_the_vision_config() -> None:
     encoder = LlavaImageEncoder(_llava())
     expected = clip_image_processor(32)(images=picture(1), return_tensors="pt")["pixel_values"][0]
     assert torch.equal(encoder.preprocess(picture(1)), expected)
-    assert torch.equal(encoder.preprocess(picture(1).convert("L")), encoder.preprocess(picture(1).convert("L")
-                                                                                       .convert("RGB")))
+    assert torch.equal(
+        encoder.preprocess(picture(1).convert("L")), encoder.preprocess(picture(1).convert("L").convert("RGB"))
+    )
 
 
 def test_identity_names_weights_layer_strategy_and_preprocessing() -> None:
@@ -67,9 +89,12 @@ def test_identity_names_weights_layer_strategy_and_preprocessing() -> None:
     json.dumps(base)  # JSON-able as it is
     assert base["backend"] == "transformers-llava"
     assert LlavaImageEncoder(_llava()).identity == base  # same weights, same identity
-    others = [LlavaImageEncoder(_llava(seed=1)).identity, LlavaImageEncoder(_llava("full")).identity,
-              LlavaImageEncoder(_llava(layer=-1)).identity,
-              LlavaImageEncoder(_llava(), clip_image_processor(48)).identity]
+    others = [
+        LlavaImageEncoder(_llava(seed=1)).identity,
+        LlavaImageEncoder(_llava("full")).identity,
+        LlavaImageEncoder(_llava(layer=-1)).identity,
+        LlavaImageEncoder(_llava(), clip_image_processor(48)).identity,
+    ]
     assert all(other != base for other in others)
 
 
@@ -86,5 +111,10 @@ def test_visual_token_cache_over_a_llava_tower(tmp_path: Path) -> None:
 
 def test_a_model_without_a_vision_tower_is_refused() -> None:
     with pytest.raises(UnsupportedModelError, match="not a LLaVA model"):
-        LlavaImageEncoder(LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32,
-                                                       num_hidden_layers=1, num_attention_heads=2)))
+        LlavaImageEncoder(
+            LlamaForCausalLM(
+                LlamaConfig(
+                    vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+                )
+            )
+        )

@@ -89,9 +89,15 @@ def test_tokens_are_the_penultimate_block_like_llava(memory: Memory, images: lis
 
 
 def test_encoders_layers_features_and_dtypes_never_share(memory: Memory, images: list) -> None:
-    caches = [tiny(memory), tiny(memory, layer=1), tiny(memory, layer=-1), tiny(memory, feature="cls_patch"),
-              tiny(memory, dtype=torch.float16), tiny(memory, seed=1),
-              VisualTokenCache("ViT-B-32", memory=memory)]
+    caches = [
+        tiny(memory),
+        tiny(memory, layer=1),
+        tiny(memory, layer=-1),
+        tiny(memory, feature="cls_patch"),
+        tiny(memory, dtype=torch.float16),
+        tiny(memory, seed=1),
+        VisualTokenCache("ViT-B-32", memory=memory),
+    ]
     assert caches[0].namespace == caches[1].namespace  # -2 and 1 are the same block of 3
     namespaces = {vc.namespace for vc in caches[1:]}
     assert len(namespaces) == len(caches) - 1
@@ -182,7 +188,8 @@ def test_similar_images_within_one_encoder(memory: Memory, images: list) -> None
     assert len(found) == 2 and found[0].digest == image_digest(images[0])
     assert found[0].score >= found[1].score
     assert [m.digest for m in vc.similar(images[0], k=3, threshold=-1.0)] and all(
-        m.digest != image_digest(images[0]) for m in vc.similar(images[0], k=3, threshold=-1.0))
+        m.digest != image_digest(images[0]) for m in vc.similar(images[0], k=3, threshold=-1.0)
+    )
     other = tiny(memory, seed=5)  # another encoder: another partition
     assert other.similar(images[1], k=3, threshold=-1.0) == []
     assert vc.similar(png(images[1]), k=3, threshold=1.01) == []  # nothing scores above 1

@@ -46,13 +46,19 @@ def disk_of(mem: kvmem.Memory) -> DiskTier:
 
 def formats(root: Path, area: str) -> set[tuple[int, int]]:
     """``(format, alignment)`` of every blob file in ``area``."""
-    return {blobfmt.format_of(torch.frombuffer(bytearray(f.read_bytes()), dtype=torch.uint8))
-            for f in (root / area).rglob("*.kvb")}
+    return {
+        blobfmt.format_of(torch.frombuffer(bytearray(f.read_bytes()), dtype=torch.uint8))
+        for f in (root / area).rglob("*.kvb")
+    }
 
 
 def run_cli(path: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "kvmem", "migrate", "--path", str(path), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "kvmem", "migrate", "--path", str(path), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.fixture
@@ -221,4 +227,5 @@ def test_refusals_and_legacy_detection(tmp_path: Path) -> None:
     (old / "areas.json").write_text('{"active": "../../etc", "format": 1, "target": null, "target_format": null}')
     assert read_state(old) == AreaState("blobs", 1)  # an area kvmem never names: damage, set aside and rebuilt
     assert [p.read_text() for p in old.glob("areas.json.corrupt-*")] == [
-        '{"active": "../../etc", "format": 1, "target": null, "target_format": null}']
+        '{"active": "../../etc", "format": 1, "target": null, "target_format": null}'
+    ]

@@ -61,22 +61,28 @@ def test_paraphrase_hit(cache):
     assert cache.get("I forgot my password, how to reset it?", MODEL_X) == "Use the reset link."
 
 
-@pytest.mark.parametrize(("stored", "query"), [
-    ("What is the capital of France?", "What is the capital of Germany?"),
-    ("Is the store open on Sunday?", "Is the store closed on Sunday?"),
-])
+@pytest.mark.parametrize(
+    ("stored", "query"),
+    [
+        ("What is the capital of France?", "What is the capital of Germany?"),
+        ("Is the store open on Sunday?", "Is the store closed on Sunday?"),
+    ],
+)
 def test_near_miss_misses(cache, stored, query):
     cache.put(stored, "cached", MODEL_X)
     assert cache.get(query, MODEL_X) is None
     assert cache.get(stored, MODEL_X) == "cached"
 
 
-@pytest.mark.parametrize("other", [
-    {"llm": "model-y", "system": MODEL_X["system"]},
-    {"llm": "model-x", "system": "You are a pirate."},
-    {"llm": "model-x"},
-    None,
-])
+@pytest.mark.parametrize(
+    "other",
+    [
+        {"llm": "model-y", "system": MODEL_X["system"]},
+        {"llm": "model-x", "system": "You are a pirate."},
+        {"llm": "model-x"},
+        None,
+    ],
+)
 def test_other_partition_never_hits(cache, other):
     prompt = "How do I reset my password?"
     cache.put(prompt, "model-x answer", MODEL_X)
@@ -96,8 +102,11 @@ def _chat(history: list[tuple[str, str]], last: str) -> list[dict[str, str]]:
     return [{"role": r, "content": c} for r, c in history] + [{"role": "user", "content": last}]
 
 
-HISTORY = [("system", "You are a travel agent."), ("user", "I want to visit Italy."),
-           ("assistant", "Great choice! Which city?")]
+HISTORY = [
+    ("system", "You are a travel agent."),
+    ("user", "I want to visit Italy."),
+    ("assistant", "Great choice! Which city?"),
+]
 
 
 def test_chat_history_is_exact(cache):

@@ -44,15 +44,27 @@ def check_result(results: list[tuple[str, float]], k: int, live: set[str], allow
 
 
 # -- one model of the operations, replayed on every index -------------------------------
-OPS = st.lists(st.tuples(st.sampled_from(["add", "remove"]), st.lists(st.integers(0, 40), min_size=1, max_size=6),
-                         st.integers(0, 2**32 - 1)), min_size=1, max_size=25)
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "remove"]),
+        st.lists(st.integers(0, 40), min_size=1, max_size=6),
+        st.integers(0, 2**32 - 1),
+    ),
+    min_size=1,
+    max_size=25,
+)
 
 
 @settings(max_examples=60, deadline=None)
-@given(ops=OPS, query_seed=st.integers(0, 2**32 - 1), k=st.integers(1, 6),
-       allowed_ids=st.none() | st.sets(st.integers(0, 40), max_size=20))
-def test_hnsw_and_auto_agree_with_exact(ops: list[tuple[str, list[int], int]], query_seed: int, k: int,
-                                        allowed_ids: set[int] | None) -> None:
+@given(
+    ops=OPS,
+    query_seed=st.integers(0, 2**32 - 1),
+    k=st.integers(1, 6),
+    allowed_ids=st.none() | st.sets(st.integers(0, 40), max_size=20),
+)
+def test_hnsw_and_auto_agree_with_exact(
+    ops: list[tuple[str, list[int], int]], query_seed: int, k: int, allowed_ids: set[int] | None
+) -> None:
     exact = ExactIndex(DIM)
     others: list[VectorIndex] = [HnswIndex(DIM, m=4, ef_search=64), AutoIndex(DIM, hnsw_from=6, m=4, background=False)]
     live: set[str] = set()
@@ -127,7 +139,7 @@ def test_graph_filter_with_tombstones_and_allowed(monkeypatch: pytest.MonkeyPatc
     assert hnsw.tombstones == 60
     live = set(ids) - set(ids[::5])
     for j, q in enumerate(perturbed(rng, vectors[:40])):
-        allowed = set(ids[j % 3::3])  # includes removed ids, which must stay out
+        allowed = set(ids[j % 3 :: 3])  # includes removed ids, which must stay out
         for k in (1, 5):
             got = hnsw.search(q, k, allowed)
             check_result(got, k, live, allowed)
@@ -156,7 +168,7 @@ def test_rebuild_after_heavy_removal() -> None:
     gone = set(ids[:300])
     for i in range(0, 300, 20):  # removal in batches: several compactions
         for index in (exact, hnsw):
-            index.remove(ids[i:i + 20])
+            index.remove(ids[i : i + 20])
         assert hnsw.tombstones <= 0.25 * (len(hnsw) + hnsw.tombstones)
     assert hnsw.rebuilds >= 2 and len(hnsw) == 100
     for q in perturbed(rng, vectors[300:]):
@@ -172,13 +184,13 @@ def test_auto_index_switches_both_ways() -> None:
     auto, exact = AutoIndex(DIM, hnsw_from=40, background=False), ExactIndex(DIM)
     kinds = []
     for i in range(0, 60, 10):
-        auto.add(ids[i:i + 10], vectors[i:i + 10])
-        exact.add(ids[i:i + 10], vectors[i:i + 10])
+        auto.add(ids[i : i + 10], vectors[i : i + 10])
+        exact.add(ids[i : i + 10], vectors[i : i + 10])
         kinds.append(auto.kind)
     assert kinds == ["exact"] * 4 + ["hnsw"] * 2  # past 40, not at 40
     for i in range(0, 45, 5):
-        auto.remove(ids[i:i + 5])
-        exact.remove(ids[i:i + 5])
+        auto.remove(ids[i : i + 5])
+        exact.remove(ids[i : i + 5])
         kinds.append(auto.kind)
         assert ids_of(auto.search(vectors[50], 3)) == ids_of(exact.search(vectors[50], 3))
     assert kinds[6:] == ["hnsw"] * 8 + ["exact"]  # 20 left is not below 20; 15 is
@@ -280,8 +292,9 @@ def test_stale_or_torn_files_are_ignored(tmp_path: Path) -> None:
     assert HnswIndex.load(path, ids, vectors) is not None
 
 
-def test_auto_index_load_uses_a_current_file_and_rebuilds_a_stale_one(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_index_load_uses_a_current_file_and_rebuilds_a_stale_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rng = np.random.default_rng(9)
     ids, vectors = [f"u{i}" for i in range(80)], unit(rng, 80)
     path = tmp_path / "ns.hnsw"

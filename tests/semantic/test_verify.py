@@ -63,8 +63,10 @@ def test_paraphrase_accepted(query, candidate):
 
 def test_one_sided_polar_word_is_not_an_opposite():
     assert reason("What is the fastest way to learn Go?", "How do I learn Go quickly?") is None
-    assert reason("What is the fastest way to learn Go?", "What is the slowest way to learn Go?") == \
-        "opposite: fastest/slowest"
+    assert (
+        reason("What is the fastest way to learn Go?", "What is the slowest way to learn Go?")
+        == "opposite: fastest/slowest"
+    )
 
 
 def test_one_word_swapped_is_another_question():
@@ -82,8 +84,31 @@ def test_similar_names_stay_apart():
     assert differs("How do I sort a list in Java?", "How do I sort a list in JavaScript?")
 
 
-_WORDS = st.sampled_from(["open", "closed", "Paris", "Rome", "from", "to", "not", "10", "km", "miles", "the",
-                          "store", "of", "capital", "is", "unlock", "lock", "Dr.", "five-year-old", "a", "?"])
+_WORDS = st.sampled_from(
+    [
+        "open",
+        "closed",
+        "Paris",
+        "Rome",
+        "from",
+        "to",
+        "not",
+        "10",
+        "km",
+        "miles",
+        "the",
+        "store",
+        "of",
+        "capital",
+        "is",
+        "unlock",
+        "lock",
+        "Dr.",
+        "five-year-old",
+        "a",
+        "?",
+    ]
+)
 _TEXTS = st.lists(_WORDS, min_size=1, max_size=10).map(" ".join)
 
 

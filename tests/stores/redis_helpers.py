@@ -40,15 +40,21 @@ def over_remote(make_memory: MemoryFactory, default_url: str | None = None, **de
     return open_
 
 
-def second_node_reuses_first_nodes_prefix(tmp_path: Path, remote_url: str, catalog_url: str,
-                                          after_first: Callable[[kvmem.Memory], None] = lambda mem: None) -> None:
+def second_node_reuses_first_nodes_prefix(
+    tmp_path: Path, remote_url: str, catalog_url: str, after_first: Callable[[kvmem.Memory], None] = lambda mem: None
+) -> None:
     """Node A prefills a prompt; node B (own empty disk, same remote tier and catalog) reuses A's chunks exactly."""
     from kvmem.kv import PrefixCache
     from tests.kv.workers import BLOCK, PROMPT_A, PROMPT_B, SHARED, build_model
 
     model = build_model("llama", 0)
-    shared = {"remote_url": remote_url, "catalog_url": catalog_url, "cpu_bytes": "64MiB", "disk_bytes": "64MiB",
-              "fsync": "never"}
+    shared = {
+        "remote_url": remote_url,
+        "catalog_url": catalog_url,
+        "cpu_bytes": "64MiB",
+        "disk_bytes": "64MiB",
+        "fsync": "never",
+    }
     with kvmem.Memory(str(tmp_path / "node-a"), **shared) as node_a:
         pc = PrefixCache(model, node_a, block_size=BLOCK, compression="none")
         assert pc.prefill(PROMPT_A).reused_tokens == 0
@@ -62,6 +68,6 @@ def second_node_reuses_first_nodes_prefix(tmp_path: Path, remote_url: str, catal
         assert result.reused_tokens == SHARED > 0
         with torch.no_grad():
             full = model(PROMPT_B).logits
-        assert (result.logits - full[:, -result.logits.shape[1]:]).abs().max().item() <= 1e-4
+        assert (result.logits - full[:, -result.logits.shape[1] :]).abs().max().item() <= 1e-4
         hits = node_b.metrics.registry.get_sample_value("kvmem_kv_chunk_hits_total", {"tier": "redis"})
         assert hits == SHARED // BLOCK  # served by the remote tier: node B's own disk was empty

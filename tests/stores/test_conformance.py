@@ -90,15 +90,15 @@ def tier(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StorageTier
         "cpu": lambda: CpuTier(1 << 20),
         "disk": lambda: DiskTier(tmp_path / "disk", 1 << 20, fsync="never"),
         "gpu": lambda: GpuTier(1 << 20, device="cpu"),
-        "redis": lambda: RedisTier.from_url(with_options(request.getfixturevalue("redis_url"),
-                                                         prefix=unique_prefix(request))),
+        "redis": lambda: RedisTier.from_url(
+            with_options(request.getfixturevalue("redis_url"), prefix=unique_prefix(request))
+        ),
         "core": lambda: CoreTier(1 << 20),
     }[request.param]()
     yield made
     if isinstance(made, RedisTier):
         made.client.delete(*made.client.keys(made.prefix + "*") or ["-"])
     made.close()
-
 
 
 @pytest.fixture
@@ -311,8 +311,12 @@ def opened(make_memory: MemoryFactory) -> MemoryFactory:
             return make_memory(stack=stack, cpu_bytes=cpu, disk_bytes=disk, **settings)
         mem = make_memory(stack="cpu", cpu_bytes=cpu, **settings)
         mem._tiers.close()
-        mem._tiers = TieredStore([GpuTier(cpu, device="cpu")], mem.metrics,
-                                 offload_threshold=mem.config.offload_threshold, on_removed=mem._catalog.record_removed)
+        mem._tiers = TieredStore(
+            [GpuTier(cpu, device="cpu")],
+            mem.metrics,
+            offload_threshold=mem.config.offload_threshold,
+            on_removed=mem._catalog.record_removed,
+        )
         return mem
 
     return make
@@ -320,8 +324,11 @@ def opened(make_memory: MemoryFactory) -> MemoryFactory:
 
 def kv(seed: int = 0, shift: float = 0.0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return {"k": torch.randn(1, 2, 64, 32, generator=g) + shift, "v": torch.randn(1, 2, 64, 32, generator=g) + shift,
-            "ids": torch.arange(64)}
+    return {
+        "k": torch.randn(1, 2, 64, 32, generator=g) + shift,
+        "v": torch.randn(1, 2, 64, 32, generator=g) + shift,
+        "ids": torch.arange(64),
+    }
 
 
 def assert_kv_matches(expected: dict[str, torch.Tensor], got: object, spec: str) -> None:
@@ -469,11 +476,11 @@ def test_value_larger_than_every_tier_is_refused(opened: MemoryFactory, stack: s
 
 
 # -- corruption -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("spec, where", [(spec, "payload") for spec in SPECS] + [("none", "header"),
-                                                                                  ("none", "trailer")])
+@pytest.mark.parametrize(
+    "spec, where", [(spec, "payload") for spec in SPECS] + [("none", "header"), ("none", "trailer")]
+)
 @pytest.mark.parametrize("stack", CRC_STACKS)
-def test_corruption_is_a_miss_never_wrong_data(opened: MemoryFactory, stack: str, spec: str,
-                                               where: str) -> None:
+def test_corruption_is_a_miss_never_wrong_data(opened: MemoryFactory, stack: str, spec: str, where: str) -> None:
     mem = opened(stack, **VERIFY)
     skey = mem.store("chunk", kv(3), compression=spec)
     holders = [t.name for t in mem._tiers.tiers if t.contains(skey)]

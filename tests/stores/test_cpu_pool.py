@@ -92,7 +92,7 @@ def test_put_copies_into_the_pool_and_the_tier_lends_its_blob() -> None:
     assert base <= lent.head.ctypes.data < end
     with tier.open_blob(key(0)) as reader:  # type: ignore[union-attr]
         assert reader.header["segments"] == lent.header["segments"]  # type: ignore[index]
-        assert reader.head_bytes().tobytes() == blob_bytes(src)[:reader.start]
+        assert reader.head_bytes().tobytes() == blob_bytes(src)[: reader.start]
     assert tier.blob(key(1)) is None and tier.open_blob(key(1)) is None and tier.get(key(1)) is None
 
 
@@ -216,8 +216,9 @@ def test_a_full_cpu_tier_evicts_least_recently_used(opened: Callable[..., kvmem.
         order.append(i)
         present = [mem.contains(f"k{j}") for j in order]
         gone = present.index(True)
-        assert present == [False] * gone + [True] * (len(order) - gone), \
+        assert present == [False] * gone + [True] * (len(order) - gone), (
             f"after storing k{i}: evicted {[j for j, p in zip(order, present) if not p]}, LRU order {order}"
+        )
         evicted += order[:gone]
         order = order[gone:]
         if i % 7 == 3:  # a read makes an older entry the most recent

@@ -66,6 +66,6 @@ def test_paged_buffer_gather_scatter_round_trip(rows: int, cols: int, picks: lis
     buf.write(picks, src)
     assert torch.equal(buf.read(picks), src)
     for j, b in enumerate(picks):  # page b's row r holds its own slice of the contiguous buffer
-        assert torch.equal(buf.pages[b], src[:, j * cols:(j + 1) * cols])
+        assert torch.equal(buf.pages[b], src[:, j * cols : (j + 1) * cols])
     untouched = [b for b in range(10) if b not in picks]
     assert not buf.pages[untouched].any()

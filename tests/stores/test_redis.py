@@ -39,10 +39,6 @@ def key(i: int) -> str:
     return kvmem.content_hash(f"entry-{i}")
 
 
-
-
-
-
 @pytest.fixture
 def tier(redis_url: str, request: pytest.FixtureRequest) -> Iterator[RedisTier]:
     made = RedisTier.from_url(with_options(redis_url, prefix=unique_prefix(request)))
@@ -112,13 +108,17 @@ def test_contains_many_is_one_round_trip(tier: RedisTier) -> None:
     assert len(calls) == 1
 
 
-def test_put_sends_large_parts_from_where_they_lie(redis_url: str, request: pytest.FixtureRequest,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_put_sends_large_parts_from_where_they_lie(
+    redis_url: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A blob's large parts go to the socket as views of the codec's arrays (no joined copy), its small ones
     inside the command's framing; Redis holds exactly the blob's bytes, and the TTL after it still applies."""
     tier = RedisTier.from_url(with_options(redis_url, prefix=unique_prefix(request), ttl=60))
-    segments = [np.full(100_000, 7, dtype=np.uint8), np.arange(1000, dtype=np.uint8),
-                np.full(200_000, 9, dtype=np.uint8)]
+    segments = [
+        np.full(100_000, 7, dtype=np.uint8),
+        np.arange(1000, dtype=np.uint8),
+        np.full(200_000, 9, dtype=np.uint8),
+    ]
     enc = blobfmt.encode({"kind": "test"}, segments)
     sent: list[object] = []
     real = redis.connection.AbstractConnection.send_packed_command
@@ -175,8 +175,10 @@ def test_size_limit_is_a_clear_error(redis_url: str, request: pytest.FixtureRequ
     tier.close()
     url = with_options(redis_url, prefix=unique_prefix(request), max_value="1KiB")
     # remote only: the caller gets the error; with a local tier: stored there, Redis skipped (and still up)
-    with kvmem.Memory(str(tmp_path / "r"), cpu_bytes=0, disk_bytes=0, remote_url=url) as only, \
-            pytest.raises(CapacityError, match="1024 bytes"):
+    with (
+        kvmem.Memory(str(tmp_path / "r"), cpu_bytes=0, disk_bytes=0, remote_url=url) as only,
+        pytest.raises(CapacityError, match="1024 bytes"),
+    ):
         only.store("big", b"x" * 2000)
     with kvmem.Memory(str(tmp_path / "l"), cpu_bytes="1MiB", disk_bytes=0, remote_url=url) as both:
         both.store("big", b"x" * 2000)
@@ -236,10 +238,17 @@ def test_prefix_keeps_deployments_apart(remote_memory: MemoryFactory, redis_url:
         tier.client.delete(*[tier.prefix + k for k in list(tier.keys())] or ["-"])
 
 
-def test_redis_stopped_mid_run_degrades_to_local_tiers_and_comes_back(redis_server: RedisServer,
-                                                                      tmp_path: Path) -> None:
-    mem = kvmem.Memory(str(tmp_path / "m"), cpu_bytes="8MiB", disk_bytes="8MiB", fsync="never",
-                       remote_url=redis_server.url, tier_retry_seconds=0.2)
+def test_redis_stopped_mid_run_degrades_to_local_tiers_and_comes_back(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    mem = kvmem.Memory(
+        str(tmp_path / "m"),
+        cpu_bytes="8MiB",
+        disk_bytes="8MiB",
+        fsync="never",
+        remote_url=redis_server.url,
+        tier_retry_seconds=0.2,
+    )
     try:
         mem.store("before", b"b" * 100)
         redis_server.stop()
@@ -269,8 +278,12 @@ def test_redis_stopped_mid_run_degrades_to_local_tiers_and_comes_back(redis_serv
 def test_password_in_url(tmp_path: Path) -> None:
     server = RedisServer(tmp_path / "auth", "--requirepass", "s3cret")
     try:
-        with kvmem.Memory(str(tmp_path / "ok"), cpu_bytes=0, disk_bytes=0,
-                          remote_url=server.url.replace("redis://", "redis://:s3cret@")) as mem:
+        with kvmem.Memory(
+            str(tmp_path / "ok"),
+            cpu_bytes=0,
+            disk_bytes=0,
+            remote_url=server.url.replace("redis://", "redis://:s3cret@"),
+        ) as mem:
             mem.store("k", b"v")
             assert mem.load("k") == b"v" and mem._tiers.get(mem.storage_key("k"))[0].tier == "redis"
         for url in (server.url, server.url.replace("redis://", "redis://:wrong@")):
@@ -292,8 +305,10 @@ def test_unknown_scheme_and_tls_scheme_are_registered(tmp_path: Path) -> None:
 
 
 # -- cross-node reuse ---------------------------------------------------------------------------------
-def test_second_node_reuses_the_first_nodes_prefix(tmp_path: Path, redis_url: str, postgres_url: str,
-                                                   request: pytest.FixtureRequest, one_thread: None) -> None:
+def test_second_node_reuses_the_first_nodes_prefix(
+    tmp_path: Path, redis_url: str, postgres_url: str, request: pytest.FixtureRequest, one_thread: None
+) -> None:
     """Node A prefills a prompt; node B (own local disk, same Redis and catalog) reuses A's chunks exactly."""
-    second_node_reuses_first_nodes_prefix(tmp_path, with_options(redis_url, prefix=unique_prefix(request)),
-                                          postgres_url)
+    second_node_reuses_first_nodes_prefix(
+        tmp_path, with_options(redis_url, prefix=unique_prefix(request)), postgres_url
+    )

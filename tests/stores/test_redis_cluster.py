@@ -38,17 +38,12 @@ from tests.stores.redis_helpers import (
 ENTRIES = 50
 
 
-
 def key(i: int) -> str:
     return kvmem.content_hash(f"entry-{i}")
 
 
 def value(i: int) -> torch.Tensor:
     return torch.full((8192,), float(i))  # 32 KiB: 50 of them overflow the 1 MiB CPU tier
-
-
-
-
 
 
 @pytest.fixture(scope="module")
@@ -65,21 +60,20 @@ def tier(cluster: RedisCluster, request: pytest.FixtureRequest) -> Iterator[Redi
     made.close()
 
 
-
 @pytest.fixture
 def remote_memory(make_memory: MemoryFactory, cluster: RedisCluster, request: pytest.FixtureRequest) -> MemoryFactory:
     """``remote_memory(name="a", **settings)``: a Memory with a 1 MiB CPU tier, no disk, the cluster below."""
     return over_remote(make_memory, with_options(cluster.url, prefix=unique_prefix(request)))
 
 
-
-
 def per_master(tier: RedisTier) -> dict[int, int]:
     """Port of each master -> how many of ``tier``'s entries it holds (a SCAN of that node alone)."""
     client = tier.client
     assert isinstance(client, ClusterClient)
-    return {node.port: sum(1 for _ in client.scan_iter(match=tier._pattern, target_nodes=node))
-            for node in client.get_primaries()}
+    return {
+        node.port: sum(1 for _ in client.scan_iter(match=tier._pattern, target_nodes=node))
+        for node in client.get_primaries()
+    }
 
 
 # -- the tier alone --------------------------------------------------------------------------------
@@ -116,8 +110,13 @@ def test_unreachable_cluster_is_built_and_skipped(tmp_path: Path) -> None:
         tier.contains(key(0))
     assert tier.usage() == 0
     tier.close()
-    with kvmem.Memory(str(tmp_path / "m"), cpu_bytes="1MiB", disk_bytes=0,
-                      remote_url="redis+cluster://127.0.0.1:1/", tier_retry_seconds=60) as mem:
+    with kvmem.Memory(
+        str(tmp_path / "m"),
+        cpu_bytes="1MiB",
+        disk_bytes=0,
+        remote_url="redis+cluster://127.0.0.1:1/",
+        tier_retry_seconds=60,
+    ) as mem:
         mem.store("k", b"v")  # the local tier serves; the cluster is skipped
         assert mem.load("k") == b"v"
 
@@ -203,14 +202,17 @@ def test_memory_over_the_cluster(remote_memory: MemoryFactory, cluster: RedisClu
     tier.purge_quarantine()
 
 
-def test_second_node_reuses_the_first_nodes_prefix(tmp_path: Path, cluster: RedisCluster, postgres_url: str,
-                                                   request: pytest.FixtureRequest, one_thread: None) -> None:
+def test_second_node_reuses_the_first_nodes_prefix(
+    tmp_path: Path, cluster: RedisCluster, postgres_url: str, request: pytest.FixtureRequest, one_thread: None
+) -> None:
     """Node A prefills a prompt; node B (own local disk, same cluster and catalog) reuses A's chunks exactly."""
+
     def spread(node_a: kvmem.Memory) -> None:
         assert sum(1 for n in per_master(redis_tier(node_a)).values() if n) >= 2  # chunks on several masters
 
-    second_node_reuses_first_nodes_prefix(tmp_path, with_options(cluster.url, prefix=unique_prefix(request)),
-                                          postgres_url, spread)
+    second_node_reuses_first_nodes_prefix(
+        tmp_path, with_options(cluster.url, prefix=unique_prefix(request)), postgres_url, spread
+    )
 
 
 # -- resharding -------------------------------------------------------------------------------------
@@ -276,8 +278,9 @@ def redirects(own: RedisCluster, source: int, target: int) -> tuple[int, int]:
         return asked, dst.info("commandstats").get("cmdstat_asking", {}).get("calls", 0)
 
 
-def test_loads_and_stores_follow_ask_during_a_live_slot_migration(tmp_path: Path,
-                                                                  request: pytest.FixtureRequest) -> None:
+def test_loads_and_stores_follow_ask_during_a_live_slot_migration(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """A slot holding entries is half migrated (MIGRATING on its owner, IMPORTING on the target, some keys
     moved): its owner keeps it in every slot map and answers ``ASK`` for the keys it no longer holds. Loads,
     stores and batched probes (pipelines, one per node) are served from whichever node holds each key,
@@ -285,8 +288,10 @@ def test_loads_and_stores_follow_ask_during_a_live_slot_migration(tmp_path: Path
     own = RedisCluster(tmp_path / "cluster")
     try:
         url = with_options(own.url, prefix=unique_prefix(request))
-        with kvmem.Memory(str(tmp_path / "m"), cpu_bytes=0, disk_bytes=0, remote_url=url) as mem, \
-                closing(RedisTier.from_url(with_options(url, ttl=600))) as ttl_tier:
+        with (
+            kvmem.Memory(str(tmp_path / "m"), cpu_bytes=0, disk_bytes=0, remote_url=url) as mem,
+            closing(RedisTier.from_url(with_options(url, ttl=600))) as ttl_tier,
+        ):
             tier = redis_tier(mem)
             client = tier.client
             assert isinstance(client, ClusterClient)
@@ -357,8 +362,9 @@ def test_loads_and_stores_follow_ask_during_a_live_slot_migration(tmp_path: Path
         own.stop()
 
 
-def test_corrupt_entry_in_a_migrating_slot_costs_the_entry_not_the_tier(tmp_path: Path,
-                                                                        request: pytest.FixtureRequest) -> None:
+def test_corrupt_entry_in_a_migrating_slot_costs_the_entry_not_the_tier(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """Corrupt values in a half-migrated slot, on the source and on the target: each load is a miss, counted
     as a CRC failure, the value is taken out of service, and the tier stays up for every other key.
 

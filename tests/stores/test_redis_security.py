@@ -26,8 +26,10 @@ from tests.stores.redis_helpers import over_remote, redis_tier, unique_prefix, w
 SECRET = "p#ss/w?rd@Zq7"  # NOTE: every URL-special character: percent-encoded in URLs, raw in remote_password
 ADMIN = "admin-Kx93"
 # The least-privilege ACL the README documents: kvmem's keys only, no dangerous commands but INFO.
-KVMEM_ACL = (f"kvmem on >{SECRET} ~kvmem:* resetchannels -@all +@read +@write +@keyspace +@scripting "
-             "+@transaction +@connection -@dangerous +info")
+KVMEM_ACL = (
+    f"kvmem on >{SECRET} ~kvmem:* resetchannels -@all +@read +@write +@keyspace +@scripting "
+    "+@transaction +@connection -@dangerous +info"
+)
 
 
 def with_user(url: str, user: str, password: str | None = None) -> str:
@@ -76,11 +78,14 @@ def test_acl_user_with_password_end_to_end(acl_server: RedisServer, remote_memor
         assert root.keys("*") == [("kvmem:" + skeys[0]).encode()]
 
 
-@pytest.mark.parametrize("credentials", [None, ("kvmem", None), ("kvmem", "wrong"), ("nobody", SECRET),
-                                         ("", SECRET)], ids=["none", "user-only", "wrong-password",
-                                                             "unknown-user", "password-only"])
-def test_missing_or_wrong_credentials_are_refused_clearly(acl_server: RedisServer, remote_memory: MemoryFactory,
-                                                          credentials: tuple[str, str | None] | None) -> None:
+@pytest.mark.parametrize(
+    "credentials",
+    [None, ("kvmem", None), ("kvmem", "wrong"), ("nobody", SECRET), ("", SECRET)],
+    ids=["none", "user-only", "wrong-password", "unknown-user", "password-only"],
+)
+def test_missing_or_wrong_credentials_are_refused_clearly(
+    acl_server: RedisServer, remote_memory: MemoryFactory, credentials: tuple[str, str | None] | None
+) -> None:
     url = acl_server.url if credentials is None else with_user(acl_server.url, *credentials)
     with pytest.raises(ConfigError, match=r"refused the credentials") as info:
         remote_memory("m", url)
@@ -89,8 +94,9 @@ def test_missing_or_wrong_credentials_are_refused_clearly(acl_server: RedisServe
     assert "wrong" not in message and SECRET not in message and quote(SECRET, safe="") not in message
 
 
-def test_password_from_config_and_environment(acl_server: RedisServer, remote_memory: MemoryFactory,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_password_from_config_and_environment(
+    acl_server: RedisServer, remote_memory: MemoryFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``remote_password`` (argument or ``KVMEM_REMOTE_PASSWORD``) completes a URL naming only the user; a
     password in the URL wins over it."""
     url = with_user(acl_server.url, "kvmem")
@@ -108,24 +114,27 @@ def test_password_from_config_and_environment(acl_server: RedisServer, remote_me
         remote_memory("url-wins-2", with_user(acl_server.url, "kvmem", "stale"), remote_password=SECRET)
 
 
-def test_password_never_shown(acl_server: RedisServer, remote_memory: MemoryFactory,
-                              caplog: pytest.LogCaptureFixture) -> None:
+def test_password_never_shown(
+    acl_server: RedisServer, remote_memory: MemoryFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     """Not in errors (start, bad URL, mid-run), logs, ``repr`` of the tier or config, or ``kvmem config``."""
     caplog.set_level(logging.DEBUG)
     shown: list[str] = []
-    for url, password in [(with_user(acl_server.url, "kvmem", "wrong-" + SECRET), None),
-                          (with_user(acl_server.url, "kvmem"), "wrong-" + SECRET),
-                          (acl_server.url.replace("://", f"://kvmem:{SECRET}@"), None)]:  # not percent-encoded
+    for url, password in [
+        (with_user(acl_server.url, "kvmem", "wrong-" + SECRET), None),
+        (with_user(acl_server.url, "kvmem"), "wrong-" + SECRET),
+        (acl_server.url.replace("://", f"://kvmem:{SECRET}@"), None),
+    ]:  # not percent-encoded
         with pytest.raises(ConfigError) as info:
             remote_memory("bad", url, remote_password=password)
         shown.append(str(info.value))
         assert f"127.0.0.1:{acl_server.port}" in shown[-1]
     assert "cannot be parsed" in shown[-1] and "kvmem:***@" in shown[-1]
-    with remote_memory("m", with_user(acl_server.url, "kvmem"), cpu_bytes="1MiB",
-                     remote_password=SECRET, tier_retry_seconds=60) as mem:
+    with remote_memory(
+        "m", with_user(acl_server.url, "kvmem"), cpu_bytes="1MiB", remote_password=SECRET, tier_retry_seconds=60
+    ) as mem:
         tier = redis_tier(mem)
-        shown += [repr(tier), tier.url, repr(mem.config), str(mem.config), str(describe(mem.config)),
-                  repr(tier.client)]
+        shown += [repr(tier), tier.url, repr(mem.config), str(mem.config), str(describe(mem.config)), repr(tier.client)]
         acl_server.stop()
         mem.store("k", b"v")  # Redis gone: logged and counted, the CPU tier serves
         assert mem.metrics.total("kvmem_tier_errors_total") >= 1
@@ -135,8 +144,9 @@ def test_password_never_shown(acl_server: RedisServer, remote_memory: MemoryFact
         assert SECRET not in text and quote(SECRET, safe="") not in text and "p#ss" not in text, text
 
 
-def test_password_as_a_query_option_is_never_shown(acl_server: RedisServer, remote_memory: MemoryFactory,
-                                                  caplog: pytest.LogCaptureFixture) -> None:
+def test_password_as_a_query_option_is_never_shown(
+    acl_server: RedisServer, remote_memory: MemoryFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     """redis-py also takes ``?password=``: it logs in, and no error, log line or repr shows it."""
     caplog.set_level(logging.DEBUG)
     url = with_user(acl_server.url, "kvmem") + "?password=" + quote(SECRET, safe="")
@@ -155,13 +165,13 @@ def test_password_as_a_query_option_is_never_shown(acl_server: RedisServer, remo
         assert "p#ss" not in text and quote(SECRET, safe="") not in text, text
 
 
-def test_credentials_revoked_mid_run_degrade_to_local_tiers(acl_server: RedisServer, remote_memory: MemoryFactory,
-                                                            caplog: pytest.LogCaptureFixture) -> None:
+def test_credentials_revoked_mid_run_degrade_to_local_tiers(
+    acl_server: RedisServer, remote_memory: MemoryFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     """The user's password changes while kvmem runs: Redis is skipped and counted like an outage, the local
     tier serves, and the tier comes back once the credentials work again."""
     url = with_user(acl_server.url, "kvmem", SECRET)
-    with remote_memory("m", url, cpu_bytes="8MiB", tier_retry_seconds=0.2) as mem, \
-            admin(acl_server) as root:
+    with remote_memory("m", url, cpu_bytes="8MiB", tier_retry_seconds=0.2) as mem, admin(acl_server) as root:
         mem.store("before", b"b" * 100)
         root.acl_setuser("kvmem", enabled=True, passwords=[f"-{SECRET}", "+rotated"])
         root.client_kill_filter(user="kvmem")  # its open connections go; reconnecting needs the new password
@@ -171,8 +181,10 @@ def test_credentials_revoked_mid_run_degrade_to_local_tiers(acl_server: RedisSer
         assert mem.load("before") == b"b" * 100
         assert mem.metrics.registry.get_sample_value("kvmem_tier_errors_total", {"tier": "redis"}) >= 1
         assert not mem._tiers.healthy(redis_tier(mem))
-        assert any("AuthenticationError" in r.getMessage() and f"127.0.0.1:{acl_server.port}" in r.getMessage()
-                   for r in caplog.records)
+        assert any(
+            "AuthenticationError" in r.getMessage() and f"127.0.0.1:{acl_server.port}" in r.getMessage()
+            for r in caplog.records
+        )
 
         root.acl_setuser("kvmem", enabled=True, passwords=["-rotated", f"+{SECRET}"])
         time.sleep(0.3)
@@ -192,8 +204,12 @@ def tls_server(tmp_path: Path) -> Iterator[RedisServer]:
 def test_tls_with_client_certificate_and_acl_user(tls_server: RedisServer, remote_memory: MemoryFactory) -> None:
     certs = tls_server.certificates
     assert certs is not None and tls_server.url.startswith("rediss://")
-    url = with_options(with_user(tls_server.url, "kvmem"), ssl_ca_certs=certs.ca, ssl_certfile=certs.client_cert,
-                       ssl_keyfile=certs.client_key)
+    url = with_options(
+        with_user(tls_server.url, "kvmem"),
+        ssl_ca_certs=certs.ca,
+        ssl_certfile=certs.client_cert,
+        ssl_keyfile=certs.client_key,
+    )
     with remote_memory("m", url, remote_password=SECRET) as mem:
         mem.store("k", b"over TLS")
         assert mem.load("k") == b"over TLS" and mem._tiers.get(mem.storage_key("k"))[0].tier == "redis"
@@ -203,14 +219,19 @@ def test_tls_with_client_certificate_and_acl_user(tls_server: RedisServer, remot
         finally:
             redis_tier(mem).client.connection_pool.release(connection)
     # redis-py's certificate options pass through: no CA, but verification turned off
-    insecure = with_options(with_user(tls_server.url, "kvmem"), ssl_cert_reqs="none",
-                            ssl_certfile=certs.client_cert, ssl_keyfile=certs.client_key)
+    insecure = with_options(
+        with_user(tls_server.url, "kvmem"),
+        ssl_cert_reqs="none",
+        ssl_certfile=certs.client_cert,
+        ssl_keyfile=certs.client_key,
+    )
     with remote_memory("n", insecure, remote_password=SECRET) as mem:
         assert mem.load("k") == b"over TLS"
 
 
-def test_tls_misconfigurations_are_refused_clearly(tls_server: RedisServer, redis_url: str,
-                                                   remote_memory: MemoryFactory) -> None:
+def test_tls_misconfigurations_are_refused_clearly(
+    tls_server: RedisServer, redis_url: str, remote_memory: MemoryFactory
+) -> None:
     certs = tls_server.certificates
     assert certs is not None
     base = with_user(tls_server.url, "kvmem")
@@ -228,14 +249,14 @@ def test_tls_misconfigurations_are_refused_clearly(tls_server: RedisServer, redi
 
 
 # -- tenants -----------------------------------------------------------------------------------------
-def test_tenant_salt_keeps_tenants_keys_disjoint(redis_url: str, remote_memory: MemoryFactory,
-                                                 request: pytest.FixtureRequest) -> None:
+def test_tenant_salt_keeps_tenants_keys_disjoint(
+    redis_url: str, remote_memory: MemoryFactory, request: pytest.FixtureRequest
+) -> None:
     """Two tenants on one server and prefix store the same names: their Redis keys never meet, and neither
     sees the other's entries."""
     url = with_options(redis_url, prefix=unique_prefix(request))
     names = [f"doc-{i}" for i in range(10)]
-    with remote_memory("t1", url, tenant_salt="tenant-1") as t1, \
-            remote_memory("t2", url, tenant_salt="tenant-2") as t2:
+    with remote_memory("t1", url, tenant_salt="tenant-1") as t1, remote_memory("t2", url, tenant_salt="tenant-2") as t2:
         keys1 = {t1.store(n, f"tenant 1: {n}".encode()) for n in names}
         keys2 = {t2.store(n, f"tenant 2: {n}".encode()) for n in names[:5]}
         t1.store("only-tenant-1", b"private")
@@ -262,9 +283,9 @@ class _Trap:
         return Path.touch, (self.marker,)
 
 
-def test_value_that_is_not_a_blob_is_refused_never_deserialized(redis_url: str, tmp_path: Path,
-                                                                remote_memory: MemoryFactory,
-                                                                request: pytest.FixtureRequest) -> None:
+def test_value_that_is_not_a_blob_is_refused_never_deserialized(
+    redis_url: str, tmp_path: Path, remote_memory: MemoryFactory, request: pytest.FixtureRequest
+) -> None:
     """A pickle written raw under a kvmem key (by anyone who can write to Redis) is a corrupt entry: a miss,
     counted and quarantined (or ``IntegrityError`` in strict mode), and it is never unpickled."""
     url = with_options(redis_url, prefix=unique_prefix(request))
@@ -280,8 +301,10 @@ def test_value_that_is_not_a_blob_is_refused_never_deserialized(redis_url: str, 
         assert tier.quarantined() == [tier.prefix + "quarantine:" + skey]
         assert reader.load("x", regenerate=lambda: {"a": 1}) == {"a": 1}
     tier.client.set(tier.prefix + skey, payload)
-    with remote_memory("s", url, strict=True) as strict, \
-            pytest.raises(IntegrityError, match="failed its integrity check"):
+    with (
+        remote_memory("s", url, strict=True) as strict,
+        pytest.raises(IntegrityError, match="failed its integrity check"),
+    ):
         strict.load("x")
     tier.client.set(tier.prefix + skey, payload)  # (the strict load quarantined it too)
     with pytest.raises(IntegrityError, match="not a kvmem blob"):

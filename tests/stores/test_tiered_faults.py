@@ -30,8 +30,9 @@ SETTINGS: dict[str, Any] = {"cpu_bytes": "1MiB", "disk_bytes": "8MiB", "fsync": 
 class Fault:
     """Makes methods of one real tier raise ``OSError(code)`` while ``on``; counts the calls."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, tier: StorageTier, names: tuple[str, ...],
-                 code: int = errno.ENOSPC) -> None:
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, tier: StorageTier, names: tuple[str, ...], code: int = errno.ENOSPC
+    ) -> None:
         self.on = True
         self.calls = 0
         for name in names:
@@ -43,6 +44,7 @@ class Fault:
             if self.on:
                 raise OSError(code, os.strerror(code))
             return real(*args, **kwargs)
+
         return method
 
 
@@ -60,6 +62,7 @@ class Gate:
             self.entered.set()
             self._open.wait(timeout=30)
             real(key, blob)
+
         monkeypatch.setattr(tier, "put", put)
 
     def release(self) -> None:
@@ -94,8 +97,9 @@ def _value(i: int) -> torch.Tensor:
 # -- a failing tier -----------------------------------------------------------------------------------
 
 
-def test_failing_disk_writes_are_skipped_counted_and_retried(mem: kvmem.Memory,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failing_disk_writes_are_skipped_counted_and_retried(
+    mem: kvmem.Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     disk = _disk(mem)
     fault = Fault(monkeypatch, disk, ("put",))
 
@@ -124,14 +128,15 @@ def test_failing_disk_writes_are_skipped_counted_and_retried(mem: kvmem.Memory,
         assert torch.equal(mem.load(key), _value(i))
 
 
-def test_enospc_in_the_middle_of_a_write_leaves_no_partial_file(mem: kvmem.Memory,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_enospc_in_the_middle_of_a_write_leaves_no_partial_file(
+    mem: kvmem.Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import kvmem.stores.files as files_module
 
     real_pwrite_all = files_module.pwrite_all
 
     def write_half_then_fail(fd: int, parts: list[Any], offset: int) -> int:
-        real_pwrite_all(fd, parts[:len(parts) // 2], offset)
+        real_pwrite_all(fd, parts[: len(parts) // 2], offset)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     mem.store("before", _value(0))
@@ -146,8 +151,9 @@ def test_enospc_in_the_middle_of_a_write_leaves_no_partial_file(mem: kvmem.Memor
     assert _disk(mem).usage() == _disk(mem).path(mem.storage_key("before")).stat().st_size
 
 
-def test_failing_disk_reads_are_a_miss_and_the_cpu_still_serves(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failing_disk_reads_are_a_miss_and_the_cpu_still_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with kvmem.Memory(tmp_path / "kvmem", **SETTINGS) as m:
         m.store("on-disk", _value(0))
     with kvmem.Memory(tmp_path / "kvmem", **SETTINGS) as m:  # CPU tier empty: "on-disk" is on disk only
@@ -166,8 +172,7 @@ def test_failing_disk_reads_are_a_miss_and_the_cpu_still_serves(tmp_path: Path,
         assert _errors(m, "disk") == 1
 
 
-def test_every_tier_failing_is_a_kvmem_error_not_an_oserror(mem: kvmem.Memory,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_tier_failing_is_a_kvmem_error_not_an_oserror(mem: kvmem.Memory, monkeypatch: pytest.MonkeyPatch) -> None:
     mem.store("kept", _value(0))
     Fault(monkeypatch, mem._tiers.tiers[0], ("put",))
     Fault(monkeypatch, _disk(mem), ("put",))
@@ -199,7 +204,8 @@ def back(tmp_path: Path) -> Iterator[kvmem.Memory]:
 
 
 def test_write_back_returns_before_the_disk_write_and_reaches_disk_on_flush(
-        back: kvmem.Memory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    back: kvmem.Memory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     gate = Gate(monkeypatch, _disk(back))
     try:
         back.store("a", _value(0))  # returns although the disk write is held
@@ -218,7 +224,8 @@ def test_write_back_returns_before_the_disk_write_and_reaches_disk_on_flush(
 
 
 def test_delete_of_a_queued_write_back_does_not_resurrect_the_key(
-        back: kvmem.Memory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    back: kvmem.Memory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     gate = Gate(monkeypatch, _disk(back))
     try:
         back.store("first", _value(0))
@@ -237,7 +244,8 @@ def test_delete_of_a_queued_write_back_does_not_resurrect_the_key(
 
 
 def test_delete_while_its_write_back_is_in_flight_does_not_resurrect_the_key(
-        back: kvmem.Memory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    back: kvmem.Memory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     gate = Gate(monkeypatch, _disk(back))
     deleted: list[bool] = []
     try:
@@ -258,8 +266,7 @@ def test_delete_while_its_write_back_is_in_flight_does_not_resurrect_the_key(
         assert m.load("a", default="miss") == "miss"
 
 
-def test_bounded_write_back_queue_applies_backpressure(back: kvmem.Memory,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bounded_write_back_queue_applies_backpressure(back: kvmem.Memory, monkeypatch: pytest.MonkeyPatch) -> None:
     gate = Gate(monkeypatch, _disk(back))
     stored: list[int] = []
 
@@ -286,8 +293,9 @@ def test_bounded_write_back_queue_applies_backpressure(back: kvmem.Memory,
     assert all(_on_disk(back, f"k{i}") for i in range(5))
 
 
-def test_write_back_to_a_failing_disk_is_counted_not_raised(back: kvmem.Memory,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_write_back_to_a_failing_disk_is_counted_not_raised(
+    back: kvmem.Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fault = Fault(monkeypatch, _disk(back), ("put",))
     back.store("a", _value(0))
     back.flush()  # the background write failed; nobody sees an OSError
@@ -321,8 +329,9 @@ def test_catalog_that_cannot_be_opened_any_more(tmp_path: Path) -> None:
     m.close()
 
 
-def test_catalog_operational_errors_do_not_reach_store_or_load(mem: kvmem.Memory,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_catalog_operational_errors_do_not_reach_store_or_load(
+    mem: kvmem.Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     mem.store("before", _value(0))
 
     def broken(*args: object, **kwargs: object) -> None:

@@ -9,6 +9,7 @@ from langgraph.store.base import MatchCondition
 
 __all__ = ["does_match", "matches"]
 
+
 def matches(value: dict[str, Any], filter: dict[str, Any]) -> bool:
     """Whether ``value`` passes every condition of ``filter`` (``$eq``, ``$ne``, ``$gt``, ... or equality)."""
     return all(_compare(_field(value, key), wanted) for key, wanted in filter.items())
@@ -32,8 +33,11 @@ def _compare(value: Any, wanted: Any) -> bool:
             return all(_apply(value, op, operand) for op, operand in wanted.items())
         return isinstance(value, dict) and all(_compare(value.get(k), v) for k, v in wanted.items())
     if isinstance(wanted, (list, tuple)):
-        return (isinstance(value, (list, tuple)) and len(value) == len(wanted)
-                and all(_compare(v, w) for v, w in zip(value, wanted)))
+        return (
+            isinstance(value, (list, tuple))
+            and len(value) == len(wanted)
+            and all(_compare(v, w) for v, w in zip(value, wanted))
+        )
     return bool(value == wanted)
 
 
@@ -61,9 +65,9 @@ def does_match(condition: MatchCondition, namespace: tuple[str, ...]) -> bool:
     if len(namespace) < len(path):
         return False
     if condition.match_type == "prefix":
-        part = namespace[:len(path)]
+        part = namespace[: len(path)]
     elif condition.match_type == "suffix":
-        part = namespace[len(namespace) - len(path):]
+        part = namespace[len(namespace) - len(path) :]
     else:
         raise ValueError(f"Unsupported match type: {condition.match_type}; accepted prefix, suffix")
     return all(p == "*" or p == label for p, label in zip(path, part))

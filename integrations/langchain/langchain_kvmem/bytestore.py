@@ -85,5 +85,7 @@ def _as_bytes(key: object, value: object) -> bytes:
         return value
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
-    raise TypeError(f"value of key {key[:80]!r} is {type(value).__name__}: KVMemByteStore values are bytes "
-                    "(bytearray and memoryview are accepted)")
+    raise TypeError(
+        f"value of key {key[:80]!r} is {type(value).__name__}: KVMemByteStore values are bytes "
+        "(bytearray and memoryview are accepted)"
+    )

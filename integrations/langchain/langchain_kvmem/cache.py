@@ -59,12 +59,20 @@ class KVMemCache(BaseCache):
         verify: run kvmem's strict verifier on semantic candidates (on by default).
     """
 
-    def __init__(self, memory: kvmem.Memory | None = None, *, namespace: str = "langchain/llm-cache",
-                 semantic: bool = False, threshold: float | None = None, verify: bool = True) -> None:
+    def __init__(
+        self,
+        memory: kvmem.Memory | None = None,
+        *,
+        namespace: str = "langchain/llm-cache",
+        semantic: bool = False,
+        threshold: float | None = None,
+        verify: bool = True,
+    ) -> None:
         self.memory = memory if memory is not None else kvmem.default_memory()
         self.namespace = namespace
-        self.semantic = (SemanticCache(self.memory, threshold=threshold, verify=verify, namespace=namespace)
-                         if semantic else None)
+        self.semantic = (
+            SemanticCache(self.memory, threshold=threshold, verify=verify, namespace=namespace) if semantic else None
+        )
 
     def lookup(self, prompt: str, llm_string: str) -> RETURN_VAL_TYPE | None:
         """The generations cached for ``prompt`` under ``llm_string`` (or a verified paraphrase), or ``None``."""
@@ -89,8 +97,12 @@ class KVMemCache(BaseCache):
         # SemanticCache namespaces are hashes: record where the entry went, for clear()
         namespace, text = semantic.split(prompt_or_chat, partition)
         key = kvmem.content_hash(json.dumps([namespace, text]), "registry")
-        self.memory.store(key, None, namespace=self.namespace,
-                          metadata={_KEY: key, _SEMANTIC_NAMESPACE: namespace, _SEMANTIC_TEXT: text})
+        self.memory.store(
+            key,
+            None,
+            namespace=self.namespace,
+            metadata={_KEY: key, _SEMANTIC_NAMESPACE: namespace, _SEMANTIC_TEXT: text},
+        )
 
     def clear(self, **kwargs: Any) -> None:
         """Remove every entry of this cache (exact and semantic), for every process sharing the memory."""
@@ -102,8 +114,10 @@ class KVMemCache(BaseCache):
                 self.memory.delete(meta[_KEY], namespace=self.namespace)
 
     def __repr__(self) -> str:
-        return (f"KVMemCache(path={self.memory.config.path!r}, namespace={self.namespace!r}, "
-                f"semantic={self.semantic is not None})")
+        return (
+            f"KVMemCache(path={self.memory.config.path!r}, namespace={self.namespace!r}, "
+            f"semantic={self.semantic is not None})"
+        )
 
     def _semantic_target(self, prompt: str, llm_string: str) -> Target | None:
         """``(prompt, partition)`` to hand the SemanticCache, or ``None`` when ``prompt`` is cached exactly."""
@@ -115,10 +129,13 @@ class KVMemCache(BaseCache):
         last = max((i for i, m in enumerate(messages) if m["kwargs"].get("type") == "human"), default=None)
         if last is None or not isinstance(messages[last]["kwargs"].get("content"), str):
             return None
-        chat = [{"role": "user", "content": m["kwargs"]["content"]} if i == last
-                # NOTE: roles are class names, never "user": SemanticCache embeds only the last "user" message
-                else {"role": m["id"][-1], "content": _canonical(m)}
-                for i, m in enumerate(messages)]
+        chat = [
+            {"role": "user", "content": m["kwargs"]["content"]}
+            if i == last
+            # NOTE: roles are class names, never "user": SemanticCache embeds only the last "user" message
+            else {"role": m["id"][-1], "content": _canonical(m)}
+            for i, m in enumerate(messages)
+        ]
         # the last human message's other fields (name, additional_kwargs, ...) are exact as well
         fields = {k: v for k, v in messages[last]["kwargs"].items() if k != "content"}
         return chat, {"llm_string": llm_string, "message": {"class": messages[last]["id"], "fields": fields}}
@@ -149,9 +166,15 @@ def _serialized_messages(prompt: str) -> list[dict[str, Any]] | None:
 
 def _is_message(item: object) -> bool:
     """Whether ``item`` is a ``dumps``-serialized LangChain message."""
-    return (isinstance(item, dict) and item.get("lc") == 1 and item.get("type") == "constructor"
-            and isinstance(item.get("id"), list) and item["id"][:3] == ["langchain", "schema", "messages"]
-            and all(isinstance(part, str) for part in item["id"]) and isinstance(item.get("kwargs"), dict))
+    return (
+        isinstance(item, dict)
+        and item.get("lc") == 1
+        and item.get("type") == "constructor"
+        and isinstance(item.get("id"), list)
+        and item["id"][:3] == ["langchain", "schema", "messages"]
+        and all(isinstance(part, str) for part in item["id"])
+        and isinstance(item.get("kwargs"), dict)
+    )
 
 
 def _decode(raw: object) -> list[Generation] | None:

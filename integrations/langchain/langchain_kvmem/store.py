@@ -138,8 +138,9 @@ class KVMemStore(BaseStore):
 
     supports_ttl: bool = True
 
-    def __init__(self, memory: kvmem.Memory | None = None, *, index: IndexConfig | None = None,
-                 ttl: TTLConfig | None = None) -> None:
+    def __init__(
+        self, memory: kvmem.Memory | None = None, *, index: IndexConfig | None = None, ttl: TTLConfig | None = None
+    ) -> None:
         self.memory = memory if memory is not None else kvmem.default_memory()
         self._database = self.memory.database
         stmt = self._database.insert(items)
@@ -292,12 +293,15 @@ class KVMemStore(BaseStore):
             raise TierUnavailable(f"kvmem store: database {self._database.shown_url} failed: {exc.orig}") from exc
         return results
 
-    def _vectors(self, batch: _Batch, docs: list[list[float]], queries: list[list[float]]
-                 ) -> tuple[dict[_ItemKey, list[tuple[str, np.ndarray]]], dict[str, np.ndarray]]:
+    def _vectors(
+        self, batch: _Batch, docs: list[list[float]], queries: list[list[float]]
+    ) -> tuple[dict[_ItemKey, list[tuple[str, np.ndarray]]], dict[str, np.ndarray]]:
         """The unit vectors of each put item's fields, and of each query."""
         if len(docs) != len(batch.texts) or len(queries) != len(batch.queries):
-            raise ValueError(f"the embeddings returned {len(docs)} + {len(queries)} vectors for "
-                             f"{len(batch.texts)} texts + {len(batch.queries)} queries")
+            raise ValueError(
+                f"the embeddings returned {len(docs)} + {len(queries)} vectors for "
+                f"{len(batch.texts)} texts + {len(batch.queries)} queries"
+            )
         owned: dict[_ItemKey, list[tuple[str, np.ndarray]]] = {}
         for (text, users), vector in zip(batch.texts.items(), docs):
             unit = self._unit(vector, repr(text[:40]))
@@ -305,14 +309,18 @@ class KVMemStore(BaseStore):
                 owned.setdefault(item_key, []).append((field_name, unit))
         return owned, {q: self._unit(v, f"query {q[:40]!r}") for q, v in zip(batch.queries, queries)}
 
-    def _read(self, conn: Connection, batch: _Batch, query_vecs: dict[str, np.ndarray],
-              results: list[Result]) -> set[int]:
+    def _read(
+        self, conn: Connection, batch: _Batch, query_vecs: dict[str, np.ndarray], results: list[Result]
+    ) -> set[int]:
         """Fill ``results`` of the batch's reads; the ids of read items whose TTL is to be refreshed."""
         refresh: set[int] = set()
         now = time.time()
         for i, op in batch.gets:
-            row = conn.execute(select(*_COLUMNS).where(
-                items.c.namespace == _ns_text(op.namespace), items.c.key == str(op.key), _live(now))).first()
+            row = conn.execute(
+                select(*_COLUMNS).where(
+                    items.c.namespace == _ns_text(op.namespace), items.c.key == str(op.key), _live(now)
+                )
+            ).first()
             results[i] = None if row is None else _item(row)
             if row is not None and op.refresh_ttl and row.ttl_minutes is not None:
                 refresh.add(row.id)
@@ -324,14 +332,16 @@ class KVMemStore(BaseStore):
             results[i] = _list_namespaces(conn, op, now)
         return refresh
 
-    def _search(self, conn: Connection, op: SearchOp, query: np.ndarray | None,
-                now: float) -> tuple[list[SearchItem], list[int]]:
+    def _search(
+        self, conn: Connection, op: SearchOp, query: np.ndarray | None, now: float
+    ) -> tuple[list[SearchItem], list[int]]:
         """A search's page and the ids on it that have a TTL."""
         plain = query is None and not op.filter and min(op.offset, op.limit) >= 0
         stop = op.offset + op.limit if query is None and not plain and min(op.offset, op.limit) >= 0 else None
         found: list[tuple[Row[Any], list[bytes]]] = []
-        for row, blobs in _candidates(conn, op.namespace_prefix, now, query is not None,
-                                      (op.limit, op.offset) if plain else None):
+        for row, blobs in _candidates(
+            conn, op.namespace_prefix, now, query is not None, (op.limit, op.offset) if plain else None
+        ):
             if op.filter and not matches(row.value, op.filter):
                 continue
             found.append((row, blobs))
@@ -340,13 +350,21 @@ class KVMemStore(BaseStore):
         if plain:
             page = [(row, None) for row, _ in found]
         else:
-            page = (_ranked(found, query) if query is not None
-                    else [(row, None) for row, _ in found])[op.offset:op.offset + op.limit]
-        return ([_search_item(row, score) for row, score in page],
-                [row.id for row, _ in page if row.ttl_minutes is not None])
+            page = (_ranked(found, query) if query is not None else [(row, None) for row, _ in found])[
+                op.offset : op.offset + op.limit
+            ]
+        return (
+            [_search_item(row, score) for row, score in page],
+            [row.id for row, _ in page if row.ttl_minutes is not None],
+        )
 
-    def _write(self, conn: Connection, puts: dict[_ItemKey, PutOp],
-               owned: dict[_ItemKey, list[tuple[str, np.ndarray]]], now: float) -> None:
+    def _write(
+        self,
+        conn: Connection,
+        puts: dict[_ItemKey, PutOp],
+        owned: dict[_ItemKey, list[tuple[str, np.ndarray]]],
+        now: float,
+    ) -> None:
         _sweep(conn, now)  # also makes a put over an expired item a new item (new id, created_at)
         for (namespace, key), op in puts.items():
             where = (items.c.namespace == _ns_text(namespace), items.c.key == key)
@@ -355,24 +373,42 @@ class KVMemStore(BaseStore):
                 conn.execute(delete(items).where(*where))
                 continue
             # created_at is kept by an update (documented as "first created"; InMemoryStore resets it)
-            item_id = conn.execute(self._upsert, {
-                "namespace": _ns_text(namespace), "key": key, "value": dict(op.value), "created_at": now,
-                "updated_at": now, "expires_at": None if op.ttl is None else now + op.ttl * 60,
-                "ttl_minutes": op.ttl}).scalar_one()
+            item_id = conn.execute(
+                self._upsert,
+                {
+                    "namespace": _ns_text(namespace),
+                    "key": key,
+                    "value": dict(op.value),
+                    "created_at": now,
+                    "updated_at": now,
+                    "expires_at": None if op.ttl is None else now + op.ttl * 60,
+                    "ttl_minutes": op.ttl,
+                },
+            ).scalar_one()
             # the vectors describe the value: a put replaces them (index=False: none remain)
             conn.execute(delete(vectors).where(vectors.c.item_id == item_id))
-            rows = [{"item_id": item_id, "field": name, "vector": vec.astype(np.float32).tobytes()}
-                    for name, vec in owned.get((namespace, key), [])]
+            rows = [
+                {"item_id": item_id, "field": name, "vector": vec.astype(np.float32).tobytes()}
+                for name, vec in owned.get((namespace, key), [])
+            ]
             if rows:
                 conn.execute(vectors.insert(), rows)
 
 
-_COLUMNS = (items.c.id, items.c.namespace, items.c.key, items.c.value, items.c.created_at, items.c.updated_at,
-            items.c.ttl_minutes)
+_COLUMNS = (
+    items.c.id,
+    items.c.namespace,
+    items.c.key,
+    items.c.value,
+    items.c.created_at,
+    items.c.updated_at,
+    items.c.ttl_minutes,
+)
 
 
-def _candidates(conn: Connection, prefix: tuple[str, ...], now: float, with_vectors: bool,
-                page: tuple[int, int] | None) -> Iterator[tuple[Row[Any], list[bytes]]]:
+def _candidates(
+    conn: Connection, prefix: tuple[str, ...], now: float, with_vectors: bool, page: tuple[int, int] | None
+) -> Iterator[tuple[Row[Any], list[bytes]]]:
     """Live items under ``prefix`` in store order, each with its vector blobs (when asked), streamed.
 
     Store order: namespaces by their oldest item, then items by id (creation).
@@ -412,23 +448,27 @@ def _list_namespaces(conn: Connection, op: ListNamespacesOp, now: float) -> list
     stmt = select(items.c.namespace).distinct().where(_live(now))
     for condition in op.match_conditions or ():
         if condition.match_type == "prefix":  # labels before the first wildcard narrow the query
-            head = tuple(condition.path[:next((i for i, p in enumerate(condition.path) if p == "*"),
-                                              len(condition.path))])
+            head = tuple(
+                condition.path[: next((i for i, p in enumerate(condition.path) if p == "*"), len(condition.path))]
+            )
             stmt = stmt.where(_under(head))
     namespaces = [_ns_tuple(text) for text in conn.execute(stmt).scalars()]
     namespaces = [ns for ns in namespaces if all(does_match(c, ns) for c in op.match_conditions or ())]
     if op.max_depth is not None:
-        namespaces = sorted({ns[:op.max_depth] for ns in namespaces})
+        namespaces = sorted({ns[: op.max_depth] for ns in namespaces})
     else:
         namespaces = sorted(namespaces)
-    return namespaces[op.offset:op.offset + op.limit]
+    return namespaces[op.offset : op.offset + op.limit]
 
 
 def _refresh(conn: Connection, ids: list[int], now: float) -> None:
     """Push the expiry of the live items ``ids`` that have a TTL to ``now`` + their TTL."""
     for start in range(0, len(ids), 500):
-        conn.execute(update(items).where(items.c.id.in_(ids[start:start + 500]), items.c.ttl_minutes.is_not(None),
-                                         _live(now)).values(expires_at=now + items.c.ttl_minutes * 60))
+        conn.execute(
+            update(items)
+            .where(items.c.id.in_(ids[start : start + 500]), items.c.ttl_minutes.is_not(None), _live(now))
+            .values(expires_at=now + items.c.ttl_minutes * 60)
+        )
 
 
 def _sweep(conn: Connection, now: float) -> int:
@@ -465,8 +505,9 @@ def _check_labels(namespace: Sequence[str]) -> None:
     """
     for label in namespace:
         if not isinstance(label, str) or not label or "." in label or "\x00" in label:
-            raise InvalidNamespaceError(f"Invalid namespace label {label!r} in {namespace!r}: labels are "
-                                        "non-empty strings without '.' or NUL")
+            raise InvalidNamespaceError(
+                f"Invalid namespace label {label!r} in {namespace!r}: labels are non-empty strings without '.' or NUL"
+            )
 
 
 def _path(path: str) -> tuple[str, str | list[str]]:
@@ -474,11 +515,21 @@ def _path(path: str) -> tuple[str, str | list[str]]:
 
 
 def _item(row: Row[Any]) -> Item:
-    return Item(value=row.value, key=row.key, namespace=_ns_tuple(row.namespace),
-                created_at=datetime.fromtimestamp(row.created_at, UTC),
-                updated_at=datetime.fromtimestamp(row.updated_at, UTC))
+    return Item(
+        value=row.value,
+        key=row.key,
+        namespace=_ns_tuple(row.namespace),
+        created_at=datetime.fromtimestamp(row.created_at, UTC),
+        updated_at=datetime.fromtimestamp(row.updated_at, UTC),
+    )
 
 
 def _search_item(row: Row[Any], score: float | None) -> SearchItem:
-    return SearchItem(_ns_tuple(row.namespace), row.key, row.value, datetime.fromtimestamp(row.created_at, UTC),
-                      datetime.fromtimestamp(row.updated_at, UTC), score)
+    return SearchItem(
+        _ns_tuple(row.namespace),
+        row.key,
+        row.value,
+        datetime.fromtimestamp(row.created_at, UTC),
+        datetime.fromtimestamp(row.updated_at, UTC),
+        score,
+    )

@@ -26,10 +26,14 @@ def memory(tmp_path: Path) -> Iterator[kvmem.Memory]:
 
 def run_python(code: str) -> str:
     """Run ``code`` in a fresh interpreter that imports langchain_kvmem from source; its stdout."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")]),
-           "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True,
-                          timeout=120)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")]),
+        "HF_HUB_OFFLINE": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -104,7 +108,8 @@ def test_another_process_sees_the_values_and_keys(memory: kvmem.Memory, tmp_path
         "    store = KVMemByteStore(mem, namespace='shared')\n"
         f"    print(store.mget(['short', {long_key!r}, 'missing']))\n"
         "    print(sorted(len(k) for k in store.yield_keys()))\n"
-        "    store.mset([('from-child', b'hi')])\n")
+        "    store.mset([('from-child', b'hi')])\n"
+    )
     assert out.splitlines() == ["[b'\\x01\\x02', b'long', None]", "[5, 600]"]
     assert store.mget(["from-child"]) == [b"hi"]
 

@@ -47,8 +47,9 @@ def ask(model: FakeListChatModel, *messages: BaseMessage | str) -> str:
 # -- exact ---------------------------------------------------------------------------------------------
 
 
-def test_global_cache_serves_a_repeated_completion_and_misses_other_params(memory: kvmem.Memory,
-                                                                          global_cache: None) -> None:
+def test_global_cache_serves_a_repeated_completion_and_misses_other_params(
+    memory: kvmem.Memory, global_cache: None
+) -> None:
     set_llm_cache(KVMemCache(memory))
     llm = FakeListLLM(responses=["first", "second", "third", "fourth"])
     assert llm.invoke("What is 2 + 2?") == "first"
@@ -60,8 +61,9 @@ def test_global_cache_serves_a_repeated_completion_and_misses_other_params(memor
 
 def test_model_cache_serves_repeated_chat_and_keeps_message_objects(memory: kvmem.Memory) -> None:
     cache = KVMemCache(memory)
-    model = GenericFakeChatModel(messages=iter([AIMessage("Paris", response_metadata={"n": 1}), AIMessage("x")]),
-                                 cache=cache)
+    model = GenericFakeChatModel(
+        messages=iter([AIMessage("Paris", response_metadata={"n": 1}), AIMessage("x")]), cache=cache
+    )
     first = model.invoke([SYSTEM, HumanMessage("Capital of France?")])
     again = model.invoke([SYSTEM, HumanMessage("Capital of France?")])
     assert isinstance(again, AIMessage) and again.content == first.content == "Paris"
@@ -77,8 +79,9 @@ def test_exact_cache_never_matches_paraphrases_or_other_history(memory: kvmem.Me
     assert ask(model, "What is the capital of France?") == "r2"
 
 
-def test_async_calls_hit_and_run_off_the_event_loop_thread(memory: kvmem.Memory,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_async_calls_hit_and_run_off_the_event_loop_thread(
+    memory: kvmem.Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cache = KVMemCache(memory)
     model = chat_model(cache)
     threads: list[int] = []
@@ -113,8 +116,12 @@ def test_namespaces_are_isolated_and_clear_only_its_own(memory: kvmem.Memory) ->
 
 def test_chat_generations_round_trip(memory: kvmem.Memory) -> None:
     cache = KVMemCache(memory)
-    generations = [ChatGeneration(message=AIMessage("hi", tool_calls=[{"name": "f", "args": {"x": 1}, "id": "1"}]),
-                                  generation_info={"finish_reason": "stop"})]
+    generations = [
+        ChatGeneration(
+            message=AIMessage("hi", tool_calls=[{"name": "f", "args": {"x": 1}, "id": "1"}]),
+            generation_info={"finish_reason": "stop"},
+        )
+    ]
     cache.update("prompt", "llm", generations)
     assert cache.lookup("prompt", "llm") == generations
 
@@ -130,13 +137,16 @@ def test_another_process_is_served_from_the_cache(memory: kvmem.Memory, tmp_path
     KVMemCache(memory).update("What is 2 + 2?", "fake-llm", [Generation(text="4")])
     memory.flush()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")])}
-    code = ("import kvmem\n"
-            "from langchain_kvmem.cache import KVMemCache\n"
-            f"with kvmem.Memory({str(tmp_path / 'kvmem')!r}) as mem:\n"
-            "    cache = KVMemCache(mem)\n"
-            "    print(cache.lookup('What is 2 + 2?', 'fake-llm'), cache.lookup('What is 2 + 2?', 'other-llm'))\n")
-    done = subprocess.run([sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True,
-                          timeout=120)
+    code = (
+        "import kvmem\n"
+        "from langchain_kvmem.cache import KVMemCache\n"
+        f"with kvmem.Memory({str(tmp_path / 'kvmem')!r}) as mem:\n"
+        "    cache = KVMemCache(mem)\n"
+        "    print(cache.lookup('What is 2 + 2?', 'fake-llm'), cache.lookup('What is 2 + 2?', 'other-llm'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[Generation(text='4')] None"
 
@@ -205,7 +215,9 @@ def test_semantic_async_calls_hit(semantic_memory: kvmem.Memory) -> None:
     model = chat_model(KVMemCache(semantic_memory, semantic=True))
 
     async def main() -> list[str]:
-        return [str((await model.ainvoke([SYSTEM, HumanMessage(q)])).content)
-                for q in ["What is the capital of France?", "what's the capital city of France?"]]
+        return [
+            str((await model.ainvoke([SYSTEM, HumanMessage(q)])).content)
+            for q in ["What is the capital of France?", "what's the capital city of France?"]
+        ]
 
     assert asyncio.run(main()) == ["r0", "r0"]

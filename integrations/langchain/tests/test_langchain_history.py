@@ -21,18 +21,25 @@ PACKAGE = Path(__file__).resolve().parents[1]
 def test_messages_round_trip_and_survive_a_second_process(tmp_path: Path) -> None:
     with kvmem.Memory(tmp_path / "kvmem") as mem:
         history = KVMemChatMessageHistory("chat/1", memory=mem)
-        sent = [SystemMessage("be brief"), HumanMessage("hi", id="h1"), AIMessage("hello", id="a1"),
-                ToolMessage("42", tool_call_id="t1")]
+        sent = [
+            SystemMessage("be brief"),
+            HumanMessage("hi", id="h1"),
+            AIMessage("hello", id="a1"),
+            ToolMessage("42", tool_call_id="t1"),
+        ]
         history.add_messages(sent)
         assert history.messages == sent
-    code = ("import sys; import kvmem; from langchain_kvmem import KVMemChatMessageHistory\n"
-            "from langchain_core.messages import HumanMessage\n"
-            "with kvmem.Memory(sys.argv[1]) as mem:\n"
-            "    h = KVMemChatMessageHistory('chat/1', memory=mem); h.add_messages([HumanMessage('again')])\n"
-            "    print(len(h.messages))")
+    code = (
+        "import sys; import kvmem; from langchain_kvmem import KVMemChatMessageHistory\n"
+        "from langchain_core.messages import HumanMessage\n"
+        "with kvmem.Memory(sys.argv[1]) as mem:\n"
+        "    h = KVMemChatMessageHistory('chat/1', memory=mem); h.add_messages([HumanMessage('again')])\n"
+        "    print(len(h.messages))"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "kvmem")], capture_output=True, text=True,
-                         check=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "kvmem")], capture_output=True, text=True, check=True, env=env
+    )
     assert out.stdout.strip() == "5"
     with kvmem.Memory(tmp_path / "kvmem") as mem:
         history = KVMemChatMessageHistory("chat/1", memory=mem)

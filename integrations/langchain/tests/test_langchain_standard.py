@@ -21,8 +21,10 @@ from langchain_kvmem.cache import KVMemCache
 
 # pytest-asyncio runs in strict mode here, so the async suites are marked as a whole; the mark also
 # lands on their one sync test (test_no_overrides_DO_NOT_OVERRIDE), which pytest-asyncio warns about.
-ASYNC_SUITE = [pytest.mark.asyncio,
-               pytest.mark.filterwarnings("ignore:The test <Function test_no_overrides_DO_NOT_OVERRIDE>")]
+ASYNC_SUITE = [
+    pytest.mark.asyncio,
+    pytest.mark.filterwarnings("ignore:The test <Function test_no_overrides_DO_NOT_OVERRIDE>"),
+]
 
 
 class ByteStoreFixtures:

@@ -89,8 +89,16 @@ def test_put_get_update_delete(store: KVMemStore) -> None:
 def test_batch_reads_see_the_state_before_its_puts_and_the_last_put_wins(store: KVMemStore) -> None:
     ns = ("docs",)
     store.put(ns, "k", {"v": 1})
-    results = store.batch([PutOp(ns, "k", {"v": 2}), GetOp(ns, "k"), SearchOp(ns), ListNamespacesOp(),
-                           PutOp(ns, "k", {"v": 3}), PutOp(ns, "new", {"v": 4})])
+    results = store.batch(
+        [
+            PutOp(ns, "k", {"v": 2}),
+            GetOp(ns, "k"),
+            SearchOp(ns),
+            ListNamespacesOp(),
+            PutOp(ns, "k", {"v": 3}),
+            PutOp(ns, "new", {"v": 4}),
+        ]
+    )
     assert results[0] is None and results[4] is None and results[5] is None
     assert results[1].value == {"v": 1} and [r.value for r in results[2]] == [{"v": 1}]
     assert results[3] == [ns]
@@ -177,16 +185,28 @@ def test_search_order_and_pagination(store: KVMemStore) -> None:
 
 
 def test_list_namespaces(store: KVMemStore) -> None:
-    namespaces = [("a", "b", "c"), ("a", "b", "d", "e"), ("a", "b", "d", "i"), ("a", "b", "f"), ("a", "c", "f"),
-                  ("b", "a", "f"), ("users", "123"), ("users", "456", "settings"), ("admin", "users", "789")]
+    namespaces = [
+        ("a", "b", "c"),
+        ("a", "b", "d", "e"),
+        ("a", "b", "d", "i"),
+        ("a", "b", "f"),
+        ("a", "c", "f"),
+        ("b", "a", "f"),
+        ("users", "123"),
+        ("users", "456", "settings"),
+        ("admin", "users", "789"),
+    ]
     assert store.list_namespaces() == []
     store.batch([PutOp(ns, f"id_{i}", {"i": i}) for i, ns in enumerate(namespaces)])
-    assert store.list_namespaces(prefix=("a", "b")) == [("a", "b", "c"), ("a", "b", "d", "e"),
-                                                        ("a", "b", "d", "i"), ("a", "b", "f")]
+    assert store.list_namespaces(prefix=("a", "b")) == [
+        ("a", "b", "c"),
+        ("a", "b", "d", "e"),
+        ("a", "b", "d", "i"),
+        ("a", "b", "f"),
+    ]
     assert store.list_namespaces(suffix=("f",)) == [("a", "b", "f"), ("a", "c", "f"), ("b", "a", "f")]
     assert store.list_namespaces(prefix=("a",), suffix=("f",)) == [("a", "b", "f"), ("a", "c", "f")]
-    assert store.list_namespaces(prefix=("a", "b"), max_depth=3) == [("a", "b", "c"), ("a", "b", "d"),
-                                                                      ("a", "b", "f")]
+    assert store.list_namespaces(prefix=("a", "b"), max_depth=3) == [("a", "b", "c"), ("a", "b", "d"), ("a", "b", "f")]
     assert store.list_namespaces(max_depth=1) == [("a",), ("admin",), ("b",), ("users",)]
     assert store.list_namespaces(prefix=("a", "b"), limit=2) == [("a", "b", "c"), ("a", "b", "d", "e")]
     assert store.list_namespaces(prefix=("a", "b"), offset=2) == [("a", "b", "d", "i"), ("a", "b", "f")]
@@ -206,7 +226,8 @@ def test_list_namespaces_pagination(store: KVMemStore) -> None:
     store.batch([PutOp(("namespace", f"sub_{i:02d}"), "k", {"i": i}) for i in reversed(range(20))])
     assert store.list_namespaces(prefix=("namespace",), limit=5) == [("namespace", f"sub_{i:02d}") for i in range(5)]
     assert store.list_namespaces(prefix=("namespace",), limit=5, offset=15) == [
-        ("namespace", f"sub_{i:02d}") for i in range(15, 20)]
+        ("namespace", f"sub_{i:02d}") for i in range(15, 20)
+    ]
 
 
 def test_semantic_search_scores_filters_and_pages(indexed: KVMemStore) -> None:
@@ -262,9 +283,11 @@ def test_query_without_index_is_ignored_and_bad_dims_raise(store: KVMemStore, me
 def test_semantic_search_with_kvmems_own_embedder(mem: kvmem.Memory) -> None:
     store = KVMemStore(mem, index={"fields": ["memory"]})  # embed, dims: the memory's offline embedder
     assert isinstance(store.embeddings, KVMemEmbeddings) and store.dims == 384
-    memories = {"pet": "The user has a golden retriever called Biscuit.",
-                "food": "The user is vegetarian and dislikes mushrooms.",
-                "work": "The user works as a nurse on night shifts."}
+    memories = {
+        "pet": "The user has a golden retriever called Biscuit.",
+        "food": "The user is vegetarian and dislikes mushrooms.",
+        "work": "The user works as a nurse on night shifts.",
+    }
     for key, text in memories.items():
         store.put(("memories", "u1"), key, {"memory": text})
     store.put(("memories", "u2"), "pet", {"memory": "The user owns two cats."})
@@ -366,9 +389,12 @@ def test_async_api_and_an_async_embedding_function(mem: kvmem.Memory) -> None:
     store = KVMemStore(mem, index={"dims": 64, "embed": embed, "fields": ["text"]})
 
     async def main() -> None:
-        await asyncio.gather(*(store.aput(("a", str(i % 2)), f"k{i}",
-                                          {"text": f"item {i} of {'odd' if i % 2 else 'even'}"})
-                               for i in range(6)))
+        await asyncio.gather(
+            *(
+                store.aput(("a", str(i % 2)), f"k{i}", {"text": f"item {i} of {'odd' if i % 2 else 'even'}"})
+                for i in range(6)
+            )
+        )
         assert (await store.aget(("a", "1"), "k3")).value == {"text": "item 3 of odd"}
         assert (await store.asearch(("a",), query="odd", limit=3))[0].namespace == ("a", "1")
         assert await store.alist_namespaces(prefix=("a",)) == [("a", "0"), ("a", "1")]
@@ -468,22 +494,25 @@ with kvmem.Memory(sys.argv[1]) as mem:
 
 def test_two_processes_share_a_store(tmp_path: Path) -> None:
     path = str(tmp_path / "kvmem")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(PACKAGE), str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(PACKAGE), str(HERE), os.environ.get("PYTHONPATH", "")]),
+    }
     with kvmem.Memory(path) as mem:
         store = KVMemStore(mem, index={"dims": 64, "embed": WordEmbeddings(), "fields": ["text"]})
         store.put(("shared",), "a", {"text": "green grass", "n": 0})
         store.put(("shared",), "b", {"text": "blue sky", "n": 1})
         store.put(("shared",), "c", {"text": "blue sea", "n": 2})
-        child = subprocess.Popen([sys.executable, "-c", CHILD, path], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, env=env)
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
         seen = json.loads(child.stdout.readline() or "null")
         for i in range(100):  # both processes write at once
             store.put(("parent",), f"k{i}", {"i": i})
         _, err = child.communicate(timeout=120)
         assert child.returncode == 0, err
-        assert seen == {"get": {"text": "green grass", "n": 0}, "search": ["b", "c"],
-                        "namespaces": [["shared"]]}
+        assert seen == {"get": {"text": "green grass", "n": 0}, "search": ["b", "c"], "namespaces": [["shared"]]}
         # the same store object sees the child's writes: nothing is cached per process
         assert store.get(("shared",), "b") is None
         assert store.search(("shared",), query="the child")[0].key == "from-child"
