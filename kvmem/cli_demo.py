@@ -3,6 +3,5 @@
 Import from ``kvmem.cli.demo`` instead.
 """
 
-from kvmem.cli.demo import LLAMA_3_2_1B, DemoReport, KVLayout, PhaseResult, cpu_bytes_for, render_report, run_demo
-
-__all__ = ["LLAMA_3_2_1B", "DemoReport", "KVLayout", "PhaseResult", "cpu_bytes_for", "render_report", "run_demo"]
+from kvmem.cli.demo import *  # noqa: F403  (the new module's public names, as before)
+from kvmem.cli.demo import __all__ as __all__

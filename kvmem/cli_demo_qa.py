@@ -3,32 +3,5 @@
 Import from ``kvmem.cli.demo_qa`` instead.
 """
 
-from kvmem.cli.demo_qa import (
-    DEMO_LLAMA,
-    LOGIT_TOLERANCE,
-    QADemoReport,
-    RequestResult,
-    Workload,
-    build_demo_model,
-    describe_model,
-    load_local_model,
-    make_workload,
-    question_summary,
-    render_qa_report,
-    run_qa_demo,
-)
-
-__all__ = [
-    "DEMO_LLAMA",
-    "LOGIT_TOLERANCE",
-    "QADemoReport",
-    "RequestResult",
-    "Workload",
-    "build_demo_model",
-    "describe_model",
-    "load_local_model",
-    "make_workload",
-    "question_summary",
-    "render_qa_report",
-    "run_qa_demo",
-]
+from kvmem.cli.demo_qa import *  # noqa: F403  (the new module's public names, as before)
+from kvmem.cli.demo_qa import __all__ as __all__

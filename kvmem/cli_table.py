@@ -3,6 +3,5 @@
 Import from ``kvmem.cli.table`` instead.
 """
 
-from kvmem.cli.table import format_percent, format_rate, render_table
-
-__all__ = ["format_percent", "format_rate", "render_table"]
+from kvmem.cli.table import *  # noqa: F403  (the new module's public names, as before)
+from kvmem.cli.table import __all__ as __all__

@@ -3,28 +3,5 @@
 Import from ``kvmem.cli.doctor`` instead.
 """
 
-from kvmem.cli.doctor import (
-    RULES,
-    Finding,
-    Severity,
-    Snapshot,
-    Thresholds,
-    check,
-    diagnose,
-    format_number,
-    render_findings,
-    take_snapshot,
-)
-
-__all__ = [
-    "RULES",
-    "Finding",
-    "Severity",
-    "Snapshot",
-    "Thresholds",
-    "check",
-    "diagnose",
-    "format_number",
-    "render_findings",
-    "take_snapshot",
-]
+from kvmem.cli.doctor import *  # noqa: F403  (the new module's public names, as before)
+from kvmem.cli.doctor import __all__ as __all__

@@ -3,14 +3,5 @@
 Import from ``kvmem.cli.doctor_snapshot`` instead.
 """
 
-from kvmem.cli.doctor_snapshot import (
-    HistogramSummary,
-    KVChunkGroup,
-    LiveMetrics,
-    Snapshot,
-    TierState,
-    kv_block_size,
-    take_snapshot,
-)
-
-__all__ = ["HistogramSummary", "KVChunkGroup", "LiveMetrics", "Snapshot", "TierState", "kv_block_size", "take_snapshot"]
+from kvmem.cli.doctor_snapshot import *  # noqa: F403  (the new module's public names, as before)
+from kvmem.cli.doctor_snapshot import __all__ as __all__

@@ -3,6 +3,5 @@
 Import from ``kvmem.catalog.journal`` instead.
 """
 
-from kvmem.catalog.journal import Journal
-
-__all__ = ["Journal"]
+from kvmem.catalog.journal import *  # noqa: F403  (the new module's public names, as before)
+from kvmem.catalog.journal import __all__ as __all__

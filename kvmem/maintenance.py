@@ -3,6 +3,5 @@
 Import from ``kvmem.ops.maintenance`` instead.
 """
 
-from kvmem.ops.maintenance import GcReport, VerifyReport, collect_garbage, register_orphans, verify_entries
-
-__all__ = ["GcReport", "VerifyReport", "collect_garbage", "register_orphans", "verify_entries"]
+from kvmem.ops.maintenance import *  # noqa: F403  (the new module's public names, as before)
+from kvmem.ops.maintenance import __all__ as __all__

@@ -3,6 +3,5 @@
 Import from ``kvmem.ops.migrate`` instead.
 """
 
-from kvmem.ops.migrate import MigrationReport, migrate_disk
-
-__all__ = ["MigrationReport", "migrate_disk"]
+from kvmem.ops.migrate import *  # noqa: F403  (the new module's public names, as before)
+from kvmem.ops.migrate import __all__ as __all__

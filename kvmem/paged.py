@@ -3,6 +3,5 @@
 Import from ``kvmem.stores.paged`` instead.
 """
 
-from kvmem.stores.paged import BlockError, BlockPool, BlockTable, FreeBlockQueue, PagedBuffer
-
-__all__ = ["BlockError", "BlockPool", "BlockTable", "FreeBlockQueue", "PagedBuffer"]
+from kvmem.stores.paged import *  # noqa: F403  (the new module's public names, as before)
+from kvmem.stores.paged import __all__ as __all__

@@ -3,6 +3,5 @@
 Import from ``kvmem.kv.background`` instead.
 """
 
-from kvmem.kv.background import Prefetcher, WriteBehind
-
-__all__ = ["Prefetcher", "WriteBehind"]
+from kvmem.kv.background import *  # noqa: F403  (the new module's public names, as before)
+from kvmem.kv.background import __all__ as __all__

@@ -3,6 +3,5 @@
 Import from ``kvmem.catalog.records`` instead.
 """
 
-from kvmem.catalog.records import EntryInfo, Loaded, Stats, TierStats, entry_info
-
-__all__ = ["EntryInfo", "Loaded", "Stats", "TierStats", "entry_info"]
+from kvmem.catalog.records import *  # noqa: F403  (the new module's public names, as before)
+from kvmem.catalog.records import __all__ as __all__

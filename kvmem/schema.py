@@ -3,26 +3,5 @@
 Import from ``kvmem.catalog.schema`` instead.
 """
 
-from kvmem.catalog.schema import (
-    agent_sessions,
-    agent_steps,
-    entries,
-    langgraph_items,
-    langgraph_vectors,
-    metadata,
-    pins,
-    semantic_rows,
-    versions,
-)
-
-__all__ = [
-    "agent_sessions",
-    "agent_steps",
-    "entries",
-    "langgraph_items",
-    "langgraph_vectors",
-    "metadata",
-    "pins",
-    "semantic_rows",
-    "versions",
-]
+from kvmem.catalog.schema import *  # noqa: F403  (the new module's public names, as before)
+from kvmem.catalog.schema import __all__ as __all__

@@ -3,6 +3,5 @@
 Import from ``kvmem.catalog.versions`` instead.
 """
 
-from kvmem.catalog.versions import Pin, Versions
-
-__all__ = ["Pin", "Versions"]
+from kvmem.catalog.versions import *  # noqa: F403  (the new module's public names, as before)
+from kvmem.catalog.versions import __all__ as __all__

@@ -3,13 +3,5 @@
 Import from ``kvmem.codecs.serialization`` instead.
 """
 
-from kvmem.codecs.serialization import (
-    check_owner,
-    decode_tensor_range,
-    decode_value,
-    encode_value,
-    tensor_parts_range,
-    value_kind,
-)
-
-__all__ = ["check_owner", "decode_tensor_range", "decode_value", "encode_value", "tensor_parts_range", "value_kind"]
+from kvmem.codecs.serialization import *  # noqa: F403  (the new module's public names, as before)
+from kvmem.codecs.serialization import __all__ as __all__

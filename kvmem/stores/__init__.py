@@ -18,31 +18,16 @@ from kvmem.config import Config
 from kvmem.errors import ConfigError
 from kvmem.recovery import OnRecovered
 from kvmem.redaction import redact
-from kvmem.stores.base import (
-    AdvisesReads,
-    BatchLookups,
-    BatchWrites,
-    Capabilities,
-    Durable,
-    LendsBlobs,
-    OpensBlobs,
-    PinsFormat,
-    Quarantine,
-    SelfEvicting,
-    SharesBuffers,
-    StorageTier,
-    TierBase,
-    Trusted,
-    VerifiedReads,
-)
+from kvmem.stores import base
+from kvmem.stores.base import *  # noqa: F403  (the tier protocol and its capabilities)
+from kvmem.stores.base import StorageTier
 from kvmem.stores.cpu import CpuTier
 from kvmem.stores.disk import DiskTier
 from kvmem.stores.memory import GpuTier
 from kvmem.stores.tiered import Fetched, Stored, TieredStore
 
 __all__ = [
-    "StorageTier",
-    "TierBase",
+    *base.__all__,
     "CpuTier",
     "GpuTier",
     "DiskTier",
@@ -51,19 +36,6 @@ __all__ = [
     "Stored",
     "register_remote",
     "build_tiers",
-    "Capabilities",
-    "VerifiedReads",
-    "OpensBlobs",
-    "AdvisesReads",
-    "Quarantine",
-    "Durable",
-    "LendsBlobs",
-    "BatchWrites",
-    "BatchLookups",
-    "PinsFormat",
-    "SharesBuffers",
-    "SelfEvicting",
-    "Trusted",
 ]
 
 log = logging.getLogger(__name__)
