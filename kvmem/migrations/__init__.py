@@ -21,23 +21,25 @@ import threading
 import time
 import zlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.util import CommandError
-from sqlalchemy import func, select
+from sqlalchemy import func, inspect, select, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from kvmem.errors import SchemaError
 from kvmem.redaction import redact
 
-__all__ = ["SCRIPTS", "VERSION_TABLE", "schema_revision", "upgrade_schema"]
+if TYPE_CHECKING:  # Alembic loads only when a database must migrate: its import costs ~0.35 s
+    from alembic.script import ScriptDirectory
+
+__all__ = ["HEAD", "SCRIPTS", "VERSION_TABLE", "schema_revision", "upgrade_schema"]
 
 SCRIPTS = Path(__file__).parent  # env.py and versions/: the revisions shipped with this kvmem
 VERSION_TABLE = "kvmem_schema_version"
+HEAD = "0002"
+"""The newest revision under ``versions/`` (tests/catalog/test_schema.py holds the two equal): a catalog
+already there opens without loading Alembic."""
 # NOTE: one fixed key for pg_advisory_xact_lock, shared by every kvmem process (0.1.0's key too)
 _SCHEMA_LOCK = zlib.crc32(b"kvmem/schema")
 # NOTE: Alembic's ``context`` and ``op`` are module globals: one migration at a time per process
@@ -46,7 +48,9 @@ _IN_PROCESS = threading.Lock()
 
 def schema_revision(conn: Connection) -> str | None:
     """The revision the database of ``conn`` records (``None``: no version table, made by 0.1.0 or empty)."""
-    return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
+    if not inspect(conn).has_table(VERSION_TABLE):
+        return None
+    return conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
 
 
 def upgrade_schema(engine: Engine, attempts: int = 3) -> str:
@@ -75,10 +79,10 @@ def upgrade_schema(engine: Engine, attempts: int = 3) -> str:
 
 
 def _upgrade(engine: Engine) -> str:
-    head = _head()
     with engine.connect() as conn:
-        if schema_revision(conn) == head:
-            return head
+        if schema_revision(conn) == HEAD:
+            return HEAD
+    head = _head()
     with _IN_PROCESS, engine.connect() as conn:
         _lock(conn)
         found = schema_revision(conn)
@@ -91,6 +95,8 @@ def _upgrade(engine: Engine) -> str:
 
 @functools.cache
 def _scripts(location: Path) -> ScriptDirectory:
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory(str(location))
 
 
@@ -114,6 +120,8 @@ def _lock(conn: Connection) -> None:
 
 def _check_known(engine: Engine, found: str | None) -> None:
     """Raise :class:`SchemaError` if ``found`` is not a revision of this kvmem's history."""
+    from alembic.util import CommandError
+
     try:
         if found is None or _scripts(SCRIPTS).get_revision(found) is not None:
             return
@@ -128,6 +136,10 @@ def _check_known(engine: Engine, found: str | None) -> None:
 
 def _migrate(engine: Engine, conn: Connection, found: str | None, head: str) -> None:
     """Run the revisions after ``found`` up to ``head`` on ``conn`` (in its transaction, not committed)."""
+    from alembic import command
+    from alembic.config import Config
+    from alembic.util import CommandError
+
     config = Config()
     config.set_main_option("script_location", str(SCRIPTS).replace("%", "%%"))
     config.attributes["connection"] = conn

@@ -23,7 +23,7 @@ from sqlalchemy import create_engine, inspect, select, text
 from sqlalchemy.engine import make_url
 
 import kvmem.migrations
-from kvmem import Memory
+from kvmem import Memory, migrations
 from kvmem.agent import AgentSession
 from kvmem.catalog.catalog import Catalog
 from kvmem.catalog.schema import entries, metadata, semantic_rows
@@ -82,6 +82,7 @@ def with_revision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, then: str = "
     shutil.copytree(SCRIPTS, scripts, ignore=shutil.ignore_patterns("__pycache__"))
     (scripts / "versions" / "9999_tenant.py").write_text(ADD_TENANT.format(head=HEAD, then=then))
     monkeypatch.setattr(kvmem.migrations, "SCRIPTS", scripts)
+    monkeypatch.setattr(kvmem.migrations, "HEAD", "tenant")  # what that newer release would declare
 
 
 def revision_and_columns(url: str) -> tuple[str | None, list[str]]:
@@ -97,6 +98,11 @@ def assert_release_rows_kept(mem: Memory) -> None:
     assert alpha is not None and alpha.version == 2 and alpha.kind == "tensor"
     assert beta is not None and beta.version == 1 and beta.hits == 1 and beta.metadata == {"who": "release-0.1.0"}
     assert [s.thought for s in AgentSession.resume("s1", memory=mem).steps] == ["think"]
+
+
+def test_the_declared_head_is_the_newest_revision_shipped() -> None:
+    """A catalog at ``migrations.HEAD`` opens without loading Alembic: it must name the real head."""
+    assert migrations.HEAD == HEAD
 
 
 def test_a_fresh_catalog_is_built_by_the_revisions_to_exactly_the_declared_schema(url: str) -> None:
