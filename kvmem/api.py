@@ -32,7 +32,7 @@ from kvmem.codecs.serialization import check_owner, decode_value, encode_value, 
 from kvmem.config import Config, load_config
 from kvmem.errors import CapacityError, ConfigError, IntegrityError, OutputMismatch, TierUnavailable
 from kvmem.keys import storage_key
-from kvmem.loads import check_out, copy_into, fill, read_back
+from kvmem.loads import check_out, copy_into, fill, read_back, take
 from kvmem.metrics import Exporter, Metrics
 from kvmem.ops.maintenance import GcReport, VerifyReport, collect_garbage, register_orphans, verify_entries
 from kvmem.ports import ChunkStore, Database
@@ -266,6 +266,8 @@ class Memory:
             crc=_crc_of(stored.blob),
             tiers=stored.tiers,
             metadata=job.metadata,
+            # journaled only when its bytes outlive the process (a persistent tier, or a write-back to one)
+            durable=self._tiers.write_back or not self._tiers.persistent.isdisjoint(stored.tiers),
         )
         self.metrics.stored(job.raw, job.encoded.nbytes)
 
@@ -397,7 +399,15 @@ class Memory:
         return loaded
 
     def _fetch(self, skey: str, device: torch.device | str | None) -> tuple[Loaded | None, int]:
-        fetched, corrupt = self._tiers.get(skey)
+        corrupt = 0
+        top = self._tiers.tiers[:1]
+        if device is None and top and isinstance(top[0], CpuTier):  # a tensor in RAM: one copy, nothing decoded
+            taken, _reader, corrupt = self._tiers.read(skey, lambda r: take(r, skey), top)
+            if taken is not None:
+                self.record_hits([skey], top[0].name, "tensor")
+                return Loaded(taken[0], top[0].name, taken[1].get("metadata", {})), corrupt
+        fetched, more = self._tiers.get(skey)
+        corrupt += more
         while fetched is not None:
             try:
                 value, header = decode_value(fetched.buf, device, fetched.head, copy=not fetched.owned)

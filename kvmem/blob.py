@@ -37,7 +37,6 @@ import json
 import struct
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import crc32c
@@ -130,8 +129,7 @@ def payload_start(header_len: int, align: int = ALIGN) -> int:
     return _align(_PREFIX.size + header_len, align)
 
 
-@dataclass(frozen=True)
-class Piece:
+class Piece(NamedTuple):
     """Payload bytes of a blob: ``source`` (any layout) goes at blob offset ``offset``, after ``pad`` zero bytes
     that belong to the same CRC segment."""
 
@@ -295,7 +293,11 @@ def chain_crc(rows: Sequence[np.ndarray]) -> int:
 
 
 def encode(
-    header: Header, segments: Sequence[Source], blob_format: int = FORMAT_VERSION, align: int = ALIGN
+    header: Header,
+    segments: Sequence[Source],
+    blob_format: int = FORMAT_VERSION,
+    align: int = ALIGN,
+    body: str | None = None,
 ) -> EncodedBlob:
     """Frame ``segments`` behind ``header``; their CRCs are computed when the blob is sealed.
 
@@ -310,6 +312,8 @@ def encode(
         blob_format: one of :data:`FORMATS`.
         align: segment alignment: :data:`ALIGN` in format 1; in format 2 a power of two
             from 64 to :data:`PAGE` (:func:`alignment` picks it).
+        body: ``header`` with its ``payload_nbytes`` already rendered as compact JSON by the caller
+            (a cached rendering of a header shape seen before), else rendered here.
     """
     if (blob_format, align) != (1, ALIGN) and not (blob_format == 2 and align in _ALIGNS):
         raise IntegrityError(
@@ -324,7 +328,8 @@ def encode(
         spans.append((at - offset, at, seg))
         offset = at + nbytes_of(seg)
         ends.append(offset)
-    body = _ENCODER.encode({**header, "payload_nbytes": offset})
+    if body is None:
+        body = _ENCODER.encode({**header, "payload_nbytes": offset})
     text = body[:-1] + ("," if len(body) > 2 else "") + '"segments":['
     crc_at = []
     for i, end in enumerate(ends):
@@ -333,12 +338,11 @@ def encode(
         text += " " * (_CRC_WIDTH - 1) + "0]" + ("," if i + 1 < len(ends) else "")
     hjson = (text + "]}").encode()
     start = payload_start(len(hjson), align)
-    head = np.zeros(start, dtype=np.uint8)
     flags = align.bit_length() - 1 if blob_format == 2 else 0
-    head[: _PREFIX.size] = np.frombuffer(_PREFIX.pack(MAGIC, blob_format, flags, len(hjson), 0, 0), np.uint8)
-    head[_PREFIX.size : _PREFIX.size + len(hjson)] = np.frombuffer(hjson, dtype=np.uint8)
+    prefix = _PREFIX.pack(MAGIC, blob_format, flags, len(hjson), 0, 0)
+    head = np.frombuffer(bytearray(b"".join((prefix, hjson, bytes(start - len(prefix) - len(hjson))))), np.uint8)
     parsed = {**header, "payload_nbytes": offset, "segments": [[end, 0] for end in ends]}
-    pieces = tuple(Piece(start + at, seg, pad) for pad, at, seg in spans)
+    pieces = tuple([Piece(start + at, seg, pad) for pad, at, seg in spans])
     return EncodedBlob(head, pieces, start + offset, parsed, tuple(crc_at), sealed=False)
 
 

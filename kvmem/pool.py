@@ -216,6 +216,11 @@ class HostPool:
                 # a kernel older than 5.14 refuses: first touch faults the pages in, as without this
                 self._populated = stop if ok else self.nbytes
 
+    def array(self, address: int, nbytes: int) -> np.ndarray:
+        """``nbytes`` of the pool from host ``address`` (see :meth:`Allocation.address`) as a numpy view."""
+        at = address - self._base
+        return self._array[at : at + nbytes]
+
     def free_runs(self) -> list[Run]:
         with self._lock:
             return self._allocator.free_runs()
@@ -287,13 +292,12 @@ class Allocation:
             out.append(torch.from_numpy(leased))
         return out
 
-    def span(self, start: int, stop: int) -> np.ndarray | None:
-        """Bytes ``[start, stop)`` as one numpy array of the pool when they lie in one run (no lease: for the
-        allocation's owner, while it holds it), else ``None``."""
+    def address(self, start: int, stop: int) -> int | None:
+        """The host address of byte ``start`` when bytes ``[start, stop)`` lie in one run (for the allocation's
+        owner, while it holds it), else ``None``."""
         first, n = self.runs[0]
         if stop <= n * self.pool.page_bytes:
-            base = first * self.pool.page_bytes
-            return self.pool._array[base + start : base + stop]
+            return self.pool._base + first * self.pool.page_bytes + start
         return None
 
     def array(self, start: int = 0, stop: int | None = None) -> list[np.ndarray]:

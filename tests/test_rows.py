@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kvmem.rows import MIN_ROW, byte_rows, copy_rows, nbytes_of, steps, writable_rows
+from kvmem.rows import MIN_ROW, byte_rows, copy_rows, flat_address, memmove, nbytes_of, steps, writable_rows
 
 
 def as_bytes(t: torch.Tensor) -> bytes:
@@ -133,3 +133,22 @@ def test_steps_cut_long_rows_and_group_short_ones() -> None:
     assert all(p.base is not None for g in groups for p in g)  # pieces are views, not copies
     assert [[p.size for p in g] for g in steps([data], 16)] == [[16], [16], [8]]
     assert list(steps([], 16)) == []
+
+
+def test_flat_address_is_the_data_of_a_dense_contiguous_tensor_only() -> None:
+    t = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
+    assert flat_address(t) == t.data_ptr()
+    assert flat_address(t[:, 1:]) is None, "a strided slice is not one run"
+    assert flat_address(t.transpose(0, 1)) is None
+    c = torch.complex(t, t)
+    assert flat_address(c) is None and flat_address(c.conj()) is None, "complex: a conjugate bit is not bytes"
+    assert flat_address(torch._neg_view(t)) is None, "a negative view is not its bytes"
+    assert flat_address(t.to_sparse()) is None
+    assert flat_address(torch.empty(0)) is not None
+
+
+def test_memmove_copies_between_tensors_by_address() -> None:
+    src = torch.arange(1000, dtype=torch.bfloat16)
+    dst = torch.zeros_like(src)
+    memmove(flat_address(dst), flat_address(src), src.numel() * src.element_size())
+    assert torch.equal(dst, src)

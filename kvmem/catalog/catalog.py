@@ -17,6 +17,7 @@ by the timer thread until the database answers again (see :meth:`Catalog.upsert`
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import weakref
@@ -231,6 +232,7 @@ class Catalog:
         self._flush_seconds = flush_seconds
         self._on_error = on_error
         self._timer: threading.Timer | None = None
+        self._timer_pid = 0  # the process that started _timer
         self._closed = False
         try:
             upgrade_schema(self.engine)
@@ -339,6 +341,7 @@ class Catalog:
         crc: int | Callable[[], int | None],
         tiers: list[str],
         metadata: dict[str, Any],
+        durable: bool = True,
     ) -> None:
         """Record a store of ``key`` at the next :meth:`flush` (within ``flush_seconds``): write-behind.
 
@@ -350,12 +353,15 @@ class Catalog:
         NOTE: a store's row is written after the store returned: :meth:`flush` (which
         ``info``, ``stats``, ``entries`` and pins call first) makes it visible. Until then
         it is in the journal (one appended line, not fsynced): a process killed before the
-        flush loses no row, the next catalog opened on the directory writes it.
+        flush loses no row, the next catalog opened on the directory writes it. A row whose
+        bytes die with the process (``durable=False``: only a memory tier holds them) is not
+        journaled: after a crash it would name nothing.
         """
         row = self._row(key, namespace, user_key, kind, size, stored_size, codec, crc, tiers, metadata)
         with self._lock:
             self._removed.discard(key)
-            if self._journal is not None:  # NOTE: a killed process loses no row: the next catalog replays it
+            # NOTE: a killed process loses no durable row: the next catalog replays it
+            if durable and self._journal is not None:
                 self._journal.append(_journaled([row]))
             self._queue(row)
             self._schedule_flush()
@@ -446,8 +452,11 @@ class Catalog:
         timer thread. A timer inherited through ``fork`` is not alive, so a child
         process starts its own.
         """
-        if self._flush_seconds is None or self._closed or (self._timer is not None and self._timer.is_alive()):
+        # NOTE: the timer clears _timer when done; comparing pids (not is_alive(), ~1 us on every load) tells
+        # an inherited one
+        if self._flush_seconds is None or self._closed or (self._timer is not None and self._timer_pid == os.getpid()):
             return
+        self._timer_pid = os.getpid()
         self._timer = threading.Timer(self._flush_seconds, self._timed_flush)
         self._timer.name = "kvmem-catalog-flush"
         self._timer.daemon = True

@@ -15,8 +15,7 @@ the bytes; see the README's integrity note for its cost).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -25,7 +24,7 @@ from kvmem import blob as blobfmt
 from kvmem.blob import EncodedBlob, Piece
 from kvmem.errors import CapacityError, IntegrityError
 from kvmem.pool import Allocation, HostPool
-from kvmem.rows import TORCH_COPY_FROM, byte_rows, copy_rows, nbytes_of, writable_rows
+from kvmem.rows import TORCH_COPY_FROM, byte_rows, copy_rows, flat_address, memmove, nbytes_of, writable_rows
 from kvmem.stores.base import LendsBlobs, OpensBlobs, SharesBuffers, VerifiedReads
 from kvmem.stores.memory import LruTier
 from kvmem.stores.readers import BlobReader, check_size, copy_part
@@ -35,8 +34,7 @@ __all__ = ["CpuTier"]
 _ZEROS = np.zeros(blobfmt.PAGE, dtype=np.uint8)
 
 
-@dataclass(frozen=True)
-class _Entry:
+class _Entry(NamedTuple):
     """One stored blob: its pages, the blob they hold (head and payload are views of the pages), and where
     its CRC segments end (payload offsets)."""
 
@@ -94,7 +92,8 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
             CapacityError: the pool has too few free pages (or none long enough for the head).
         """
         alloc = self.pool.allocate(blob.nbytes)
-        spans = alloc.array() if alloc is not None else []
+        base = None if alloc is None else alloc.address(0, blob.nbytes)
+        spans = [] if alloc is None else alloc.array() if base is None else [alloc.pool.array(base, blob.nbytes)]
         if alloc is None or spans[0].size < min(blob.start, blob.nbytes):
             free = self.pool.free_bytes
             raise CapacityError(f"CPU tier: {blob.nbytes} bytes do not fit in the pool ({free} bytes of pages free)")
@@ -102,7 +101,7 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
         for piece in blob.pieces:
             if piece.pad:
                 _copy(spans, piece.offset - piece.pad, _ZEROS[: piece.pad])
-            _copy(spans, piece.offset, piece.source)
+            _copy(spans, piece.offset, piece.source, base)
         header, start = blob.header, blob.start
         if header is None:  # a whole blob wrapped from bytes (a promotion): its head is parsed once, here
             header, start = blobfmt.parse_head(torch.from_numpy(spans[0][: min(blob.nbytes, blob.start)]))
@@ -229,9 +228,14 @@ class _PoolReader(BlobReader):
             got = blobfmt.chain_crc(self._entry.alloc.array(self.start + seg_lo, hi))
             if got != crc:
                 raise IntegrityError(f"segment {i} CRC32C mismatch: stored {crc:#010x}, computed {got:#010x}")
-        span = self._entry.alloc.span(lo, hi)
-        if span is not None:  # the common case: the part lies in one run of pages, one copy
-            copy_part(torch.from_numpy(span), dst)
+        alloc = self._entry.alloc
+        address = alloc.address(lo, hi)
+        if address is not None:  # the common case: the part lies in one run of pages, one copy
+            to = flat_address(dst) if hi - lo < TORCH_COPY_FROM else None
+            if to is not None:
+                memmove(to, address, hi - lo)
+            else:
+                copy_part(torch.from_numpy(alloc.pool.array(address, hi - lo)), dst)
             return
         spans = self._entry.alloc.array(lo, hi)
         rows = writable_rows(dst, min_row=0)
@@ -259,11 +263,19 @@ def _page_bytes(capacity: int) -> int:
     return size
 
 
-def _copy(spans: list[np.ndarray], offset: int, src: torch.Tensor | np.ndarray) -> None:
-    """Copy ``src`` (any layout) to byte ``offset`` of the pages ``spans`` (in order): one copy, no temporary."""
+def _copy(spans: list[np.ndarray], offset: int, src: torch.Tensor | np.ndarray, base: int | None = None) -> None:
+    """Copy ``src`` (any layout) to byte ``offset`` of the pages ``spans`` (in order): one copy, no temporary.
+
+    ``base``: the host address of the pages when they are one run (a small contiguous tensor is then one
+    ``memmove``)."""
     n = nbytes_of(src)
     if not n:
         return
+    if base is not None and n < TORCH_COPY_FROM and isinstance(src, torch.Tensor):
+        address = flat_address(src)
+        if address is not None:
+            memmove(base + offset, address, n)
+            return
     for span in spans:  # one span in the common case (an entry in one run of pages)
         if offset >= span.size:
             offset -= span.size

@@ -210,3 +210,20 @@ def test_two_flushes_of_a_key_commit_in_the_order_their_stores_were_made(tmp_pat
     row = catalog.get("k" * 64)
     assert row is not None and (row.version, row.crc) == (2, 2)
     catalog.close()
+
+
+def test_a_row_whose_bytes_live_in_ram_only_is_not_journaled(tmp_path: Path) -> None:
+    # nothing would be left for it to name after a crash; a store that reached the disk tier is journaled
+    ram = kvmem.Memory(str(tmp_path / "ram"), cpu_bytes="8MiB", disk_bytes=0)
+    both = kvmem.Memory(str(tmp_path / "both"), cpu_bytes="8MiB", disk_bytes="64MiB", fsync="never")
+    try:
+        ram.store("a", torch.arange(10))
+        skey = both.store("a", torch.arange(10))
+        assert journal_rows(tmp_path / "ram") == []
+        journaled = [r["key"] for r in journal_rows(tmp_path / "both")]
+        assert journaled in ([skey], []), journaled  # [] only if the timer flushed it already
+        ram.flush()
+        assert ram.info("a") is not None, "the row is still written to the catalog"
+    finally:
+        ram.close()
+        both.close()

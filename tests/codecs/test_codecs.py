@@ -13,7 +13,7 @@ from kvmem import blob
 from kvmem.codecs import CodecSpec, parse_codec, tensor_codec
 from kvmem.codecs.lz4 import Lz4Codec
 from kvmem.codecs.quant import QuantCodec
-from kvmem.codecs.serialization import decode_value, encode_value, reframe
+from kvmem.codecs.serialization import _encode_tree, decode_value, encode_value, reframe
 from kvmem.errors import CodecError, ConfigError
 from tests.bounds import assert_bit_exact, error_bound, exact_under
 
@@ -404,3 +404,36 @@ def test_reframe_moves_a_blob_between_formats_without_touching_its_encoded_bytes
     assert (a["raw"], a["note"]) == (b["raw"], b["note"])
     small = encode_value({"x": 1}, parse_codec(codec), blob_format=2)[0].to_tensor()
     assert blob.format_of(small) == (2, 64) and np.shares_memory(reframe(small, 2).parts[0], small.numpy())  # as is
+
+
+@pytest.mark.parametrize(
+    ("spec", "make"),
+    [
+        ("none", lambda: torch.randn(4, 8).to(torch.bfloat16)),
+        ("bf16", lambda: torch.randn(4, 8).to(torch.bfloat16)),
+        ("fp16", lambda: torch.randn(3, 5).to(torch.float16)),
+        ("none", lambda: torch.arange(12, dtype=torch.int64).reshape(3, 4)),
+        ("none", lambda: torch.randn(2, 4, 16, 8)[:, :, 4:12]),  # a KV-cache slice: not contiguous
+        ("none", lambda: torch.randn(5, requires_grad=True)),
+        ("none", lambda: torch.tensor(3.5)),
+    ],
+)
+def test_a_tensor_stored_as_is_gets_the_header_of_the_general_path(spec: str, make: object) -> None:
+    # the header of such a tensor is rendered once per shape and reused: it must say what the general path says
+    t = make()  # type: ignore[operator]
+    info = {"namespace": "ns", "key": 'k"\u00e9', "storage_key": "ab" * 32}
+    fast, raw = encode_value(t, parse_codec(spec), {"m": [1, 2]}, info=info)
+    again, _ = encode_value(t.detach().clone(), parse_codec(spec), None, info=info)  # the cached rendering
+    general, raw_general = _encode_tree(t, parse_codec(spec), {"m": [1, 2]}, info, blob.FORMAT_VERSION)
+    buf = fast.to_tensor()
+    assert blob.parse(buf)[0] == blob.parse(general.to_tensor())[0] and raw == raw_general
+    assert blob.parse(again.to_tensor())[0]["metadata"] == {}
+    value, header = decode_value(buf)
+    assert header["info"] == info and torch.equal(value, t.detach())
+
+
+def test_a_tensor_its_codec_changes_takes_the_general_path() -> None:
+    t = torch.randn(4, 8)  # fp32 under bf16: cast, so its bytes are not the tensor's
+    encoded, _ = encode_value(t, parse_codec("bf16"))
+    value, header = decode_value(encoded.to_tensor())
+    assert header["leaves"][0]["parts"]["data"]["dtype"] == "bfloat16" and value.dtype == torch.float32
