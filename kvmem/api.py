@@ -227,7 +227,10 @@ class Memory:
         """``value`` encoded as the blob ``key`` will be stored as (checked against the tiers' sizes)."""
         skey = self.storage_key(key, namespace)
         # a str key may hold lone surrogates, which no database accepts as text
-        preview = key.encode("utf-8", "backslashreplace").decode() if isinstance(key, str) else key.hex()
+        if isinstance(key, str):
+            preview = key if key.isascii() else key.encode("utf-8", "backslashreplace").decode()
+        else:
+            preview = key.hex()
         encoded, raw = encode_value(
             value,
             spec,
@@ -235,7 +238,7 @@ class Memory:
             info={"namespace": namespace or "", "key": preview[:256], "storage_key": skey},
             blob_format=self._tiers.blob_format,
         )
-        largest = max((t.capacity for t in self._tiers.tiers), default=0)
+        largest = self._tiers.largest
         if encoded.nbytes > largest:
             raise CapacityError(
                 f"value of {encoded.nbytes} bytes (encoded) under key {preview[:80]!r} is larger "

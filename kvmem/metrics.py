@@ -48,6 +48,7 @@ class Metrics:
             "Raw bytes / stored bytes over all stores since start: 2.0 means half the bytes saved, 1.0 none",
             registry=r,
         )
+        self.compression_ratio.set_function(lambda: self._raw / self._stored if self._stored else 0.0)
         self.crc_failures = Counter(
             "kvmem_crc_failures_total", "Entries that failed their integrity check", ["tier"], registry=r
         )
@@ -104,9 +105,7 @@ class Metrics:
 
     def stored(self, raw_bytes: int, stored_bytes: int) -> None:
         self._raw += raw_bytes
-        self._stored += stored_bytes
-        if self._stored:
-            self.compression_ratio.set(self._raw / self._stored)
+        self._stored += stored_bytes  # the ratio is computed when scraped
 
     def _rate(self) -> float:
         seen = self._hits + self._misses

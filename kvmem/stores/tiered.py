@@ -108,6 +108,8 @@ class TieredStore:
         self.write_back = write_policy == "back"
         self.persistent = frozenset(t.name for t in self.tiers if t.persistent)
         """Names of the tiers whose entries outlive the process."""
+        self.largest = max((t.capacity for t in self.tiers), default=0)
+        """The capacity of the largest tier: no entry can be larger."""
         self.retry_seconds = retry_seconds
         self.on_removed = on_removed
         self._health = {t.name: _Health() for t in self.tiers}
