@@ -32,7 +32,7 @@ from kvmem.codecs.serialization import check_owner, decode_value, encode_value, 
 from kvmem.config import Config, load_config
 from kvmem.errors import CapacityError, ConfigError, IntegrityError, OutputMismatch, TierUnavailable
 from kvmem.keys import storage_key
-from kvmem.loads import check_out, copy_into, fill, read_back, take
+from kvmem.loads import check_out, copy_into, fill, read_back
 from kvmem.metrics import Exporter, Metrics
 from kvmem.ops.maintenance import GcReport, VerifyReport, collect_garbage, register_orphans, verify_entries
 from kvmem.ports import ChunkStore, Database
@@ -402,15 +402,11 @@ class Memory:
         return loaded
 
     def _fetch(self, skey: str, device: torch.device | str | None) -> tuple[Loaded | None, int]:
-        corrupt = 0
-        top = self._tiers.tiers[:1]
-        if device is None and top and isinstance(top[0], CpuTier):  # a tensor in RAM: one copy, nothing decoded
-            taken, _reader, corrupt = self._tiers.read(skey, lambda r: take(r, skey), top)
-            if taken is not None:
-                self.record_hits([skey], top[0].name, "tensor")
-                return Loaded(taken[0], top[0].name, taken[1].get("metadata", {})), corrupt
-        fetched, more = self._tiers.get(skey)
-        corrupt += more
+        if device is None:
+            plain = self._from_ram(skey, None)
+            if plain is not None:
+                return Loaded(plain[0], plain[2], plain[1].get("metadata", {})), 0
+        fetched, corrupt = self._tiers.get(skey)
         while fetched is not None:
             try:
                 value, header = decode_value(fetched.buf, device, fetched.head, copy=not fetched.owned)
@@ -533,9 +529,24 @@ class Memory:
         self.metrics.load_seconds.observe(time.perf_counter() - start)
         return values
 
+    def _from_ram(self, skey: str, out: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, Any], str] | None:
+        """``skey``'s tensor copied once out of the CPU tier into ``out`` (or a new tensor), its hit counted:
+        ``(tensor, header, tier)``; ``None``: not there as one tensor ``out`` can hold (the general path
+        reads it, or says why not)."""
+        top = self._tiers.tiers[0] if self._tiers.tiers else None
+        if not isinstance(top, CpuTier):
+            return None
+        got = top.copy_plain(skey, out)
+        if got is None:
+            return None
+        self.record_hits([skey], top.name, "tensor")
+        return got[0], got[1], top.name
+
     def _fetch_into(self, skey: str, out: torch.Tensor) -> tuple[bool, int]:
         """Write ``skey``'s tensor into ``out``; ``(hit, corrupt copies found)``. A hit below the top tier is
         promoted from ``out`` (no second read)."""
+        if self._from_ram(skey, out) is not None:
+            return True, 0
         header, reader, corrupt = self._tiers.read(skey, lambda r: fill(r, skey, out))
         if header is None or reader is None:
             self.metrics.miss("unknown")

@@ -13,12 +13,11 @@ import torch
 
 from kvmem import blob as blobfmt
 from kvmem.blob import EncodedBlob, Piece
-from kvmem.codecs.serialization import check_owner, decode_tensor_range, torch_dtype
+from kvmem.codecs.serialization import check_owner, decode_tensor_range, stored_as_is
 from kvmem.errors import OutputMismatch
-from kvmem.rows import TORCH_COPY_FROM
 from kvmem.stores.readers import BlobReader
 
-__all__ = ["check_out", "copy_into", "fill", "read_back", "stored_as_is", "take"]
+__all__ = ["check_out", "copy_into", "fill", "read_back"]
 
 
 def check_out(out: object) -> torch.Tensor:
@@ -63,31 +62,6 @@ def fill(reader: BlobReader, skey: str, out: torch.Tensor) -> dict[str, Any]:
     return header
 
 
-def take(reader: BlobReader, skey: str) -> tuple[torch.Tensor, dict[str, Any]] | None:
-    """The tensor stored in ``reader``'s blob, copied once into a new CPU tensor, and the blob's header;
-    ``None`` when the value is not one tensor stored as it is (the caller decodes the blob).
-
-    Raises:
-        IntegrityError: the blob is not ``skey``'s, or the part read fails its CRC.
-    """
-    header = reader.header
-    check_owner(header, skey)
-    tree = header.get("tree", {})
-    if set(tree) != {"T"}:
-        return None
-    leaf = header["leaves"][tree["T"]]
-    part = stored_as_is(leaf)
-    if part is None:
-        return None
-    dtype = torch_dtype(leaf["dtype"])
-    if int(part["n"]) < TORCH_COPY_FROM:
-        out = torch.empty(leaf["shape"], dtype=dtype)
-    else:  # NOTE: numpy's buffer: its first-touch page faults cost less (see blob.empty_buffer)
-        out = blobfmt.empty_buffer(int(part["n"])).view(dtype).view(leaf["shape"])
-    reader.part_into(part, out)
-    return out, header
-
-
 def read_back(reader: BlobReader, out: torch.Tensor) -> EncodedBlob | None:
     """The blob :func:`fill` just read, rebuilt from its head and ``out`` (to promote it without reading it
     again); ``None`` unless ``out`` holds its whole payload (one tensor stored as it is)."""
@@ -115,12 +89,3 @@ def _tensor_leaf(header: dict[str, Any], out: torch.Tensor) -> dict[str, Any]:
             f"cannot hold the stored tensor of shape {leaf['shape']} and dtype {leaf['dtype']}"
         )
     return leaf
-
-
-def stored_as_is(leaf: dict[str, Any]) -> dict[str, Any] | None:
-    """The part holding ``leaf``'s bytes as they are (no codec applied, no lz4), or ``None``."""
-    parts = leaf.get("parts", {})
-    data = parts.get("data") if len(parts) == 1 else None
-    if data is None or "raw" in data or data.get("dtype") != leaf.get("dtype"):
-        return None
-    return data

@@ -326,3 +326,34 @@ def test_a_store_many_whose_write_fails_leaves_no_temporary_file(tmp_path: Path,
         mem.store_many({k: chunk(kv, i) for i, k in enumerate(keys)})
         assert list(blobs.rglob("*.tmp")) == []
         assert_bit_exact(kv, torch.cat(mem.load_many(keys), dim=2))
+
+
+# -- the CPU tier's one-copy lane (a tensor stored as it is, in one run of pages) ------------------------------
+@pytest.mark.parametrize("tokens", [8, 2048], ids=["64KiB", "2MiB"])  # below and above rows.TORCH_COPY_FROM
+def test_a_ram_hit_is_one_copy_into_out_or_a_new_tensor_never_a_view(make_memory: MemoryFactory, tokens: int) -> None:
+    mem = make_memory(stack="cpu")
+    value = torch.randn(2, 4, tokens, 256, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    mem.store("v", value)
+    loaded = mem.load("v")
+    assert torch.equal(loaded, value)
+    loaded.fill_(0)  # the caller's: the pages are not behind it
+    cache = torch.full((2, 4, tokens + 16, 256), SENTINEL, dtype=torch.bfloat16)
+    out = cache[:, :, 8 : 8 + tokens]  # strided: torch's copy, not one memmove
+    assert mem.load("v", out=out) is out and torch.equal(out, value)
+    assert_outside_untouched(cache, 8, 8 + tokens)
+    flat = torch.empty_like(value)
+    assert mem.load("v", out=flat) is flat and torch.equal(flat, value)
+    assert mem.metrics.value("kvmem_hits_total", tier="cpu", kind="tensor") == 3
+
+
+def test_a_ram_entry_written_for_another_key_is_never_returned(make_memory: MemoryFactory) -> None:
+    # the lane trusts an entry only if its header names the key it is stored under
+    mem = make_memory(stack="cpu")
+    mem.store("a", torch.arange(16.0))
+    mem.store("b", torch.arange(16.0) + 100)
+    cpu = mem._tiers.tiers[0]
+    blob_a = cpu.blob(mem.storage_key("a"))
+    assert blob_a is not None
+    cpu.put(mem.storage_key("b"), blob_a)  # a's bytes under b's name
+    assert mem.load("b") is None and mem.load("b", out=torch.empty(16)) is None
+    assert torch.equal(mem.load("a"), torch.arange(16.0))

@@ -27,6 +27,8 @@ __all__ = [
     "tensor_parts_range",
     "value_kind",
     "check_owner",
+    "plain_tensor",
+    "stored_as_is",
     "torch_dtype",
 ]
 
@@ -454,6 +456,25 @@ def decode_value(
     if device is not None:
         value = _to_device(value, torch.device(device), copy)
     return value, header
+
+
+def stored_as_is(leaf: dict[str, Any]) -> dict[str, Any] | None:
+    """The part holding ``leaf``'s bytes as they are (no codec applied, no lz4), or ``None``."""
+    parts = leaf.get("parts", {})
+    data = parts.get("data") if len(parts) == 1 else None
+    if data is None or "raw" in data or data.get("dtype") != leaf.get("dtype"):
+        return None
+    return data
+
+
+def plain_tensor(header: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """``(leaf, part)`` of a value that is one tensor whose bytes are stored as they are, else ``None``."""
+    tree = header.get("tree", {})
+    if set(tree) != {"T"}:
+        return None
+    leaf = header["leaves"][tree["T"]]
+    part = stored_as_is(leaf)
+    return None if part is None else (leaf, part)
 
 
 def check_owner(header: dict[str, Any], key: str) -> None:

@@ -44,11 +44,10 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from kvmem import blob as blobfmt
 from kvmem.codecs import tensor_codec
 from kvmem.codecs.quant import QuantCodec
-from kvmem.codecs.serialization import check_owner, decode_tensor_range, tensor_parts_range
+from kvmem.codecs.serialization import check_owner, decode_tensor_range, stored_as_is, tensor_parts_range
 from kvmem.cuda.kvquant import dequantize_kv_into
 from kvmem.errors import CodecError, IntegrityError, KVMemError, TierUnavailable
 from kvmem.kv.layout import install_prefix, kv_layer
-from kvmem.loads import stored_as_is
 from kvmem.ports import ChunkStore
 
 __all__ = ["ChunkSource", "ChunkLoadError", "LayerwiseLoader", "StreamingCache"]

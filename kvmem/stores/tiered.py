@@ -224,10 +224,8 @@ class TieredStore:
             return Fetched(got.buf, tier.name, got.head, owned=not self._caps[tier.name].shares_buffers), corrupt
         return None, corrupt
 
-    def read(
-        self, key: str, fill: Callable[[BlobReader], T], tiers: Sequence[StorageTier] | None = None
-    ) -> tuple[T | None, BlobReader | None, int]:
-        """``fill(reader)`` on ``key``'s blob in the first tier (of ``tiers``, default all) holding an intact copy.
+    def read(self, key: str, fill: Callable[[BlobReader], T]) -> tuple[T | None, BlobReader | None, int]:
+        """``fill(reader)`` on ``key``'s blob in the first tier holding an intact copy.
 
         A copy whose header or read part fails its check is quarantined and the next tier
         tried (``fill`` may then run again: what it wrote from the bad copy is overwritten);
@@ -239,7 +237,7 @@ class TieredStore:
             ``(fill's result or None, the (closed) reader it read from or None, corrupt copies found)``.
         """
         corrupt = 0
-        for tier in self.tiers if tiers is None else tiers:
+        for tier in self.tiers:
             try:
                 got = self._call(tier, self._fill_from, tier, key, fill)
             except IntegrityError as exc:
