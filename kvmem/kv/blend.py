@@ -185,6 +185,7 @@ class BlendCache:
             for layer in new_cache(model).layers
         ]
         self._sdpa = _attention(model) == "sdpa"
+        self._head: Any = self.model.get_output_embeddings()  # type: ignore[operator]  # nn.Module types it as Tensor | Module
         self._writer = WriteBehind()
 
     # -- keys and stored segments --------------------------------------------------------
@@ -237,7 +238,7 @@ class BlendCache:
         picks = math.ceil(ratio * int((~forced).sum()))
         kv = _BlendKV(keys, values)
         hidden, active = self._run_layers(ids, kv, forced, picks)
-        logits = self.model.get_output_embeddings()(self._base.norm(hidden[:, -logits_to_keep:]))
+        logits = self._head(self._base.norm(hidden[:, -logits_to_keep:]))
         cache = self._to_cache(kv)
         recomputed = int(active.numel())
         self._count(total, total - recomputed, start)
@@ -344,7 +345,7 @@ class BlendCache:
         return hidden, active
 
     def _select(
-        self, layer: torch.nn.Module, hidden: torch.Tensor, loaded: torch.Tensor, forced: torch.Tensor, picks: int
+        self, layer: Any, hidden: torch.Tensor, loaded: torch.Tensor, forced: torch.Tensor, picks: int
     ) -> torch.Tensor:
         """Positions to compute from this layer up: the forced ones and the ``picks`` reused tokens whose
         value vectors now (from every token's ``hidden`` input) deviate most from the ``loaded`` ones."""
@@ -408,7 +409,7 @@ def _decoder(model: torch.nn.Module) -> Any:
     Raises:
         UnsupportedModelError: naming the part that is missing.
     """
-    base = getattr(model, "model", None)
+    base: Any = getattr(model, "model", None)
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
     missing = [name for name in needed if not hasattr(base, name)]
     if missing or model.get_output_embeddings() is None:  # type: ignore[operator]
@@ -432,7 +433,7 @@ def _check_rope(model: torch.nn.Module, rotary: torch.nn.Module) -> None:
     Raises:
         UnsupportedModelError: naming the ``rope_type`` and the supported ones.
     """
-    config = model.config
+    config: Any = model.config
     params = getattr(config, "rope_parameters", None)
     rope_type = params.get("rope_type") if isinstance(params, dict) else None
     scaling = getattr(rotary, "attention_scaling", 1.0)
