@@ -1,6 +1,15 @@
-"""Text KV reuse for transformers causal LMs: chunked, prefix-chained, fingerprinted."""
+"""Text KV reuse for transformers causal LMs: chunked, prefix-chained, fingerprinted; documents in any order."""
 
+from kvmem.kv.blend import SUPPORTED_ROPE_TYPES, BlendCache, BlendResult, Segment
 from kvmem.kv.fingerprint import model_fingerprint
 from kvmem.kv.prefix import PrefillResult, PrefixCache
 
-__all__ = ["PrefixCache", "PrefillResult", "model_fingerprint"]
+__all__ = [
+    "BlendCache",
+    "BlendResult",
+    "PrefixCache",
+    "PrefillResult",
+    "SUPPORTED_ROPE_TYPES",
+    "Segment",
+    "model_fingerprint",
+]

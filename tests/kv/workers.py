@@ -48,8 +48,11 @@ PROMPT_A = torch.cat([_PREFIX, prompt(101, 10)], dim=1)  # stores the 4 shared c
 PROMPT_B = torch.cat([_PREFIX, prompt(102, 13)], dim=1)  # reuses them, computes 13 tokens
 
 
-def config(arch: str) -> PretrainedConfig:
-    """A tiny config of ``arch``: hidden 64, 2 layers, vocab 1000, no EOS (generation runs its full length)."""
+def config(arch: str, **overrides: object) -> PretrainedConfig:
+    """A tiny config of ``arch``: hidden 64, 2 layers, vocab 1000, no EOS (generation runs its full length).
+
+    ``overrides`` replace decoder settings (e.g. ``num_hidden_layers``, ``rope_parameters``); not for GPT-2.
+    """
     common = {"vocab_size": VOCAB, "bos_token_id": 1, "eos_token_id": None, "pad_token_id": 0}
     decoder = {
         "hidden_size": 64,
@@ -59,6 +62,7 @@ def config(arch: str) -> PretrainedConfig:
         "num_key_value_heads": 2,
         "max_position_embeddings": 256,
         **common,
+        **overrides,
     }  # GQA: 2 KV heads, 4 query heads
     if arch == "llama":
         return LlamaConfig(**decoder)
@@ -71,10 +75,10 @@ def config(arch: str) -> PretrainedConfig:
     raise ValueError(f"arch {arch!r}: expected one of {ARCHS}")
 
 
-def build_model(arch: str, seed: int = 0) -> PreTrainedModel:
-    """``arch`` with random weights drawn from ``seed`` (fp32, eval mode)."""
+def build_model(arch: str, seed: int = 0, **overrides: object) -> PreTrainedModel:
+    """``arch`` (with :func:`config` ``overrides``) with random weights drawn from ``seed`` (fp32, eval mode)."""
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(config(arch)).eval()
+    return AutoModelForCausalLM.from_config(config(arch, **overrides)).eval()
 
 
 def stored_sources(memory: kvmem.Memory, pc: PrefixCache) -> list[ChunkSource]:

@@ -1,0 +1,466 @@
+"""``BlendCache``: reuse the KV of documents wherever they land in a prompt (CacheBlend, EuroSys '25).
+
+Prefix reuse only helps when the shared text comes first. A retrieval-augmented
+prompt is ``system + doc_7 + doc_2 + question`` one time and ``system + doc_2 +
+doc_9 + question`` the next: the documents recur, their positions and neighbours
+do not. ``BlendCache`` stores each reusable segment's KV once, computed on its own
+at positions ``0..n-1`` and keyed by its token ids and the model (never by its
+position), and on a prompt that contains it:
+
+1. loads it and re-rotates its keys by the segment's start position (RoPE is a
+   rotation, so rotating a key computed at ``t`` by ``p`` gives the key at ``t + p``);
+2. runs the layers below ``check_layer`` on every token (their inputs are what the
+   check needs), and at ``check_layer`` measures, per reused token, how far the
+   value vectors it would get now deviate from the loaded ones (CacheBlend's
+   "high KV deviation" tokens: those whose meaning depends on what precedes them);
+3. runs the layers from ``check_layer`` up on the ``recompute_ratio`` most deviating
+   reused tokens, every token of a non-reusable segment and the last
+   ``logits_to_keep`` tokens only, their new K/V written over the loaded ones, every
+   other token keeping its loaded (re-rotated) K/V.
+
+NOTE: layer 0's K/V of a reused token are exact after the rotation (its input is the
+token's embedding alone), so the first deviation shows at layer 1, the default
+``check_layer``. The selection is made once there and kept for the layers above
+(CacheBlend narrows it per layer; one set costs the same at the ratio it ends at).
+``recompute_ratio=1`` computes every token at every layer: a full prefill.
+
+Supported position encodings: rotary embeddings whose angle is ``position x inv_freq``
+with no attention scaling (``rope_type`` ``default``, ``linear``, ``llama3``), where a
+rotation by ``p`` composes exactly; others raise :class:`UnsupportedModelError`.
+Works on transformers 5 Llama-family decoders (``model.model.layers`` of decoder
+layers taking ``position_embeddings``), with SDPA or eager attention, CPU or GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicSlidingWindowLayer
+
+from kvmem.api import Memory, default_memory
+from kvmem.codecs import parse_codec
+from kvmem.errors import ConfigError, InvalidKeyError, UnsupportedModelError
+from kvmem.keys import content_hash
+from kvmem.kv.background import WriteBehind
+from kvmem.kv.fingerprint import model_fingerprint
+from kvmem.kv.layout import ChunkValue, cache_argument, chunk_value, install_prefix, new_cache, trim_sliding_layers
+
+__all__ = ["BlendCache", "BlendResult", "Segment", "SUPPORTED_ROPE_TYPES"]
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of prompt tokens: a document whose KV may be reused anywhere, or text computed every time.
+
+    Attributes:
+        ids: token ids, ``[n]`` or ``[1, n]`` (a tensor or a list), ``n >= 1``.
+        reusable: store this segment's KV by its content and reuse it at any position
+            (documents); ``False`` for text that changes every request (a question).
+    """
+
+    ids: torch.Tensor | list[int]
+    reusable: bool = True
+    tokens: torch.Tensor = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        ids = torch.as_tensor(self.ids)
+        if ids.ndim == 2 and ids.shape[0] == 1:
+            ids = ids[0]
+        if ids.ndim != 1 or ids.numel() == 0 or ids.dtype not in (torch.int64, torch.int32):
+            raise InvalidKeyError(
+                f"segment ids of shape {tuple(ids.shape)} and dtype {ids.dtype}: expected a non-empty "
+                "sequence of integer token ids, [n] or [1, n]"
+            )
+        object.__setattr__(self, "tokens", ids.long())
+
+
+@dataclass
+class BlendResult:
+    """What :meth:`BlendCache.prefill` computed.
+
+    Attributes:
+        cache: a ``DynamicCache`` holding the whole prompt, ready for decoding.
+        logits: logits of the last ``logits_to_keep`` positions, ``[1, logits_to_keep, vocab]``.
+        reused_tokens: tokens of reusable segments whose loaded KV was kept above ``check_layer``.
+        recomputed_tokens: tokens run through the layers from ``check_layer`` up.
+        loaded_segments: reusable segments whose KV was found stored.
+        stored_segments: reusable segments computed (on their own) and queued for storing.
+    """
+
+    cache: DynamicCache
+    logits: torch.Tensor
+    reused_tokens: int
+    recomputed_tokens: int
+    loaded_segments: int
+    stored_segments: int
+
+
+def _check_ratio(ratio: float) -> float:
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
+        raise ConfigError(f"recompute_ratio={ratio!r}: expected a number from 0.0 to 1.0 (CacheBlend uses 0.15)")
+    return float(ratio)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class _BlendKV:
+    """The cache the decoder layers see: each layer's K/V for the whole prompt, in ``[1, H, N, D]`` buffers.
+
+    ``update`` writes the computed tokens' K/V at their positions (``index``; ``None``:
+    every token, in order) and returns the whole prompt's K/V to attend to.
+    """
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        self.keys = keys
+        self.values = values
+        self.index: torch.Tensor | None = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.index is None:
+            self.keys[layer_idx], self.values[layer_idx] = key_states, value_states
+        else:
+            self.keys[layer_idx].index_copy_(2, self.index, key_states.to(self.keys[layer_idx].dtype))
+            self.values[layer_idx].index_copy_(2, self.index, value_states.to(self.values[layer_idx].dtype))
+        return self.keys[layer_idx], self.values[layer_idx]
+
+
+class BlendCache:
+    """Position-independent KV reuse of prompt segments, with CacheBlend's selective recompute.
+
+    Args:
+        model: a transformers 5 causal LM of the Llama family (Llama, Qwen2, Mistral, ...)
+            with rotary position embeddings of a supported ``rope_type`` (see the module docstring).
+        memory: where segments' KV lives (the module default when ``None``).
+        recompute_ratio: share of the reused tokens recomputed from ``check_layer`` up (0.15, as the paper).
+        check_layer: the layer whose value deviation picks the tokens to recompute (>= 1).
+        compression: codec of the stored KV (default ``memory.config.compression``).
+        namespace: an extra scope (e.g. a tenant); the model identity is always folded in.
+
+    Raises:
+        UnsupportedModelError: the model's position encoding or layout is not one this handles.
+        ConfigError: ``recompute_ratio`` outside ``[0, 1]``, or ``check_layer`` outside ``[1, layers)``.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        memory: Memory | None = None,
+        *,
+        recompute_ratio: float = 0.15,
+        check_layer: int = 1,
+        compression: str | None = None,
+        namespace: str = "",
+    ) -> None:
+        self.model = model
+        self._base = _decoder(model)
+        _check_rope(model, self._base.rotary_emb)
+        self.recompute_ratio = _check_ratio(recompute_ratio)
+        layers = len(self._base.layers)
+        if isinstance(check_layer, bool) or not isinstance(check_layer, int) or not 1 <= check_layer < layers:
+            raise ConfigError(
+                f"check_layer={check_layer!r}: expected an int from 1 to {layers - 1} (the model has {layers} layers)"
+            )
+        self.check_layer = check_layer
+        self.memory = memory if memory is not None else default_memory()
+        self.codec = str(parse_codec(compression or self.memory.config.compression))
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        self.namespace = f"blend/{model_fingerprint(model)}/{dtype}/{self.codec}/{namespace}"
+        self._cache_arg = cache_argument(model)
+        self._layer_cache_arg = cache_argument(self._base.layers[0])
+        self._windows = [
+            layer.sliding_window if isinstance(layer, DynamicSlidingWindowLayer) else None
+            for layer in new_cache(model).layers
+        ]
+        self._sdpa = _attention(model) == "sdpa"
+        self._head: Any = self.model.get_output_embeddings()  # type: ignore[operator]  # nn.Module types it as Tensor | Module
+        self._writer = WriteBehind()
+
+    # -- keys and stored segments --------------------------------------------------------
+    def segment_key(self, segment: Segment) -> str:
+        """The key of a segment's KV: its token ids only (never its position), in :attr:`namespace`."""
+        return content_hash(segment.tokens, "blend-segment")
+
+    def lookup(self, segments: list[Segment]) -> list[bool]:
+        """Per segment: whether its KV is stored (always ``False`` for a non-reusable one)."""
+        found = self.memory.contains_many([self.segment_key(s) for s in segments], namespace=self.namespace)
+        return [s.reusable and hit for s, hit in zip(segments, found)]
+
+    def store_segment(self, segment: Segment, *, wait: bool = True) -> None:
+        """Compute a segment's KV on its own (positions ``0..n-1``) and store it: a document ingested ahead."""
+        self._queue_store(segment, self._compute_alone(segment))
+        if wait:
+            self.flush()
+
+    def flush(self) -> None:
+        """Wait for background segment stores to finish."""
+        self._writer.flush()
+
+    def close(self) -> None:
+        """Finish background work."""
+        self._writer.close()
+
+    # -- prefill -------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(
+        self, segments: list[Segment], *, recompute_ratio: float | None = None, logits_to_keep: int = 1
+    ) -> BlendResult:
+        """Run the model on the segments' concatenation, reusing every reusable segment's KV.
+
+        A reusable segment not stored yet is computed on its own first and stored in the
+        background (see :meth:`flush`), then blended like a stored one.
+
+        Args:
+            segments: the prompt, in order (e.g. ``[system, doc_a, doc_b, question]``).
+            recompute_ratio: this call's ratio (default: the instance's).
+            logits_to_keep: the last this many positions are always computed; their logits are returned.
+        """
+        start = time.perf_counter()
+        ratio = self.recompute_ratio if recompute_ratio is None else _check_ratio(recompute_ratio)
+        ids, known, keys, values, loaded, stored = self._assemble(segments)
+        total = ids.shape[1]
+        if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or not 1 <= logits_to_keep <= total:
+            raise ConfigError(f"logits_to_keep={logits_to_keep!r}: expected an int from 1 to {total} (prompt length)")
+        forced = ~known
+        forced[-logits_to_keep:] = True
+        picks = math.ceil(ratio * int((~forced).sum()))
+        kv = _BlendKV(keys, values)
+        hidden, active = self._run_layers(ids, kv, forced, picks)
+        logits = self._head(self._base.norm(hidden[:, -logits_to_keep:]))
+        cache = self._to_cache(kv)
+        recomputed = int(active.numel())
+        self._count(total, total - recomputed, start)
+        return BlendResult(cache, logits, total - recomputed, recomputed, loaded, stored)
+
+    # -- internals -----------------------------------------------------------------------
+    @property
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _assemble(
+        self, segments: list[Segment]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor], int, int]:
+        """The prompt's ids, which positions hold reused KV, each layer's ``[1, H, N, D]`` K/V buffers
+        (reused segments' K/V rotated into place, zeros elsewhere), and segments loaded and stored."""
+        if not isinstance(segments, (list, tuple)) or not segments or not all(isinstance(s, Segment) for s in segments):
+            raise InvalidKeyError(f"segments={segments!r:.80}: expected a non-empty list of kvmem.kv.Segment")
+        ids = torch.cat([s.tokens for s in segments]).to(self._device)[None]
+        found, loaded, stored = self._segment_values(segments)
+        total = ids.shape[1]
+        known = torch.zeros(total, dtype=torch.bool, device=ids.device)
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        first = next((v for v in found if v is not None), None)
+        for leaf in first or [{}] * len(self._base.layers):
+            # NOTE: without any reused segment every token is computed: the buffers are replaced, never read
+            k = leaf.get("k", torch.empty(1, 1, 0, 1, device=ids.device))
+            keys.append(k.new_zeros(1, k.shape[1], total, k.shape[3]))
+            values.append(k.new_zeros(1, k.shape[1], total, leaf["v"].shape[3]) if leaf else k)
+        pos = 0
+        for seg, value in zip(segments, found):
+            n = seg.tokens.numel()
+            if value is not None:
+                known[pos : pos + n] = True
+                for layer, leaf in enumerate(value):
+                    keys[layer][:, :, pos : pos + n] = self._rotated(leaf["k"], pos)
+                    values[layer][:, :, pos : pos + n] = leaf["v"]
+            pos += n
+        return ids, known, keys, values, loaded, stored
+
+    def _segment_values(self, segments: list[Segment]) -> tuple[list[ChunkValue | None], int, int]:
+        """Per segment its KV at positions ``0..n-1`` (``None`` for a non-reusable one): loaded when
+        stored, else computed on its own and queued for storing. Also how many were loaded and stored."""
+        reusable = [s for s in segments if s.reusable]
+        loaded = self.memory.load_many(
+            [self.segment_key(s) for s in reusable], namespace=self.namespace, device=self._device
+        )
+        hits = iter(loaded)
+        out: list[ChunkValue | None] = []
+        stored = 0
+        for seg in segments:
+            value: ChunkValue | None = next(hits) if seg.reusable else None
+            if seg.reusable and value is None:
+                value = self._compute_alone(seg)
+                self._queue_store(seg, value)
+                stored += 1
+            out.append(value)
+        return out, sum(v is not None for v in loaded), stored
+
+    def _compute_alone(self, segment: Segment) -> ChunkValue:
+        """The segment's KV computed on its own, at positions ``0..n-1`` (every layer, the full past)."""
+        cache = new_cache(self.model)
+        self.model(input_ids=segment.tokens[None].to(self._device), use_cache=True, **{self._cache_arg: cache})
+        return chunk_value(cache, 0, segment.tokens.numel())
+
+    def _queue_store(self, segment: Segment, value: ChunkValue) -> None:
+        self._writer.submit(partial(self._store, self.segment_key(segment), value))
+
+    def _store(self, key: str, value: ChunkValue) -> None:
+        self.memory.store(key, value, namespace=self.namespace, compression=self.codec)
+
+    def _rotated(self, keys: torch.Tensor, delta: int) -> torch.Tensor:
+        """``keys`` (``[B, H, T, D]``, rotated for positions ``t``) rotated for positions ``t + delta``.
+
+        NOTE: in fp32: the angle ``delta x inv_freq`` is what the model's own rotary module
+        computes for position ``delta``; rotations compose, so this equals the keys computed at
+        ``t + delta`` up to float rounding (for the supported ``rope_type`` values only).
+        """
+        if delta == 0:
+            return keys
+        probe = keys.new_empty(0, dtype=torch.float32)
+        cos, sin = self._base.rotary_emb(probe, position_ids=torch.full((1, 1), delta, device=keys.device))
+        k = keys.float()
+        return (k * cos[:, None] + _rotate_half(k) * sin[:, None]).to(keys.dtype)
+
+    def _run_layers(
+        self, ids: torch.Tensor, kv: _BlendKV, forced: torch.Tensor, picks: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder layers over the blended prompt.
+
+        Returns:
+            ``(hidden states of the computed tokens after the last layer, their positions)``.
+        """
+        total = ids.shape[1]
+        candidates = int((~forced).sum())
+        everyone = torch.arange(total, device=ids.device)
+        active = everyone if picks else forced.nonzero()[:, 0]
+        hidden = self._base.embed_tokens(ids[:, active])
+        for i, layer in enumerate(self._base.layers):
+            if i == self.check_layer and 0 < picks < candidates:
+                active = self._select(layer, hidden, kv.values[i], forced, picks)
+                hidden = hidden[:, active]
+            hidden = self._layer(layer, i, hidden, active, kv, total)
+        return hidden, active
+
+    def _select(
+        self, layer: Any, hidden: torch.Tensor, loaded: torch.Tensor, forced: torch.Tensor, picks: int
+    ) -> torch.Tensor:
+        """Positions to compute from this layer up: the forced ones and the ``picks`` reused tokens whose
+        value vectors now (from every token's ``hidden`` input) deviate most from the ``loaded`` ones."""
+        fresh = layer.self_attn.v_proj(layer.input_layernorm(hidden))
+        fresh = fresh.view(1, hidden.shape[1], -1, loaded.shape[-1]).transpose(1, 2)
+        deviation = (fresh.float() - loaded.float()).square().sum(dim=(0, 1, 3))
+        deviation[forced] = -math.inf
+        chosen = deviation.topk(picks).indices
+        return torch.cat([forced.nonzero()[:, 0], chosen]).sort().values
+
+    def _layer(
+        self, layer: torch.nn.Module, idx: int, hidden: torch.Tensor, active: torch.Tensor, kv: _BlendKV, total: int
+    ) -> torch.Tensor:
+        """Decoder layer ``idx`` on the ``active`` positions' ``hidden`` states, attending to the whole prompt."""
+        full = active.numel() == total
+        kv.index = None if full else active
+        positions = active[None]
+        out = layer(
+            hidden,
+            attention_mask=self._mask(idx, active, total, full, hidden.dtype),
+            position_ids=positions,
+            position_embeddings=self._base.rotary_emb(hidden, position_ids=positions),
+            use_cache=True,
+            **{self._layer_cache_arg: kv},
+        )
+        return out[0] if isinstance(out, tuple) else out
+
+    def _mask(self, idx: int, active: torch.Tensor, total: int, full: bool, dtype: torch.dtype) -> torch.Tensor | None:
+        """Additive mask ``[1, 1, q, total]``: query at position ``p`` sees keys ``<= p`` (and within its window).
+
+        ``None`` (SDPA's causal kernel) when every token is computed in order by full attention.
+        """
+        window = self._windows[idx]
+        if full and window is None and self._sdpa:
+            return None
+        keys = torch.arange(total, device=active.device)
+        allowed = keys[None, :] <= active[:, None]
+        if window is not None:
+            allowed &= keys[None, :] > active[:, None] - window
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=active.device)
+        return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+
+    def _to_cache(self, kv: _BlendKV) -> DynamicCache:
+        cache = new_cache(self.model)
+        for i, (k, v) in enumerate(zip(kv.keys, kv.values)):
+            install_prefix(cache, i, k, v)
+        trim_sliding_layers(cache)
+        return cache
+
+    def _count(self, total: int, reused: int, start: float) -> None:
+        m = self.memory.metrics
+        m.kv_tokens.labels(kind="requested").inc(total)
+        m.kv_tokens.labels(kind="reused").inc(reused)
+        m.kv_tokens.labels(kind="computed").inc(total - reused)
+        m.ttft_seconds.observe(time.perf_counter() - start)
+
+
+def _decoder(model: torch.nn.Module) -> Any:
+    """``model.model``, checked to be a Llama-family decoder stack with rotary embeddings.
+
+    Raises:
+        UnsupportedModelError: naming the part that is missing.
+    """
+    base: Any = getattr(model, "model", None)
+    needed = ("embed_tokens", "layers", "norm", "rotary_emb")
+    missing = [name for name in needed if not hasattr(base, name)]
+    if missing or model.get_output_embeddings() is None:  # type: ignore[operator]
+        raise UnsupportedModelError(
+            f"{type(model).__name__} has no {', '.join(f'model.{m}' for m in missing) or 'output embeddings'}: "
+            "BlendCache handles Llama-family decoders with rotary position embeddings "
+            f"(rope_type in {SUPPORTED_ROPE_TYPES}: Llama, Qwen2, Mistral, ...)"
+        )
+    for layer in base.layers:
+        if not hasattr(layer, "input_layernorm") or not hasattr(getattr(layer, "self_attn", None), "v_proj"):
+            raise UnsupportedModelError(
+                f"{type(model).__name__}'s decoder layers have no input_layernorm / self_attn.v_proj: "
+                "BlendCache reads the value projection to pick the tokens to recompute"
+            )
+    return base
+
+
+def _check_rope(model: torch.nn.Module, rotary: torch.nn.Module) -> None:
+    """Refuse position encodings whose rotation by ``p`` does not compose exactly (see the module docstring).
+
+    Raises:
+        UnsupportedModelError: naming the ``rope_type`` and the supported ones.
+    """
+    config: Any = model.config
+    params = getattr(config, "rope_parameters", None)
+    rope_type = params.get("rope_type") if isinstance(params, dict) else None
+    scaling = getattr(rotary, "attention_scaling", 1.0)
+    if rope_type not in SUPPORTED_ROPE_TYPES or scaling != 1.0:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} uses rope_type={rope_type!r} (attention scaling {scaling}): BlendCache "
+            f"re-rotates keys for rope_type in {SUPPORTED_ROPE_TYPES} only, whose rotations compose exactly"
+        )
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    cos, _ = rotary(torch.empty(0), position_ids=torch.zeros(1, 1, dtype=torch.long))
+    if cos.shape[-1] != head_dim:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} rotates {cos.shape[-1]} of {head_dim} head dimensions: "
+            "BlendCache handles rotary embeddings over the whole head only"
+        )
+
+
+def _attention(model: torch.nn.Module) -> str:
+    """The model's attention implementation, checked to take an arbitrary additive mask (``sdpa``, ``eager``).
+
+    Raises:
+        UnsupportedModelError: another one (FlashAttention takes no mask of selected query positions).
+    """
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl not in ("sdpa", "eager"):
+        raise UnsupportedModelError(
+            f"{type(model).__name__} runs attn_implementation={impl!r}: BlendCache needs 'sdpa' or 'eager' "
+            "(selected query positions attend through an explicit mask)"
+        )
+    return str(impl)

@@ -1,0 +1,266 @@
+"""``BlendCache`` on tiny real models (3 layers, random weights, fixed seeds) and a real ``Memory``.
+
+What must hold exactly: recomputing every token is a full prefill; a segment's keys
+computed at position 0 and re-rotated to ``p`` are the keys computed at ``p``; the stored
+KV of a segment is found again by its content wherever it lands, from the CPU tier or,
+in a fresh ``Memory``, from disk. How close a partial recompute comes to the full prefill
+on a trained model is measured in ``benchmarks/bench_blend.py``, not here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+from transformers import PreTrainedModel
+
+import kvmem
+from kvmem.errors import ConfigError, InvalidKeyError, UnsupportedModelError
+from kvmem.kv import BlendCache, BlendResult, Segment
+from kvmem.kv.layout import held, kept_range, kv_layer
+from tests.kv.conftest import MemoryFactory
+from tests.kv.workers import build_model, prompt
+
+ARCHS = ("llama", "qwen2", "mistral")  # Mistral: sliding window 24, shorter than the prompts
+EXACT = 1e-5
+LAYERS = 3  # layer 0 (exact after rotation), the check layer, one layer above it
+LINEAR = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+    "rope_theta": 10000.0,
+}
+
+SYSTEM, DOC_A, DOC_B, DOC_C = prompt(200, 12), prompt(201, 40), prompt(202, 33), prompt(203, 27)
+QUESTION = prompt(204, 9)
+
+BlendFactory = Callable[..., BlendCache]
+
+
+def _model(arch: str, **overrides: object) -> PreTrainedModel:
+    return build_model(arch, num_hidden_layers=LAYERS, **overrides)
+
+
+@pytest.fixture(scope="module")
+def models() -> Callable[..., PreTrainedModel]:
+    """``models(arch, **overrides)``: built once per module (kvmem never changes a model)."""
+    built: dict[str, PreTrainedModel] = {}
+
+    def get(arch: str, **overrides: object) -> PreTrainedModel:
+        name = f"{arch}{sorted(overrides.items())}"
+        if name not in built:
+            built[name] = _model(arch, **overrides)
+        return built[name]
+
+    return get
+
+
+@pytest.fixture
+def blend_cache() -> Iterator[BlendFactory]:
+    """``blend_cache(model, memory, **options)``: lossless segments; every instance closed at teardown."""
+    made: list[BlendCache] = []
+
+    def make(model: PreTrainedModel, memory: kvmem.Memory, **options: object) -> BlendCache:
+        bc = BlendCache(model, memory, **{"compression": "none", **options})  # type: ignore[arg-type]
+        made.append(bc)
+        return bc
+
+    yield make
+    for bc in made:
+        bc.close()
+
+
+def _rag(*docs: torch.Tensor, question: torch.Tensor = QUESTION) -> list[Segment]:
+    """``system + docs + question``: the system prompt and the question are computed, the documents reused."""
+    return [Segment(SYSTEM, reusable=False), *(Segment(d) for d in docs), Segment(question, reusable=False)]
+
+
+def _full(model: PreTrainedModel, segments: list[Segment]) -> tuple[torch.Tensor, object]:
+    """Logits and cache of a plain full forward pass over the segments' concatenation."""
+    ids = torch.cat([s.tokens for s in segments])[None]
+    with torch.no_grad():
+        out = model(ids, use_cache=True)
+    return out.logits, out.cache
+
+
+def _layer_kv(cache: object, layer: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A cache layer's K, V and the absolute position of their first token."""
+    lay = kv_layer(cache, layer)  # type: ignore[arg-type]
+    keys, values = held(lay)
+    return keys, values, kept_range(lay)[0]
+
+
+def _blend(bc: BlendCache, segments: list[Segment], ratio: float, keep: int = 1) -> BlendResult:
+    result = bc.prefill(segments, recompute_ratio=ratio, logits_to_keep=keep)
+    bc.flush()
+    return result
+
+
+# -- exactness ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_full_recompute_equals_full_prefill(
+    arch: str, models: Callable[..., PreTrainedModel], make_memory: MemoryFactory, blend_cache: BlendFactory
+) -> None:
+    model = models(arch)
+    bc = blend_cache(model, make_memory())
+    segments = _rag(DOC_A, DOC_B)
+    logits, cache = _full(model, segments)
+    _blend(bc, segments, 1.0)  # stores the documents
+    result = _blend(bc, segments, 1.0, keep=QUESTION.shape[1])
+    assert (result.loaded_segments, result.stored_segments, result.reused_tokens) == (2, 0, 0)
+    assert (result.logits - logits[:, -QUESTION.shape[1] :]).abs().max().item() < EXACT
+    for layer in range(LAYERS):
+        k, v, first = _layer_kv(result.cache, layer)
+        k_ref, v_ref, first_ref = _layer_kv(cache, layer)
+        assert first == first_ref
+        assert (k - k_ref).abs().max().item() < EXACT and (v - v_ref).abs().max().item() < EXACT
+    # the cache decodes on: the next token's logits are the full forward's over the longer prompt
+    nxt = prompt(205, 1)
+    with torch.no_grad():
+        step = model(nxt, cache=result.cache).logits[:, -1]
+        whole = model(torch.cat([*(s.tokens for s in segments), nxt[0]])[None]).logits[:, -1]
+    assert (step - whole).abs().max().item() < EXACT
+
+
+def test_eager_attention_full_recompute_is_exact(make_memory: MemoryFactory, blend_cache: BlendFactory) -> None:
+    model = _model("llama", attn_implementation="eager")
+    bc = blend_cache(model, make_memory())
+    segments = _rag(DOC_A, DOC_B)
+    logits, _ = _full(model, segments)
+    _blend(bc, segments, 0.0)
+    assert (_blend(bc, segments, 1.0).logits - logits[:, -1:]).abs().max().item() < EXACT
+
+
+@pytest.mark.parametrize(
+    ("arch", "rope"), [("llama", None), ("qwen2", None), ("mistral", None), ("llama", LINEAR), ("llama", LLAMA3)]
+)
+def test_rerotated_keys_equal_keys_computed_at_their_position(
+    arch: str,
+    rope: dict[str, object] | None,
+    models: Callable[..., PreTrainedModel],
+    make_memory: MemoryFactory,
+    blend_cache: BlendFactory,
+) -> None:
+    """Layer 0's K/V depend on the token and its position only: a segment computed at 0 and rotated to
+    its place must give the full forward's layer-0 K/V there (``recompute_ratio=0``: nothing recomputed)."""
+    model = models(arch, **({"rope_parameters": rope} if rope else {}))
+    bc = blend_cache(model, make_memory())
+    segments = [Segment(DOC_A, reusable=False), Segment(DOC_B), Segment(DOC_C), Segment(QUESTION, reusable=False)]
+    bc.store_segment(segments[1])
+    bc.store_segment(segments[2])
+    result = _blend(bc, segments, 0.0)
+    assert result.loaded_segments == 2 and result.reused_tokens == DOC_B.shape[1] + DOC_C.shape[1]
+    _, cache = _full(model, segments)
+    k, v, first = _layer_kv(result.cache, 0)
+    k_ref, v_ref, first_ref = _layer_kv(cache, 0)
+    assert first == first_ref
+    start = max(DOC_A.shape[1], first)  # a sliding layer keeps only its window
+    stop = DOC_A.shape[1] + DOC_B.shape[1] + DOC_C.shape[1]
+    moved = slice(start - first, stop - first)
+    assert (k[:, :, moved] - k_ref[:, :, moved]).abs().max().item() < EXACT
+    assert (v[:, :, moved] - v_ref[:, :, moved]).abs().max().item() < EXACT
+    # above layer 0 the reused K/V differ (the documents did not see what precedes them): that is the blend's job
+    k1, _, _ = _layer_kv(result.cache, 1)
+    k1_ref, _, _ = _layer_kv(cache, 1)
+    assert (k1[:, :, moved] - k1_ref[:, :, moved]).abs().max().item() > 1e-3
+
+
+# -- reuse by content, any position, any tier -------------------------------------------------------------------
+
+
+def test_documents_in_another_order_reuse_the_stored_kv(
+    models: Callable[..., PreTrainedModel], make_memory: MemoryFactory, blend_cache: BlendFactory
+) -> None:
+    model = models("llama")
+    memory = make_memory()
+    bc = blend_cache(model, memory)
+    first = _blend(bc, _rag(DOC_A, DOC_B), 0.15)
+    assert (first.loaded_segments, first.stored_segments) == (0, 2)
+    assert bc.lookup(_rag(DOC_B, DOC_C)) == [False, True, False, False]
+    reordered = _rag(DOC_C, DOC_B, DOC_A, question=prompt(206, 7))
+    second = _blend(bc, reordered, 1.0)
+    assert (second.loaded_segments, second.stored_segments) == (2, 1)  # B and A loaded, C new
+    logits, _ = _full(model, reordered)
+    assert (second.logits - logits[:, -1:]).abs().max().item() < EXACT
+    assert memory.metrics.value("kvmem_kv_tokens_total", kind="requested") > 0
+
+
+def test_stored_segments_round_trip_through_disk(make_memory: MemoryFactory, blend_cache: BlendFactory) -> None:
+    """A second BlendCache on the same path (a fresh Memory: empty CPU tier) loads the segments from disk and
+    blends them exactly as the first one blended them from memory."""
+    model = _model("qwen2")  # a fresh instance: nothing shared with the first BlendCache but the files
+    segments = _rag(DOC_B, DOC_A)
+    bc = blend_cache(model, make_memory("shared"))
+    _blend(bc, segments, 0.0)
+    warm = _blend(bc, segments, 0.15, keep=4)
+    bc.close()
+    again = blend_cache(_model("qwen2"), make_memory("shared"))
+    cold = _blend(again, segments, 0.15, keep=4)
+    assert (cold.loaded_segments, cold.stored_segments) == (2, 0)
+    assert cold.recomputed_tokens == warm.recomputed_tokens
+    assert (cold.logits - warm.logits).abs().max().item() < EXACT
+
+
+def test_recompute_ratio_sets_how_many_reused_tokens_are_recomputed(
+    models: Callable[..., PreTrainedModel], make_memory: MemoryFactory, blend_cache: BlendFactory
+) -> None:
+    bc = blend_cache(models("mistral"), make_memory(), recompute_ratio=0.25)
+    segments = _rag(DOC_A, DOC_B)
+    docs = DOC_A.shape[1] + DOC_B.shape[1]
+    computed = SYSTEM.shape[1] + QUESTION.shape[1]
+    assert _blend(bc, segments, 0.0).recomputed_tokens == computed
+    result = bc.prefill(segments)  # the instance's ratio
+    assert result.recomputed_tokens == computed + -(-docs // 4)
+    assert result.reused_tokens + result.recomputed_tokens == docs + computed
+    assert result.cache.get_seq_length() == docs + computed
+
+
+# -- refusals ----------------------------------------------------------------------------------------------------
+
+
+def test_models_without_supported_rotary_embeddings_are_refused(make_memory: MemoryFactory) -> None:
+    memory = make_memory()
+    with pytest.raises(UnsupportedModelError, match=r"GPT2LMHeadModel has no model\.embed_tokens.*rope_type"):
+        BlendCache(build_model("gpt2"), memory)
+    yarn = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0, "original_max_position_embeddings": 128}
+    with pytest.raises(UnsupportedModelError, match=r"rope_type='yarn'.*\('default', 'linear', 'llama3'\)"):
+        BlendCache(_model("llama", rope_parameters=yarn), memory)
+    with pytest.raises(UnsupportedModelError, match=r"attn_implementation='flex_attention'.*'sdpa' or 'eager'"):
+        BlendCache(_model("llama", attn_implementation="flex_attention"), memory)
+
+
+@pytest.mark.parametrize("ratio", [-0.1, 1.5, True, "0.15", float("nan")])
+def test_bad_recompute_ratios_are_refused(
+    ratio: object, models: Callable[..., PreTrainedModel], make_memory: MemoryFactory, blend_cache: BlendFactory
+) -> None:
+    model, memory = models("llama"), make_memory()
+    with pytest.raises(ConfigError, match=r"recompute_ratio=.*expected a number from 0\.0 to 1\.0"):
+        BlendCache(model, memory, recompute_ratio=ratio)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="recompute_ratio="):
+        blend_cache(model, memory).prefill(_rag(DOC_A), recompute_ratio=ratio)  # type: ignore[arg-type]
+
+
+def test_bad_segments_and_options_are_refused(
+    models: Callable[..., PreTrainedModel], make_memory: MemoryFactory, blend_cache: BlendFactory
+) -> None:
+    model, memory = models("llama"), make_memory()
+    with pytest.raises(ConfigError, match=r"check_layer=0: expected an int from 1 to 2"):
+        BlendCache(model, memory, check_layer=0)
+    with pytest.raises(InvalidKeyError, match=r"segment ids of shape \(0,\)"):
+        Segment([])
+    with pytest.raises(InvalidKeyError, match="dtype torch.float32"):
+        Segment(torch.ones(3))
+    bc = blend_cache(model, memory)
+    with pytest.raises(InvalidKeyError, match="expected a non-empty list of kvmem.kv.Segment"):
+        bc.prefill([])
+    with pytest.raises(InvalidKeyError, match="expected a non-empty list of kvmem.kv.Segment"):
+        bc.prefill([DOC_A])  # type: ignore[list-item]
+    total = SYSTEM.shape[1] + DOC_A.shape[1] + QUESTION.shape[1]
+    with pytest.raises(ConfigError, match=rf"logits_to_keep=0: expected an int from 1 to {total}"):
+        bc.prefill(_rag(DOC_A), logits_to_keep=0)
