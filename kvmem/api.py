@@ -14,9 +14,8 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import torch
 from prometheus_client import CollectorRegistry
@@ -777,8 +776,7 @@ class Memory:
         log.warning("kvmem: catalog operation failed (%s); the data path goes on without it", exc)
 
 
-@dataclass(frozen=True)
-class _Job:
+class _Job(NamedTuple):
     """One value on its way into the tiers: its key, its blob, and its catalog facts."""
 
     skey: str

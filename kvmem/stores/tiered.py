@@ -27,8 +27,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar, TypeVarTuple
+from typing import Any, NamedTuple, TypeVar, TypeVarTuple
 
 import torch
 
@@ -46,8 +45,7 @@ T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 
 
-@dataclass(frozen=True)
-class Fetched:
+class Fetched(NamedTuple):
     """A verified blob buffer, the tier that served it, and its parsed header if the tier had it.
 
     ``owned``: the buffer is the caller's; otherwise it is a view of a memory tier's pages
@@ -60,8 +58,7 @@ class Fetched:
     owned: bool = True
 
 
-@dataclass(frozen=True)
-class Stored:
+class Stored(NamedTuple):
     """What :meth:`TieredStore.put` did: the tiers written now, and the blob as the first of them holds it
     (whose :attr:`~kvmem.blob.EncodedBlob.crc` names the entry)."""
 
