@@ -248,8 +248,10 @@ class PrefixCache:
         return self._prefetcher.prefetch(self.chunk_keys(input_ids, scope=scope))
 
     def flush(self) -> None:
-        """Wait for background chunk stores to finish."""
+        """Wait for background chunk stores (and predictive prefetch rounds) to finish."""
         self._writer.flush()
+        if self._predictor is not None:
+            self._predictor.flush()
 
     def close(self) -> None:
         """Finish background work."""
