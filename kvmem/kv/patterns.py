@@ -13,7 +13,9 @@ requests of that namespace (half-life ``half_life``):
 The chance that a stream's next head is ``x``, after a request with head ``h``, is
 ``λ·P(x | h) + (1 − λ)·P(x)``, with ``λ = n_h / (n_h + prior)`` growing with the
 (decayed) number ``n_h`` of transitions seen out of ``h``: a head seen rarely is
-predicted mostly by popularity. Candidates are ``h``'s successors and the most
+predicted mostly by popularity. (``λ·P(x | h)`` is ``c / (n_h + prior)`` for a transition
+seen ``c`` times: with the defaults, one sighting of ``h -> x`` (0.2) is not enough to
+predict ``x``, two in a row (0.33) are.) Candidates are ``h``'s successors and the most
 popular heads; those at or above ``min_probability`` are returned, likeliest first.
 
 Cost: ``observe`` and ``predict`` are O(``max_successors`` + ``popular``); memory is
@@ -107,8 +109,8 @@ class RequestPatterns:
         self,
         *,
         half_life: float = 512.0,
-        min_probability: float = 0.2,
-        prior: float = 2.0,
+        min_probability: float = 0.3,
+        prior: float = 4.0,
         max_heads: int = 4096,
         max_successors: int = 8,
         popular: int = 8,
