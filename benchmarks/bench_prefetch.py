@@ -204,7 +204,7 @@ def main() -> None:
         f"CPU tier {args.cpu_mib} MiB; {args.requests} requests ({args.warmup:.0%} warm-up), "
         f"{args.users} users, {args.gap_ms} ms apart; median of {args.repeat}"
     )
-    with tempfile.TemporaryDirectory(dir=".") as tmp:
+    with tempfile.TemporaryDirectory(prefix="kvmem-bench-", dir=".") as tmp:  # ignored by git
         path = Path(tmp) / "kvmem"
         populate(path, args)
         for rep in range(args.repeat):
