@@ -135,10 +135,12 @@ class Memory:
 
     def record_hits(self, skeys: Sequence[str], tier: str, kind: str = "tree") -> None:
         """Count a hit on each of ``skeys`` (storage keys) served by tier ``tier`` outside :meth:`load`:
-        in ``kvmem_hits_total{tier, kind}`` and the entries' catalog hit counts (buffered)."""
+        in ``kvmem_hits_total{tier, kind}`` and the entries' catalog hit counts (buffered); a predictive
+        prefetch guess among them counts as used."""
         for skey in skeys:
             self.metrics.hit(tier, kind)
             self._catalog.record_hit(skey)
+        self._tiers.note_hits(skeys, tier)
 
     # -- keys -----------------------------------------------------------------
     def storage_key(self, key: str | bytes, namespace: str | None = None) -> str:

@@ -89,6 +89,8 @@ class Config:
     path: str = field(default_factory=_default_path)
     block_size: int = 256
     prefetch_depth: int = 3
+    predictive_prefetch: bool = False
+    predictive_prefetch_budget: int = 64 * 1024**2
     offload_threshold: float = 0.7
     compression: str = "fp16"
     gpu_bytes: int = 0
@@ -136,7 +138,7 @@ class Config:
         return _overridden({name: getattr(self, name) for name in _field_types()}, dict(self.sources), changes)
 
 
-_SIZE_FIELDS = ("gpu_bytes", "cpu_bytes", "disk_bytes")
+_SIZE_FIELDS = ("gpu_bytes", "cpu_bytes", "disk_bytes", "predictive_prefetch_budget")
 _URL_FIELDS = ("catalog_url", "remote_url")  # NOTE: shown redacted: a URL may hold a password
 _SECRET_FIELDS = ("remote_password", "tenant_salt")  # NOTE: shown as *** when set (whoever knows a tenant's
 # salt can compute its storage keys)
@@ -155,6 +157,10 @@ def _validate(c: Config) -> None:
         raise bad("block_size", "an integer from 1 to 65536 (tokens per chunk)")
     if not (number(c.prefetch_depth) and 0 <= c.prefetch_depth <= 1024):
         raise bad("prefetch_depth", "an integer from 0 to 1024")
+    if not isinstance(c.predictive_prefetch, bool):
+        raise bad("predictive_prefetch", "true | false")
+    if not (number(c.predictive_prefetch_budget) and c.predictive_prefetch_budget >= 1):
+        raise bad("predictive_prefetch_budget", "a byte count >= 1 such as '64MiB' (most bytes warmed per request)")
     if not (number(c.offload_threshold, (int, float)) and 0.0 < c.offload_threshold <= 1.0):
         raise bad("offload_threshold", "a fraction in (0, 1]")
     if c.fsync not in FSYNC_MODES:

@@ -81,6 +81,20 @@ class Metrics:
         self.prefetch_seconds = Histogram(
             "kvmem_prefetch_latency_seconds", "Time to warm one request's chunks", buckets=_LATENCY_BUCKETS, registry=r
         )
+        self.predictive = Counter(
+            "kvmem_predictive_prefetch_total",
+            "Predictive prefetch decisions, by outcome: predicted (entries a prediction named), warmed (copied "
+            "into the memory tier on a guess), resident (already there), no_room, missing (not stored), "
+            "used (a load hit the guess), wasted (it left the tier unused)",
+            ["outcome"],
+            registry=r,
+        )
+        self.predictive_bytes = Counter(
+            "kvmem_predictive_prefetch_bytes_total",
+            "Bytes of predictive prefetch guesses, by outcome (warmed, used, wasted)",
+            ["outcome"],
+            registry=r,
+        )
         self._hits = 0
         self._misses = 0
         self._hit_children: dict[tuple[str, str], Counter] = {}
@@ -93,6 +107,12 @@ class Metrics:
             child = self._hit_children[(tier, kind)] = self.hits.labels(tier=tier, kind=kind)
         child.inc()
         self._hits += 1
+
+    def count_guess(self, outcome: str, nbytes: int = 0) -> None:
+        """Count one predictive prefetch decision (see ``kvmem_predictive_prefetch_total``), and its bytes."""
+        self.predictive.labels(outcome=outcome).inc()
+        if nbytes:
+            self.predictive_bytes.labels(outcome=outcome).inc(nbytes)
 
     def recovered(self, file: str) -> None:
         """Count a damaged metadata file set aside (``file``: its label, see :mod:`kvmem.recovery`)."""

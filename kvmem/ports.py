@@ -87,6 +87,16 @@ class ChunkStore:
         """Make sure ``skey`` sits in the top tier (promoted from below, CRC-checked); whether it exists."""
         return self._store.warm(skey)
 
+    def speculate(self, skey: str) -> tuple[str, int]:
+        """Copy ``skey`` into the last memory tier on a guess, only into room no entry uses (nothing is evicted
+        for it; it is dropped first when a put needs the room).
+
+        Returns:
+            ``(outcome, bytes copied)``: ``warmed``, ``resident`` (a memory tier holds it), ``no_room`` or
+            ``missing`` (not stored below).
+        """
+        return self._store.speculate(skey)
+
     def _tier(self, name: str) -> StorageTier:
         tier = self._by_name.get(name)
         if tier is None:

@@ -92,7 +92,12 @@ def check(snapshot: Snapshot, thresholds: Thresholds | None = None) -> list[Find
 
 # -- (a) prefetch -------------------------------------------------------------------------
 def check_prefetch(s: Snapshot, t: Thresholds) -> list[Finding]:
-    """High TTFT while chunks come from disk: prefetch did not warm them in time."""
+    """High TTFT while chunks come from disk: prefetch did not warm them in time; and predictive prefetch's
+    guesses (when it is on, or guessed in this process): how many were used, how many wasted."""
+    return _queue_prefetch(s, t) + _predictive_prefetch(s, t)
+
+
+def _queue_prefetch(s: Snapshot, t: Thresholds) -> list[Finding]:
     depth = s.config.prefetch_depth
     if s.live is None:
         if depth == 0 and any(g.reused for g in s.kv):
@@ -153,6 +158,33 @@ def check_prefetch(s: Snapshot, t: Thresholds) -> list[Finding]:
             action,
         )
     ]
+
+
+def _predictive_prefetch(s: Snapshot, t: Thresholds) -> list[Finding]:
+    """One line on predictive prefetch: off, not judged out of process, or its guesses' outcomes."""
+    on = s.config.predictive_prefetch
+    counts = s.live.predictive if s.live is not None else {}
+    if not on and not counts:
+        return []
+    if s.live is None:
+        return [Finding("prefetch", "info", "predictive prefetch is on; its guesses are counted per process", {})]
+    sizes = s.live.predictive_bytes
+    warmed, used, wasted = (sizes.get(k, 0) for k in ("warmed", "used", "wasted"))
+    numbers: dict[str, Number] = {
+        "predicted": counts.get("predicted", 0),
+        "warmed": counts.get("warmed", 0),
+        "no_room": counts.get("no_room", 0),
+        "warmed_bytes": warmed,
+        "used_bytes": used,
+        "wasted_bytes": wasted,
+    }
+    if counts.get("used", 0) + counts.get("wasted", 0) < t.min_samples or not used + wasted:
+        return [Finding("prefetch", "info", "predictive prefetch: too few guesses settled to judge", numbers)]
+    numbers["wasted_share"] = wasted / (used + wasted)
+    title = f"predictive prefetch: {format_percent(used, used + wasted)} of the settled guessed bytes were used"
+    if wasted > used:
+        return [Finding("prefetch", "warn", title, numbers, "predictive_prefetch: true -> false")]
+    return [Finding("prefetch", "ok", title, numbers)]
 
 
 # -- (b) block size -------------------------------------------------------------------------

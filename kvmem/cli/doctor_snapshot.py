@@ -60,6 +60,8 @@ class LiveMetrics:
     promotions: dict[str, int] = field(default_factory=dict)
     crc_failures: dict[str, int] = field(default_factory=dict)
     tier_errors: dict[str, int] = field(default_factory=dict)
+    predictive: dict[str, int] = field(default_factory=dict)  # predictive prefetch decisions, by outcome
+    predictive_bytes: dict[str, int] = field(default_factory=dict)  # warmed | used | wasted
 
 
 @dataclass(frozen=True)
@@ -203,6 +205,8 @@ def _live(m: Metrics) -> LiveMetrics:
         promotions=_by_label(m, "kvmem_promotions_total", "tier"),
         crc_failures=_by_label(m, "kvmem_crc_failures_total", "tier"),
         tier_errors=_by_label(m, "kvmem_tier_errors_total", "tier"),
+        predictive=_by_label(m, "kvmem_predictive_prefetch_total", "outcome"),
+        predictive_bytes=_by_label(m, "kvmem_predictive_prefetch_bytes_total", "outcome"),
     )
 
 

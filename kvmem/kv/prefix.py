@@ -38,6 +38,7 @@ from kvmem.keys import chunk_hashes, content_hash
 from kvmem.kv.background import Prefetcher, WriteBehind
 from kvmem.kv.fingerprint import model_fingerprint
 from kvmem.kv.layout import cache_argument, chunk_value, new_cache, trim_sliding_layers
+from kvmem.kv.predict import PredictivePrefetcher
 from kvmem.kv.stream import ChunkLoadError, ChunkSource, LayerwiseLoader, StreamingCache
 
 __all__ = ["PrefillResult", "PrefixCache"]
@@ -136,6 +137,7 @@ class PrefixCache:
         self._prefetcher = Prefetcher(
             self._warm, self.memory.config.prefetch_depth, self.memory.metrics.prefetch_seconds.observe
         )
+        self._predictor = PredictivePrefetcher(self.memory) if self.memory.config.predictive_prefetch else None
 
     # -- keys ---------------------------------------------------------------------
     def chunk_keys(self, input_ids: torch.Tensor | list[int], *, scope: str = "") -> list[str]:
@@ -196,6 +198,7 @@ class PrefixCache:
 
         logits, cache, reused, loaded = self._with_prefix(keys, ids.shape[1], forward)
         self._store_new_chunks(ids, cache, keys, first=loaded)
+        self._observed(keys)
         self._count_tokens(ids.shape[1], reused)
         self.memory.metrics.ttft_seconds.observe(time.perf_counter() - start)
         return PrefillResult(cache, logits, reused, ids.shape[1] - reused)
@@ -220,7 +223,9 @@ class PrefixCache:
         self._count_tokens(ids.shape[1], reused)
         seq = out.sequences if hasattr(out, "sequences") else out
         if seq.shape[0] == 1:
-            self._store_new_chunks(seq, cache, self.chunk_keys(seq, scope=scope), first=loaded)
+            stored = self.chunk_keys(seq, scope=scope)
+            self._store_new_chunks(seq, cache, stored, first=loaded)
+            self._observed(stored)
         return out
 
     def store(
@@ -243,13 +248,17 @@ class PrefixCache:
         return self._prefetcher.prefetch(self.chunk_keys(input_ids, scope=scope))
 
     def flush(self) -> None:
-        """Wait for background chunk stores to finish."""
+        """Wait for background chunk stores (and predictive prefetch rounds) to finish."""
         self._writer.flush()
+        if self._predictor is not None:
+            self._predictor.flush()
 
     def close(self) -> None:
         """Finish background work."""
         self._writer.close()
         self._prefetcher.close()
+        if self._predictor is not None:
+            self._predictor.close()
 
     # -- internals ---------------------------------------------------------------
     @property
@@ -361,6 +370,11 @@ class PrefixCache:
 
     def _store_chunk(self, key: str, value: list[dict[str, torch.Tensor]]) -> None:
         self.memory.store(key, value, namespace=self.namespace, compression=self.codec)
+
+    def _observed(self, keys: list[str]) -> None:
+        """Tell the predictive prefetcher (``config.predictive_prefetch``) about a request's chunks."""
+        if self._predictor is not None:
+            self._predictor.observe(keys, namespace=self.namespace)
 
     def _warm(self, key: str) -> bool:
         return self.memory.chunk_store().warm(self.memory.storage_key(key, self.namespace))

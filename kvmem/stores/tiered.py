@@ -10,6 +10,9 @@ Invariants:
   thread with ``"back"``).
 - A tier above ``offload_threshold`` of its capacity moves its least recently
   used entries to the next tier down; the last tier drops them (an eviction).
+- The last memory tier may also hold guesses (:meth:`TieredStore.speculate`, see
+  :mod:`kvmem.stores.guesses`): only in room no entry uses, outside the threshold,
+  and dropped before any real entry when a put needs room.
 - A tier whose operation raises ``OSError`` or ``TierUnavailable`` is skipped for
   ``retry_seconds`` and counted; the caller never sees that error (a reader from
   ``open_blob`` raises ``TierUnavailable`` instead: it was counted already).
@@ -36,6 +39,7 @@ from kvmem.blob import EncodedBlob
 from kvmem.errors import CapacityError, IntegrityError, TierUnavailable
 from kvmem.metrics import Metrics
 from kvmem.stores.base import Capabilities, StorageTier
+from kvmem.stores.guesses import Guesses
 from kvmem.stores.readers import BlobReader, GuardedReader, RangeReader
 
 __all__ = ["TieredStore", "Fetched", "Stored"]
@@ -109,6 +113,11 @@ class TieredStore:
         """The capacity of the largest tier: no entry can be larger."""
         self.retry_seconds = retry_seconds
         self.on_removed = on_removed
+        memory_tiers = [t for t in self.tiers if not t.persistent]
+        self.guess_tier = memory_tiers[-1] if memory_tiers else None
+        """The tier :meth:`speculate` warms into: the last memory tier (the CPU tier, usually)."""
+        self.guesses = Guesses(metrics)
+        """The entries :attr:`guess_tier` holds on a guess."""
         self._health = {t.name: _Health() for t in self.tiers}
         self._caps = {t.name: Capabilities.of(t) for t in self.tiers}
         self._room_lock = threading.RLock()
@@ -206,20 +215,28 @@ class TieredStore:
         Returns:
             ``(fetched or None, corrupt copies found on the way)``.
         """
+        got, i, corrupt = self._find(key, 0)
+        if got is None:
+            return None, corrupt
+        if i:
+            self._promote(key, EncodedBlob.from_buffer(got.buf, got.head), self.tiers[:i])
+        tier = self.tiers[i]
+        return Fetched(got.buf, tier.name, got.head, owned=not self._caps[tier.name].shares_buffers), corrupt
+
+    def _find(self, key: str, first: int) -> tuple[blobfmt.Verified | None, int, int]:
+        """``key``'s verified blob in the first tier from ``self.tiers[first]`` down holding an intact copy
+        (corrupt copies on the way quarantined): ``(blob or None, that tier's index, corrupt copies found)``."""
         corrupt = 0
-        for i, tier in enumerate(self.tiers):
+        for i, tier in enumerate(self.tiers[first:], first):
             try:
                 got = self._call(tier, self._read_owned, tier, key)
             except IntegrityError as exc:
                 corrupt += 1
                 self._corrupt(tier, key, exc)
                 continue
-            if got is None:
-                continue
-            if i:
-                self._promote(key, EncodedBlob.from_buffer(got.buf, got.head), self.tiers[:i])
-            return Fetched(got.buf, tier.name, got.head, owned=not self._caps[tier.name].shares_buffers), corrupt
-        return None, corrupt
+            if got is not None:
+                return got, i, corrupt
+        return None, len(self.tiers), corrupt
 
     def read(self, key: str, fill: Callable[[BlobReader], T]) -> tuple[T | None, BlobReader | None, int]:
         """``fill(reader)`` on ``key``'s blob in the first tier holding an intact copy.
@@ -282,6 +299,8 @@ class TieredStore:
         deleted (a failing tier is skipped and counted, never raised)."""
         aside = self._caps[tier.name].quarantine
         self._ran(tier, aside.quarantine if aside is not None else tier.delete, key)
+        if tier is self.guess_tier:
+            self.guesses.wasted(key)
 
     def purge_quarantine(self, tier: StorageTier) -> int:
         """Delete the entries ``tier`` moved aside; bytes freed (0 while it fails: skipped and counted)."""
@@ -358,6 +377,48 @@ class TieredStore:
             return True
         fetched, _ = self.get(key)
         return fetched is not None
+
+    def speculate(self, key: str) -> tuple[str, int]:
+        """Copy ``key`` into :attr:`guess_tier` on a guess, only into room no entry uses: nothing is evicted,
+        demoted or shed for it (a guess is dropped first when a put needs the room later).
+
+        Returns:
+            ``(outcome, bytes copied)``; the outcome is ``warmed``, ``resident`` (a memory tier holds it
+            already), ``no_room`` or ``missing`` (no usable tier below holds an intact copy).
+        """
+        target = self.guess_tier
+        if target is None:
+            return "missing", 0
+        below = self.tiers.index(target) + 1
+        if any(self._call(t, t.contains, key) for t in self.tiers[:below]):
+            return "resident", 0
+        if self._free_for_guesses(target) <= 0:
+            return "no_room", 0  # NOTE: checked before the read too, so a full tier costs no I/O
+        got, _i, _corrupt = self._find(key, below)
+        if got is None:
+            return "missing", 0
+        encoded = EncodedBlob.from_buffer(got.buf, got.head)
+        with self._room_lock:
+            if encoded.nbytes > self._free_for_guesses(target):
+                return "no_room", 0
+            try:
+                if not self._ran(target, target.put, key, encoded):
+                    return "missing", 0
+            except CapacityError:  # the pool's free pages are fragmented or held by views
+                return "no_room", 0
+            self.guesses.add(key, encoded.nbytes)
+        self.metrics.promotions.labels(tier=target.name).inc()
+        return "warmed", encoded.nbytes
+
+    def _free_for_guesses(self, tier: StorageTier) -> int:
+        """Bytes of ``tier`` that neither its entries nor a put's headroom would use: a guess may take them."""
+        return tier.capacity - tier.usage() if self.healthy(tier) else 0
+
+    def note_hits(self, keys: Sequence[str], tier: str) -> None:
+        """Loads of ``keys`` were served by tier ``tier``: guesses among them count as used."""
+        if self.guesses and self.guess_tier is not None and tier == self.guess_tier.name:
+            for key in keys:
+                self.guesses.used(key)
 
     def locate(self, key: str) -> StorageTier | None:
         """The fastest usable tier holding ``key`` (no CRC check), or ``None``."""
@@ -473,6 +534,8 @@ class TieredStore:
     def _put_one(self, tier: StorageTier, key: str, blob: EncodedBlob) -> bool | CapacityError:
         # NOTE: a memory tier is filled under the room lock: room made for a put is not taken by another
         # thread's put before it lands (the copy is memory-bound: serialized copies lose nothing)
+        if tier is self.guess_tier:
+            self.guesses.wasted(key)  # overwritten, or promoted again after it left: either way unused
         with self._room_lock if self._caps[tier.name].shares_buffers else contextlib.nullcontext():
             for attempt in range(2):
                 self._make_room(tier, blob.nbytes)
@@ -497,11 +560,12 @@ class TieredStore:
             while self._writing == key:  # NOTE: let an in-flight write-back land, then delete it too
                 self._pending_cv.wait()
         found = [bool(self._call(t, t.delete, key)) for t in self.tiers]
+        self.guesses.wasted(key)
         return pending or any(found)
 
     # -- offload ------------------------------------------------------------
     def _make_room(self, tier: StorageTier, incoming: int) -> None:
-        """Before a put: move LRU entries down until ``incoming`` bytes fit under capacity."""
+        """Before a put: drop guesses, then move LRU entries down, until ``incoming`` bytes fit under capacity."""
         with self._room_lock:
             self._shed(tier, tier.capacity - incoming)
 
@@ -513,18 +577,27 @@ class TieredStore:
         """After a put: keep ``tier`` at or below ``offload_threshold`` of its capacity.
 
         The last tier has nowhere to offload to; it only evicts at capacity (``_make_room``).
-        """
-        if tier is not self.tiers[-1] and tier.usage() > tier.capacity * self.offload_threshold:
-            with self._room_lock:
-                self._shed(tier, int(tier.capacity * self.offload_threshold))
 
-    def _shed(self, tier: StorageTier, limit: int) -> None:
+        NOTE: guesses are not counted against the threshold (they hold room it leaves idle) and are not shed
+        here: they go first when a put needs room (:meth:`_make_room`).
+        """
+        guessed = self.guesses.nbytes if tier is self.guess_tier else 0
+        if tier is not self.tiers[-1] and tier.usage() - guessed > tier.capacity * self.offload_threshold:
+            with self._room_lock:
+                self._shed(tier, int(tier.capacity * self.offload_threshold) + guessed, spare_guesses=True)
+
+    def _shed(self, tier: StorageTier, limit: int, spare_guesses: bool = False) -> None:
+        """Move entries of ``tier`` down (or drop them) until its usage is at most ``limit``: its guesses first,
+        oldest first, then its entries in LRU order (guesses spared with ``spare_guesses``)."""
         if self._caps[tier.name].self_evicting or tier.usage() <= limit:
             return
         lower = self.tiers[self.tiers.index(tier) + 1 :]
-        for victim in tier.keys():
+        guesses = self.guesses.oldest() if tier is self.guess_tier else []
+        for victim in ([] if spare_guesses else guesses) + list(tier.keys()):
             if tier.usage() <= limit:
                 break
+            if spare_guesses and victim in self.guesses:
+                continue
             if self._demote(victim, tier, lower):
                 continue
             elsewhere = any(self._call(t, t.contains, victim) for t in self.tiers if t is not tier)
@@ -558,6 +631,8 @@ class TieredStore:
         else:
             return False
         self._call(tier, tier.delete, key)
+        if tier is self.guess_tier:
+            self.guesses.wasted(key)
         self.metrics.demotions.labels(tier=tier.name).inc()
         return True
 

@@ -109,6 +109,48 @@ def test_prefetch_out_of_process_warns_only_when_prefetch_is_off_and_chunks_are_
     assert f.recommendation.startswith("prefetch_depth: 0 -> 3")
 
 
+def guessed(used: int, wasted: int) -> LiveMetrics:
+    """Live counters of a process whose predictive prefetch settled ``used`` and ``wasted`` 1 MiB guesses."""
+    mib = 1024**2
+    return LiveMetrics(
+        predictive={"predicted": 2 * (used + wasted), "warmed": used + wasted, "used": used, "wasted": wasted},
+        predictive_bytes={"warmed": (used + wasted) * mib, "used": used * mib, "wasted": wasted * mib},
+    )
+
+
+def test_predictive_prefetch_line_says_how_much_of_what_it_moved_was_used() -> None:
+    assert of(check(snap(LiveMetrics())), "prefetch")[1:] == []  # off, and nothing guessed: no line
+    on = {"predictive_prefetch": True}
+    line = of(check(snap(config=on)), "prefetch")[1]
+    assert line.severity == "info" and "per process" in line.title
+    line = of(check(snap(guessed(1, 1), config=on)), "prefetch")[1]
+    assert line.severity == "info" and "too few" in line.title
+    line = of(check(snap(guessed(30, 10), config=on)), "prefetch")[1]
+    assert line.severity == "ok" and "75.0% of the settled guessed bytes were used" in line.title
+    assert line.numbers["wasted_share"] == 0.25 and line.numbers["warmed_bytes"] == 40 * 1024**2
+    line = of(check(snap(guessed(10, 30), config=on)), "prefetch")[1]
+    assert line.severity == "warn" and line.recommendation == "predictive_prefetch: true -> false"
+
+
+def test_predictive_prefetch_line_from_a_live_memory(tmp_path: Path) -> None:
+    from kvmem.kv import PredictivePrefetcher
+
+    with kvmem.Memory(str(tmp_path / "a"), cpu_bytes="1MiB", fsync="never", predictive_prefetch=True) as first:
+        for doc in ("a", "b"):
+            first.store(f"{doc}/0", torch.ones(4096), namespace="docs")
+    with kvmem.Memory(str(tmp_path / "a"), cpu_bytes="1MiB", fsync="never", predictive_prefetch=True) as memory:
+        prefetcher = PredictivePrefetcher(memory)
+        for _ in range(4):
+            prefetcher.patterns.observe("docs", ["a/0"], "alice")
+            prefetcher.patterns.observe("docs", ["b/0"], "alice")
+        prefetcher.observe(["a/0"], namespace="docs", stream="bob")
+        prefetcher.close()
+        assert memory.load("b/0", namespace="docs") is not None
+        line = of(diagnose(memory, Thresholds(min_samples=1)), "prefetch")[-1]
+        assert line.severity == "ok" and line.numbers["warmed"] == 1 and line.numbers["wasted_share"] == 0.0
+        assert "predictive prefetch" in render_findings([line])
+
+
 # -- (b) block size ---------------------------------------------------------------------------
 def _prompts(n: int, tokens: int, reused: int = 0) -> LiveMetrics:
     return LiveMetrics(

@@ -1,0 +1,233 @@
+"""Which stored prefixes tend to come next: a small model of a request stream, fitted online.
+
+A request is named by its *head*, the first of its chunk keys (chunk keys are
+prefix-chained, so the turns of one conversation and every prompt opening with
+one document share a head). Per namespace the model keeps, decayed by age in
+requests of that namespace (half-life ``half_life``):
+
+- *transitions*: how often a stream's request with head ``a`` was followed by
+  one with head ``b`` (a stream is a session, a user: whatever orders requests;
+  what is learnt from one stream predicts for all streams of the namespace);
+- *popularity*: how often each head was requested.
+
+The chance that a stream's next head is ``x``, after a request with head ``h``, is
+``λ·P(x | h) + (1 − λ)·P(x)``, with ``λ = n_h / (n_h + prior)`` growing with the
+(decayed) number ``n_h`` of transitions seen out of ``h``: a head seen rarely is
+predicted mostly by popularity. (``λ·P(x | h)`` is ``c / (n_h + prior)`` for a transition
+seen ``c`` times: with the defaults, one sighting of ``h -> x`` (0.2) is not enough to
+predict ``x``, two in a row (0.33) are.) Candidates are ``h``'s successors and the most
+popular heads; those at or above ``min_probability`` are returned, likeliest first.
+
+Cost: ``observe`` and ``predict`` are O(``max_successors`` + ``popular``); memory is
+bounded by ``max_heads`` heads per namespace (least recently requested forgotten
+first), ``max_successors`` successors per head and ``max_streams`` streams.
+No I/O and no clock: ages are counted in requests, so the model is deterministic.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvmem.errors import ConfigError
+
+__all__ = ["Prediction", "RequestPatterns"]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A head the model expects next.
+
+    Attributes:
+        head: its first chunk key.
+        keys: the chunk keys of the last request seen with this head (what to warm).
+        probability: the model's estimate that the stream's next request has this head.
+    """
+
+    head: str
+    keys: tuple[str, ...]
+    probability: float
+
+
+class _Decayed:
+    """A count that halves every ``half_life`` requests, kept as ``(value, as of when)``."""
+
+    __slots__ = ("value", "at")
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.at = 0
+
+    def now(self, clock: int, factor: float) -> float:
+        """The count at request ``clock`` (``factor``: the decay per request)."""
+        return self.value * factor ** (clock - self.at)
+
+    def add(self, clock: int, factor: float, amount: float = 1.0) -> None:
+        self.value = self.now(clock, factor) + amount
+        self.at = clock
+
+
+@dataclass
+class _Head:
+    keys: tuple[str, ...]
+    seen: _Decayed = field(default_factory=_Decayed)
+    out: _Decayed = field(default_factory=_Decayed)  # transitions out of this head
+    successors: dict[str, _Decayed] = field(default_factory=dict)
+
+
+@dataclass
+class _Space:
+    """One namespace's model."""
+
+    clock: int = 0
+    total: _Decayed = field(default_factory=_Decayed)
+    heads: OrderedDict[str, _Head] = field(default_factory=OrderedDict)  # least recently requested first
+    popular: set[str] = field(default_factory=set)
+    last: OrderedDict[str, str] = field(default_factory=OrderedDict)  # stream -> its last head
+
+
+class RequestPatterns:
+    """Decayed transition counts between consecutive heads of a stream, and decayed popularity, per namespace.
+
+    Args:
+        half_life: requests (of one namespace) after which an observation weighs half.
+        min_probability: predictions below this are not returned (a structureless stream yields none).
+        prior: transitions out of a head needed before they weigh as much as popularity.
+        max_heads: heads remembered per namespace.
+        max_successors: successors remembered per head (the least likely forgotten).
+        popular: how many of the most popular heads are candidates.
+        max_streams: streams whose last head is remembered per namespace.
+
+    Raises:
+        ConfigError: a parameter outside its range (named, with what is accepted).
+
+    NOTE: not thread-safe; one thread observes and predicts (the prefetcher's worker).
+    """
+
+    def __init__(
+        self,
+        *,
+        half_life: float = 512.0,
+        min_probability: float = 0.3,
+        prior: float = 4.0,
+        max_heads: int = 4096,
+        max_successors: int = 8,
+        popular: int = 8,
+        max_streams: int = 4096,
+    ) -> None:
+        if not half_life > 0:
+            raise ConfigError(f"half_life={half_life!r}: accepted a number of requests > 0")
+        if not 0.0 < min_probability <= 1.0:
+            raise ConfigError(f"min_probability={min_probability!r}: accepted a probability in (0, 1]")
+        if not prior > 0:
+            raise ConfigError(f"prior={prior!r}: accepted a number > 0")
+        for name, value in (("max_heads", max_heads), ("max_successors", max_successors)):
+            if value < 1:
+                raise ConfigError(f"{name}={value!r}: accepted an integer >= 1")
+        for name, value in (("popular", popular), ("max_streams", max_streams)):
+            if value < 0:
+                raise ConfigError(f"{name}={value!r}: accepted an integer >= 0")
+        self.factor = 0.5 ** (1.0 / half_life)
+        self.min_probability = min_probability
+        self.prior = prior
+        self.max_heads = max_heads
+        self.max_successors = max_successors
+        self.max_popular = popular
+        self.max_streams = max_streams
+        self._spaces: dict[str, _Space] = {}
+
+    def observe(self, namespace: str, keys: Sequence[str], stream: str = "") -> None:
+        """Learn from one request: its chunk keys (``keys[0]`` is its head), in ``namespace``, of ``stream``.
+
+        A request with no keys (shorter than one chunk) teaches nothing.
+        """
+        if not keys:
+            return
+        space = self._spaces.setdefault(namespace, _Space())
+        space.clock += 1
+        head = keys[0]
+        node = self._head(space, head, tuple(keys))
+        node.seen.add(space.clock, self.factor)
+        space.total.add(space.clock, self.factor)
+        previous = space.last.pop(stream, None)
+        space.last[stream] = head
+        if len(space.last) > self.max_streams:
+            space.last.popitem(last=False)
+        if previous is not None and previous in space.heads:
+            self._transition(space, space.heads[previous], head)
+        self._rank(space, head, node)
+
+    def predict(self, namespace: str, stream: str = "", limit: int = 4) -> list[Prediction]:
+        """The heads ``stream``'s next request in ``namespace`` likely opens with, likeliest first.
+
+        Args:
+            namespace: as observed.
+            stream: as observed; a stream never seen is predicted by popularity alone.
+            limit: most predictions returned.
+
+        Returns:
+            Up to ``limit`` predictions with probability ≥ ``min_probability`` (none for an unknown namespace).
+        """
+        space = self._spaces.get(namespace)
+        if space is None:
+            return []
+        clock, f = space.clock, self.factor
+        last = space.heads.get(space.last.get(stream, ""))
+        out = last.out.now(clock, f) if last is not None else 0.0
+        weight = out / (out + self.prior)
+        total = space.total.now(clock, f)
+        candidates = set(space.popular) | (set(last.successors) if last is not None else set())
+        scored = []
+        for head in candidates:
+            node = space.heads.get(head)
+            if node is None:
+                continue
+            moved = last.successors.get(head) if last is not None else None
+            p_next = moved.now(clock, f) / out if moved is not None and out else 0.0
+            p_pop = node.seen.now(clock, f) / total if total else 0.0
+            p = weight * p_next + (1.0 - weight) * p_pop
+            if p >= self.min_probability:
+                scored.append(Prediction(head, node.keys, p))
+        scored.sort(key=lambda pred: (-pred.probability, pred.head))
+        return scored[:limit]
+
+    # -- internals ---------------------------------------------------------------
+    def _head(self, space: _Space, head: str, keys: tuple[str, ...]) -> _Head:
+        """``head``'s node, created (forgetting the least recently requested head past ``max_heads``) or
+        moved to most recent, its keys replaced by this request's."""
+        node = space.heads.pop(head, None)
+        if node is None:
+            node = _Head(keys)
+            if len(space.heads) >= self.max_heads:
+                gone, _ = space.heads.popitem(last=False)
+                space.popular.discard(gone)
+        else:
+            node.keys = keys
+        space.heads[head] = node
+        return node
+
+    def _transition(self, space: _Space, source: _Head, head: str) -> None:
+        """Count ``source -> head``; past ``max_successors``, the least likely successor is forgotten."""
+        clock, f = space.clock, self.factor
+        source.out.add(clock, f)
+        count = source.successors.get(head)
+        if count is None:
+            if len(source.successors) >= self.max_successors:
+                weakest = min(source.successors, key=lambda s: source.successors[s].now(clock, f))
+                del source.successors[weakest]
+            count = source.successors[head] = _Decayed()
+        count.add(clock, f)
+
+    def _rank(self, space: _Space, head: str, node: _Head) -> None:
+        """Keep ``space.popular`` the ``popular`` heads requested most (decayed), ``head`` just requested."""
+        if head in space.popular or not self.max_popular:
+            return
+        if len(space.popular) < self.max_popular:
+            space.popular.add(head)
+            return
+        clock, f = space.clock, self.factor
+        weakest = min(space.popular, key=lambda h: space.heads[h].seen.now(clock, f))
+        if node.seen.now(clock, f) > space.heads[weakest].seen.now(clock, f):
+            space.popular.discard(weakest)
+            space.popular.add(head)

@@ -1,0 +1,123 @@
+"""RequestPatterns: the online model of which heads follow which (pure: no I/O, no clock)."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from kvmem.errors import ConfigError
+from kvmem.kv import RequestPatterns
+
+
+def keys(head: str, n: int = 3) -> list[str]:
+    return [head] + [f"{head}-{i}" for i in range(1, n)]
+
+
+def test_learns_a_transition_and_predicts_it_with_its_keys() -> None:
+    model = RequestPatterns()
+    for _ in range(10):
+        model.observe("ns", keys("a"), "s")
+        model.observe("ns", keys("b", 4), "s")
+    model.observe("ns", keys("a"), "s")
+    top = model.predict("ns", "s")[0]
+    assert top.head == "b" and top.keys == tuple(keys("b", 4))
+    assert top.probability > 0.8
+
+
+def test_what_one_stream_teaches_predicts_for_another_but_not_across_namespaces() -> None:
+    model = RequestPatterns(popular=0)
+    for _ in range(10):
+        model.observe("ns", keys("a"), "alice")
+        model.observe("ns", keys("b"), "alice")
+    model.observe("ns", keys("a"), "bob")
+    model.observe("other", keys("a"), "bob")
+    assert [p.head for p in model.predict("ns", "bob")] == ["b"]
+    assert model.predict("other", "bob") == []
+    assert model.predict("unknown", "bob") == []
+
+
+def test_interleaved_streams_keep_their_own_last_head() -> None:
+    model = RequestPatterns(popular=0)
+    for _ in range(10):  # two sessions interleaved: a->b for one, c->d for the other
+        model.observe("ns", keys("a"), "s1")
+        model.observe("ns", keys("c"), "s2")
+        model.observe("ns", keys("b"), "s1")
+        model.observe("ns", keys("d"), "s2")
+    model.observe("ns", keys("a"), "s1")
+    model.observe("ns", keys("c"), "s2")
+    assert model.predict("ns", "s1")[0].head == "b"
+    assert model.predict("ns", "s2")[0].head == "d"
+
+
+def test_decay_forgets_an_old_transition() -> None:
+    model = RequestPatterns(half_life=4.0)
+    for _ in range(20):
+        model.observe("ns", keys("a"), "s")
+        model.observe("ns", keys("b"), "s")
+    for _ in range(20):
+        model.observe("ns", keys("a"), "s")
+        model.observe("ns", keys("c"), "s")
+    model.observe("ns", keys("a"), "s")
+    predicted = [p.head for p in model.predict("ns", "s")]
+    assert predicted[0] == "c" and "b" not in predicted  # b fell below min_probability
+
+
+def test_without_decay_the_old_transition_still_counts() -> None:
+    model = RequestPatterns(half_life=1e9)
+    for successor in ("b", "c"):
+        for _ in range(20):
+            model.observe("ns", keys("a"), "s")
+            model.observe("ns", keys(successor), "s")
+    model.observe("ns", keys("a"), "s")
+    assert {p.head for p in model.predict("ns", "s")} == {"b", "c"}
+
+
+def test_popular_heads_are_predicted_for_a_new_stream() -> None:
+    model = RequestPatterns()
+    for i in range(40):
+        model.observe("ns", keys("hot"), f"user{i}")
+        model.observe("ns", keys(f"cold{i}"), f"user{i}")
+    assert [p.head for p in model.predict("ns", "newcomer")] == ["hot"]
+
+
+def test_a_structureless_stream_yields_no_prediction() -> None:
+    model = RequestPatterns()
+    rng = random.Random(0)
+    for _ in range(2000):
+        model.observe("ns", keys(f"doc{rng.randrange(200)}"), "s")
+    assert model.predict("ns", "s") == []
+
+
+def test_memory_is_bounded() -> None:
+    model = RequestPatterns(max_heads=16, max_successors=2, max_streams=4, popular=3)
+    rng = random.Random(0)
+    for i in range(500):
+        model.observe("ns", keys(f"doc{rng.randrange(100)}"), f"s{i % 10}")
+    space = model._spaces["ns"]
+    assert len(space.heads) == 16 and len(space.last) == 4 and len(space.popular) <= 3
+    assert all(len(h.successors) <= 2 for h in space.heads.values())
+    assert space.popular <= set(space.heads)
+
+
+def test_a_request_shorter_than_a_chunk_teaches_nothing() -> None:
+    model = RequestPatterns()
+    model.observe("ns", [], "s")
+    assert model.predict("ns", "s") == []
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "accepted"),
+    [
+        ("half_life", 0, "> 0"),
+        ("min_probability", 1.5, "(0, 1]"),
+        ("prior", -1, "> 0"),
+        ("max_heads", 0, ">= 1"),
+        ("max_successors", 0, ">= 1"),
+        ("popular", -1, ">= 0"),
+    ],
+)
+def test_bad_parameters_are_refused(option: str, value: float, accepted: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(f"{option}={value!r}: accepted") + ".*" + re.escape(accepted)):
+        RequestPatterns(**{option: value})  # type: ignore[arg-type]

@@ -1,0 +1,185 @@
+"""Predictive prefetch on a real Memory on real files: what it warms, what it never evicts, what it counts."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import kvmem
+from kvmem.errors import ConfigError
+from kvmem.kv import PredictivePrefetcher, PrefixCache, RequestPatterns
+from tests.conftest import MemoryFactory
+from tests.kv.conftest import ModelFactory
+from tests.kv.workers import BLOCK
+
+NS = "docs"
+CHUNK = 16384  # float32 elements: 64 KiB a chunk
+
+
+def doc(name: str, chunks: int = 2) -> list[str]:
+    return [f"{name}/{i}" for i in range(chunks)]
+
+
+def chunk(seed: int) -> torch.Tensor:
+    return torch.full((CHUNK,), float(seed))
+
+
+def on_disk_only(make_memory: MemoryFactory, names: list[str], name: str = "kvmem", **settings: object) -> kvmem.Memory:
+    """A fresh Memory whose disk tier holds ``names``' chunks and whose CPU tier is empty (as after a restart)."""
+    first = make_memory(name, **settings)
+    for n, title in enumerate(names):
+        for i, key in enumerate(doc(title)):
+            first.store(key, chunk(10 * n + i), namespace=NS, compression="none")
+    first.close()
+    return make_memory(name, **settings)
+
+
+def cpu_keys(memory: kvmem.Memory, name: str) -> list[bool]:
+    store = memory.chunk_store()
+    return [store.locate(memory.storage_key(k, NS)) == "cpu" for k in doc(name)]
+
+
+def count(memory: kvmem.Memory, outcome: str, unit: str = "") -> float:
+    return memory.metrics.value(f"kvmem_predictive_prefetch{unit}_total", outcome=outcome)
+
+
+def train(prefetcher: PredictivePrefetcher, *path: str, times: int = 5) -> None:
+    """Teach the model that alice reads ``path`` in a loop (the model only: nothing is warmed)."""
+    for _ in range(times):
+        for name in path:
+            prefetcher.patterns.observe(NS, doc(name), "alice")
+
+
+def after(prefetcher: PredictivePrefetcher, name: str) -> None:
+    """Bob reads ``name``; wait for what the prefetcher warms after it."""
+    prefetcher.observe(doc(name), namespace=NS, stream="bob")
+    prefetcher.flush()
+
+
+def test_a_predicted_document_is_warmed_from_disk_and_its_use_counted(make_memory: MemoryFactory) -> None:
+    memory = on_disk_only(make_memory, ["a", "b"], cpu_bytes="4MiB")
+    prefetcher = PredictivePrefetcher(memory)
+    train(prefetcher, "a", "b")
+    memory.delete(doc("b")[0], namespace=NS)  # leaves b/1 only: b's chain breaks at its first chunk
+    after(prefetcher, "a")  # learnt from alice: bob reads b next
+    assert cpu_keys(memory, "b") == [False, False]  # a missing first chunk stops the head: b/1 not warmed
+    assert count(memory, "missing") >= 1
+
+    memory.store(doc("b")[0], chunk(10), namespace=NS, compression="none")
+    memory.close()
+    memory = make_memory(cpu_bytes="4MiB")  # restart: the CPU tier is empty again
+    prefetcher = PredictivePrefetcher(memory)
+    train(prefetcher, "a", "b")
+    after(prefetcher, "a")
+    assert cpu_keys(memory, "a") == [False, False]  # warmed only what follows: b, the likely next
+    assert cpu_keys(memory, "b") == [True, True]
+    warmed = count(memory, "warmed", "_bytes")
+    assert count(memory, "warmed") == 2 and warmed > 2 * CHUNK * 4
+
+    loaded = memory.fetch(doc("b")[0], namespace=NS)
+    assert loaded is not None and loaded.tier == "cpu" and torch.equal(loaded.value, chunk(10))
+    assert memory.load_many(doc("b"), namespace=NS)[1] is not None
+    assert count(memory, "used") == 2 and count(memory, "used", "_bytes") == warmed
+    assert count(memory, "wasted") == 0
+    prefetcher.close()
+
+
+def test_a_full_cpu_tier_gets_no_guess_and_keeps_every_entry(make_memory: MemoryFactory) -> None:
+    memory = on_disk_only(make_memory, ["a", "b"], cpu_bytes="300KiB", offload_threshold=1.0)
+    hot = [f"hot/{i}" for i in range(4)]
+    for i, key in enumerate(hot):  # 4 x 64 KiB: the tier has no room for one more chunk
+        memory.store(key, chunk(100 + i), namespace=NS, compression="none")
+    store = memory.chunk_store()
+    assert all(store.locate(memory.storage_key(k, NS)) == "cpu" for k in hot)
+    prefetcher = PredictivePrefetcher(memory)
+    train(prefetcher, "a", "b")
+    after(prefetcher, "a")
+    assert count(memory, "no_room") >= 1 and count(memory, "warmed") == 0
+    assert all(store.locate(memory.storage_key(k, NS)) == "cpu" for k in hot)
+    assert memory.metrics.total("kvmem_evictions_total") == 0
+    assert memory.metrics.total("kvmem_demotions_total") == 0
+    prefetcher.close()
+
+
+def test_guesses_sit_outside_the_threshold_and_go_first_when_a_put_needs_room(make_memory: MemoryFactory) -> None:
+    def resident_after_a_big_put(name: str, guess: bool) -> tuple[list[bool], float]:
+        settings = {"cpu_bytes": "600KiB", "offload_threshold": 0.5}  # real entries: up to 300 KiB (4 chunks)
+        memory = on_disk_only(make_memory, ["a", "b"], name=name, **settings)
+        for i in range(4):
+            memory.store(f"hot/{i}", chunk(100 + i), namespace=NS, compression="none")
+        if guess:
+            prefetcher = PredictivePrefetcher(memory)
+            train(prefetcher, "a", "b")
+            after(prefetcher, "a")
+            prefetcher.close()
+            assert cpu_keys(memory, "b") == [True, True]  # in the room above the threshold, nothing shed for it
+            assert memory.metrics.total("kvmem_demotions_total") == 0
+        memory.store("big", torch.zeros(4 * CHUNK), namespace=NS, compression="none")  # needs room
+        store = memory.chunk_store()
+        keys = [*(f"hot/{i}" for i in range(4)), "big"]
+        return [store.locate(memory.storage_key(k, NS)) == "cpu" for k in keys], count(memory, "wasted")
+
+    without, _ = resident_after_a_big_put("plain", guess=False)
+    with_guesses, wasted = resident_after_a_big_put("guessed", guess=True)
+    assert with_guesses == without == [False, False, False, False, True]  # the guesses changed no real entry
+    assert wasted >= 1  # the oldest guess made room for the put first
+
+
+def test_overwriting_or_deleting_a_guess_counts_it_wasted(make_memory: MemoryFactory) -> None:
+    memory = on_disk_only(make_memory, ["a", "b"], cpu_bytes="4MiB")
+    prefetcher = PredictivePrefetcher(memory)
+    train(prefetcher, "a", "b")
+    after(prefetcher, "a")
+    assert count(memory, "warmed") == 2
+    memory.store(doc("b")[0], chunk(99), namespace=NS, compression="none")
+    memory.delete(doc("b")[1], namespace=NS)
+    assert count(memory, "wasted") == 2 and count(memory, "used") == 0
+    prefetcher.close()
+
+
+def test_the_budget_bounds_what_one_request_warms(make_memory: MemoryFactory) -> None:
+    memory = on_disk_only(make_memory, ["a", "b"], cpu_bytes="4MiB")
+    prefetcher = PredictivePrefetcher(memory, budget=1)
+    train(prefetcher, "a", "b")
+    after(prefetcher, "a")
+    assert cpu_keys(memory, "b") == [True, False]  # the entry that reaches the budget is the last
+    prefetcher.close()
+
+
+def test_prefix_cache_feeds_its_requests_to_the_predictor(make_memory: MemoryFactory, tiny_model: ModelFactory) -> None:
+    memory = make_memory(predictive_prefetch=True)
+    pc = PrefixCache(tiny_model("llama"), memory, block_size=BLOCK, compression="none")
+    first, second = torch.arange(3 * BLOCK) % 97, (torch.arange(3 * BLOCK) + 5) % 97
+    for ids in (first, second, first, second, first):
+        pc.prefill(ids)
+    pc.flush()
+    assert count(memory, "predicted") >= 1  # second follows first: predicted (resident here: a big CPU tier)
+    pc.close()
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "accepted"),
+    [
+        ("predictive_prefetch", "sometimes", "true|false"),
+        ("predictive_prefetch", 1, "true | false"),
+        ("predictive_prefetch_budget", 0, "a byte count >= 1"),
+        ("predictive_prefetch_budget", "lots", "a byte count"),
+    ],
+)
+def test_bad_settings_are_refused(setting: str, value: object, accepted: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(f"{setting}={value!r}") + ".*" + re.escape(accepted)):
+        kvmem.load_config(**{setting: value})
+
+
+def test_settings_are_read_from_the_environment() -> None:
+    config = kvmem.load_config(environ={"KVMEM_PREDICTIVE_PREFETCH": "on", "KVMEM_PREDICTIVE_PREFETCH_BUDGET": "16MiB"})
+    assert config.predictive_prefetch is True and config.predictive_prefetch_budget == 16 * 1024**2
+
+
+def test_bad_prefetcher_arguments_are_refused(memory: kvmem.Memory) -> None:
+    with pytest.raises(ConfigError, match=r"limit=0: accepted an integer >= 1"):
+        PredictivePrefetcher(memory, limit=0)
+    with pytest.raises(ConfigError, match=r"budget=0: accepted"):
+        PredictivePrefetcher(memory, budget=0, patterns=RequestPatterns())
