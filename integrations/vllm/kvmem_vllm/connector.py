@@ -18,7 +18,6 @@ blocks (:mod:`kvmem_vllm.worker`). Loads run before the forward pass of the step
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,16 +30,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from kvmem import Memory
 from kvmem.codecs import parse_codec
 from kvmem.errors import ConfigError
-
 from kvmem_vllm.identity import chunk_blocks, memory_settings, namespace
+from kvmem_vllm.log import logger
 from kvmem_vllm.metadata import KVMemMetadata
 from kvmem_vllm.scheduler import SchedulerSide
 from kvmem_vllm.worker import WorkerSide
 
 if TYPE_CHECKING:
-    from vllm.v1.attention.backend import AttentionMetadata
     from vllm.config import VllmConfig
     from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -48,8 +47,6 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 __all__ = ["KVMemConnector"]
-
-logger = logging.getLogger("kvmem_vllm")
 
 
 class KVMemConnector(KVConnectorBase_V1):

@@ -124,5 +124,3 @@ def _model_fingerprint(name: str, revision: str | None, hf_config: dict[str, Any
                 f.seek(max(0, size - _SAMPLE_BYTES) * i // max(1, _SAMPLES_PER_FILE - 1))
                 h.update(f.read(_SAMPLE_BYTES))
     return h.hexdigest()
-
-

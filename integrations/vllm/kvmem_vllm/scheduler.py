@@ -7,13 +7,12 @@ request whose first blocks vLLM's own prefix cache already holds loads only the 
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvmem import Memory
 from kvmem.keys import chunk_hashes
-
+from kvmem_vllm.log import logger
 from kvmem_vllm.metadata import BlockTransfer, KVMemMetadata
 
 if TYPE_CHECKING:
@@ -23,8 +22,6 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 __all__ = ["SchedulerSide"]
-
-logger = logging.getLogger("kvmem_vllm")
 
 
 @dataclass

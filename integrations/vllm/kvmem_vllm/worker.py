@@ -8,18 +8,14 @@ one strided view, ``[num_layers, *block]``: a block is stored as one tensor and 
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from kvmem import Memory
 from kvmem.errors import ConfigError, KVMemError, TierUnavailable
-
+from kvmem_vllm.log import logger
 from kvmem_vllm.metadata import BlockTransfer, KVMemMetadata
 
 __all__ = ["BlockViews", "WorkerSide"]
-
-logger = logging.getLogger("kvmem_vllm")
 
 
 class BlockViews:
