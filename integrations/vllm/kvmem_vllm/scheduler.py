@@ -85,8 +85,7 @@ class SchedulerSide:
             return _Request([], 0)  # NOTE: KV that depends on more than token ids is not reused (yet)
         hashes = chunk_hashes(tokens, self.block_size * self.chunk_blocks, self.namespace)
         keys = [f"{h}/{j}" for h in hashes for j in range(self.chunk_blocks)]
-        if not self.load or not keys:
-            return _Request(keys, 0)
+        # NOTE: a producer probes too, so it does not store again the chunks it finds stored
         found = self.memory.contains_many(keys, namespace=self.namespace)
         blocks = found.index(False) if False in found else len(found)
         return _Request(keys, blocks - blocks % self.chunk_blocks)

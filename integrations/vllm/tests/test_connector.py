@@ -3,10 +3,12 @@
 Four engine starts cover everything (each start costs ~30-70 s on two cores):
 
 1. ``base``: vLLM alone (no connector), the reference tokens and top logprobs;
-2. ``store``: the connector over an empty local store and a throwaway Redis: everything computed, saved;
-3. ``shared``: a second instance with empty local tiers and the same Redis: it reuses the first one's KV;
-4. ``restart``: the first store reopened without Redis (an engine restart, from disk), with one stored block
-   of prompt C flipped on disk first: C's block fails its CRC, is recomputed and stored again.
+2. ``store``: a producer (``kv_producer``: saves, never loads) over an empty local store and a throwaway
+   Redis: everything computed, saved;
+3. ``shared``: a consumer (``kv_consumer``: loads, never saves), a second instance with empty local tiers
+   and the same Redis: it decodes with the first one's KV (the prefill/decode hand-off);
+4. ``restart``: ``kv_both`` on the first store reopened without Redis (an engine restart, from disk), with
+   one stored block of prompt C flipped on disk first: C's block fails its CRC, is recomputed and stored again.
 
 vLLM's own prefix cache is off in every run, so ``num_cached_tokens`` counts the tokens the connector loaded.
 """
@@ -55,13 +57,14 @@ def runs(tiny_llama: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
     out: dict[str, Any] = {"work": work, "first": first, "redis_url": redis_url}
     names = list(PROMPTS)
 
-    def run(name: str, extra: dict[str, Any] | None, which: list[str]) -> None:
-        result = engine_run(work, name, model=model, prompts=[PROMPTS[n] for n in which], extra_config=extra)
+    def run(name: str, extra: dict[str, Any] | None, which: list[str], role: str = "kv_both") -> None:
+        prompts = [PROMPTS[n] for n in which]
+        result = engine_run(work, name, model=model, prompts=prompts, extra_config=extra, role=role)
         out[name] = {"start_s": result["start_s"], **dict(zip(which, result["prompts"]))}
 
     run("base", None, names)
-    run("store", {"path": first, "remote_url": redis_url, **LOCAL}, names)
-    run("shared", {"path": second, "remote_url": redis_url, **LOCAL}, names)
+    run("store", {"path": first, "remote_url": redis_url, **LOCAL}, names, role="kv_producer")
+    run("shared", {"path": second, "remote_url": redis_url, **LOCAL}, names, role="kv_consumer")
     out["corrupted"] = _flip_stored_block(first, C, chunk=1, block=0)
     run("restart", {"path": first, **LOCAL}, ["A", "C"])
     return out
@@ -98,19 +101,21 @@ def assert_same_output(got: dict[str, Any], want: dict[str, Any]) -> None:
             assert step_got[token] == pytest.approx(logprob, abs=1e-4)
 
 
-def test_a_store_run_gives_vllm_alone_s_tokens(runs: dict[str, Any]) -> None:
+def test_a_producer_saves_and_gives_vllm_alone_s_tokens(runs: dict[str, Any]) -> None:
     for name in PROMPTS:
         assert_same_output(runs["store"][name], runs["base"][name])
-    assert runs["store"]["A"]["cached"] == 0  # nothing was stored before
+        assert runs["store"][name]["cached"] == 0  # a producer never loads, not even B's chunks shared with A
+    assert "0 block(s) loaded, 0 failed and recomputed, 14 saved" in (runs["work"] / "store.log").read_text()
 
 
-def test_a_second_instance_reuses_the_first_one_s_kv_through_redis(runs: dict[str, Any]) -> None:
+def test_a_consumer_instance_decodes_with_the_producer_s_kv_through_redis(runs: dict[str, Any]) -> None:
     shared = runs["shared"]
     for name in PROMPTS:
         assert_same_output(shared[name], runs["base"][name])
     assert shared["A"]["cached"] >= 0.9 * len(A)
     assert shared["A"]["cached"] == 1024  # every full chunk; the last prompt token is always computed
-    assert shared["B"]["cached"] >= 512  # at least the chunks B shares with A
+    assert shared["B"]["cached"] == 768 and shared["C"]["cached"] == 512  # whole chunks only
+    assert "18 block(s) loaded, 0 failed and recomputed, 0 saved" in (runs["work"] / "shared.log").read_text()
 
 
 def test_an_engine_restart_reuses_from_disk(runs: dict[str, Any]) -> None:
