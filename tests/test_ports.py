@@ -21,6 +21,7 @@ FEATURE_LAYERS = [
     "kvmem/multimodal",
     "kvmem/semantic",
     "integrations/langchain/langchain_kvmem",
+    "integrations/vllm/kvmem_vllm",
 ]
 CORE_INTERNALS = ("kvmem.stores", "kvmem.catalog")
 SHARED_SCHEMA = "kvmem.catalog.schema"  # NOTE: the tables are declared once; the layers keep theirs there

@@ -1,0 +1,259 @@
+"""The seed's serving benchmark on vLLM-CPU: document QA through ``vllm serve`` and ``vllm bench serve``.
+
+Many documents, several questions about each (``vllm bench serve --dataset-name prefix_repetition``: a
+document is a shared prefix, a question a suffix, requests in random order), so the working set (every
+document's KV) is larger than vLLM's own KV space (``--num-gpu-blocks-override``): vLLM's prefix cache
+evicts a document before its next question comes. Rows, measured one after another in one run:
+
+- ``vLLM, prefix cache off``; ``vLLM prefix cache``;
+- ``vLLM OffloadingConnector`` (vLLM's built-in CPU offloading, given the host memory kvmem's CPU tier
+  gets): reported as not running where its worker needs CUDA;
+- ``vLLM + kvmem (CPU tier)``: a fresh store; ``kvmem after restart (disk)``: a new server on that store;
+- ``kvmem 2nd instance (Redis)``: a server with empty local tiers over the Redis a first instance filled.
+
+Run it with the vLLM venv (``integrations/vllm/venv.sh``)::
+
+    "$(integrations/vllm/venv.sh | tail -n 1)/bin/python" benchmarks/bench_serving.py [--quick]
+
+Columns: request throughput, output tokens/s, TTFT P50/P99, end-to-end P99 (``vllm bench serve``), hit rate
+(prompt tokens not computed: vLLM's prefix cache hits plus the connector's, from the server's /metrics), and
+memory (vLLM's KV space, plus what kvmem's tiers hold).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.servers import RedisServer, free_port  # noqa: E402  (the repository's throwaway Redis)
+
+# NOTE: the distribution is "vllm-cpu", so vLLM's CLI, asking importlib.metadata about "vllm", fails: answer for it
+LAUNCH = """
+import importlib.metadata as md, sys
+def _as_vllm_cpu(fn):
+    return lambda name: fn("vllm-cpu" if name == "vllm" else name)
+for _name in ("version", "metadata", "distribution", "requires"):
+    setattr(md, _name, _as_vllm_cpu(getattr(md, _name)))
+from vllm.entrypoints.cli.main import main
+sys.argv = ["vllm", *sys.argv[1:]]
+main()
+"""
+VOCAB = 2000
+BLOCK = 128  # vLLM CPU's block size
+KV_BYTES_PER_TOKEN = 4 * 2 * 8 * 64 * 4  # layers x (K, V) x kv heads x head dim x fp32
+
+
+def build_model(path: Path) -> None:
+    """A random-weight Llama (fp32) and a word-level tokenizer (``w0`` ... ``w{VOCAB-1}``), both built here."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB + 3,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        head_dim=64,
+        max_position_embeddings=4096,
+        bos_token_id=VOCAB,
+        eos_token_id=VOCAB + 1,
+        torch_dtype="float32",
+    )
+    LlamaForCausalLM(config).save_pretrained(path)
+    vocab = {f"w{i}": i for i in range(VOCAB)} | {"<s>": VOCAB, "</s>": VOCAB + 1, "<unk>": VOCAB + 2}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.save_pretrained(path)
+
+
+def metrics(port: int) -> dict[str, float]:
+    """The server's prefix-cache counters (vLLM's own and the connector's), summed over label sets."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name.endswith("_total") and "prefix_cache" in name and not line.startswith("#"):
+            found[name] = found.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return found
+
+
+class Server:
+    """``vllm serve`` on 127.0.0.1 in a process group of its own; its log under ``work``."""
+
+    def __init__(self, work: Path, name: str, model: Path, args: list[str], env: dict[str, str]) -> None:
+        self.port = free_port()
+        self.log = work / f"{name}.serve.log"
+        argv = [sys.executable, "-c", LAUNCH, "serve", str(model), "--host", "127.0.0.1", "--port", str(self.port)]
+        self.proc = subprocess.Popen(
+            [*argv, *args], env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+        )
+        start = time.perf_counter()
+        while True:
+            if self.proc.poll() is not None:
+                causes = re.findall(r"^\w*(?:Error|Exception): .*$", self.log.read_text(), re.M)
+                raise RuntimeError(causes[0] if causes else f"see {self.log}")
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(1)
+        self.start_s = time.perf_counter() - start
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGINT)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def bench(server: Server, work: Path, name: str, model: Path, docqa: argparse.Namespace, env: dict[str, str]) -> dict:
+    """``vllm bench serve`` against ``server``; its result JSON."""
+    result = work / f"{name}.bench.json"
+    argv = [
+        *("bench", "serve", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{server.port}"),
+        *("--model", str(model), "--tokenizer", str(model), "--dataset-name", "prefix_repetition"),
+        *("--prefix-repetition-prefix-len", str(docqa.doc_tokens), "--prefix-repetition-suffix-len", "24"),
+        *("--prefix-repetition-num-prefixes", str(docqa.docs), "--prefix-repetition-output-len", "16"),
+        *("--num-prompts", str(docqa.docs * docqa.questions), "--max-concurrency", "2", "--ignore-eos"),
+        *("--percentile-metrics", "ttft,e2el", "--metric-percentiles", "50,99"),
+        *("--save-result", "--result-dir", str(work), "--result-filename", result.name),
+    ]
+    with (work / f"{name}.bench.log").open("w") as log:
+        subprocess.run([sys.executable, "-c", LAUNCH, *argv], env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+    return json.loads(result.read_text())
+
+
+def kvmem_config(path: Path, role: str = "kv_both", **extra: Any) -> list[str]:
+    config = {
+        "kv_connector": "KVMemConnector",
+        "kv_connector_module_path": "kvmem_vllm",
+        "kv_role": role,
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"path": str(path), "compression": "none", "block_size": BLOCK, **extra},
+    }
+    return ["--kv-transfer-config", json.dumps(config)]
+
+
+def du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--docs", type=int, default=24)
+    p.add_argument("--questions", type=int, default=3)
+    p.add_argument("--doc-tokens", type=int, default=1000)
+    p.add_argument("--kv-blocks", type=int, default=64, help="vLLM's own KV space, in blocks of 128 tokens")
+    p.add_argument("--cpu-bytes", default="2GiB", help="host memory of kvmem's CPU tier and of the offloading row")
+    p.add_argument("--quick", action="store_true", help="8 documents x 2 questions, 24 blocks of KV space")
+    args = p.parse_args()
+    if args.quick:
+        args.docs, args.questions, args.kv_blocks = 8, 2, 24
+    work = Path(tempfile.mkdtemp(prefix="bench-serving-"))
+    model = work / "model"
+    build_model(model)
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CACHE_ROOT": str(work / "vllm-cache")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "integrations" / "vllm"), env.get("PYTHONPATH", "")])
+    common = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.3"]
+    common += ["--num-gpu-blocks-override", str(args.kv_blocks)]
+    kv_space = args.kv_blocks * BLOCK * KV_BYTES_PER_TOKEN
+    working_set = args.docs * (args.doc_tokens // BLOCK) * BLOCK * KV_BYTES_PER_TOKEN
+    cpu_bytes = _bytes(args.cpu_bytes)
+    redis = RedisServer(work / "redis")
+    rows: list[tuple[str, list[str], Path | None]] = [
+        ("vLLM, prefix cache off", ["--no-enable-prefix-caching"], None),
+        ("vLLM prefix cache", [], None),
+        (
+            "vLLM OffloadingConnector",
+            ["--kv-transfer-config", json.dumps(_offloading(cpu_bytes))],
+            None,
+        ),
+        ("vLLM + kvmem (CPU tier)", kvmem_config(work / "kv", cpu_bytes=cpu_bytes), work / "kv"),
+        ("kvmem after restart (disk)", kvmem_config(work / "kv", cpu_bytes=cpu_bytes), work / "kv"),
+        ("kvmem 1st instance (Redis)", kvmem_config(work / "kv-a", remote_url=redis.url), work / "kv-a"),
+        ("kvmem 2nd instance (Redis)", kvmem_config(work / "kv-b", remote_url=redis.url), work / "kv-b"),
+    ]
+    print(f"doc-QA: {args.docs} documents x {args.questions} questions, {args.doc_tokens} + 24 tokens each, 16 out;")
+    print(f"working set {working_set / 2**20:.0f} MiB of KV > vLLM's KV space {kv_space / 2**20:.0f} MiB")
+    header = "| row | start s | req/s | out tok/s | TTFT P50 ms | TTFT P99 ms | E2E P99 ms | hit rate | memory MiB |"
+    print(header + "\n" + "|---" * 9 + "|")
+    try:
+        for i, (name, extra, store) in enumerate(rows):
+            _row(work, i, name, model, common + extra, env, args, kv_space, store)
+    finally:
+        redis.stop()
+    print(f"(memory: vLLM's KV space plus kvmem's disk tier; logs under {work})")
+    shutil.rmtree(work / "vllm-cache", ignore_errors=True)
+
+
+def _row(
+    work: Path,
+    i: int,
+    name: str,
+    model: Path,
+    serve_args: list[str],
+    env: dict[str, str],
+    docqa: argparse.Namespace,
+    kv_space: int,
+    store: Path | None,
+) -> None:
+    """Serve, benchmark and print one row."""
+    try:
+        server = Server(work, f"row{i}", model, serve_args, env)
+    except RuntimeError as exc:
+        print(f"| {name} | does not start here: {str(exc)[:160]} |||||||", flush=True)
+        return
+    try:
+        r = bench(server, work, f"row{i}", model, docqa, env)
+        m = metrics(server.port)
+    finally:
+        server.stop()
+    queries = m.get("vllm:prefix_cache_queries_total", 0) or 1
+    hits = m.get("vllm:prefix_cache_hits_total", 0) + m.get("vllm:external_prefix_cache_hits_total", 0)
+    memory = kv_space + (du(store) if store is not None else 0)
+    print(
+        f"| {name} | {server.start_s:.0f} | {r['request_throughput']:.2f} | {r['output_throughput']:.1f} | "
+        f"{r['median_ttft_ms']:.0f} | {r['p99_ttft_ms']:.0f} | {r['p99_e2el_ms']:.0f} | "
+        f"{hits / queries:.0%} | {memory / 2**20:.0f} |",
+        flush=True,
+    )
+
+
+def _offloading(cpu_bytes: int) -> dict[str, Any]:
+    return {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"cpu_bytes_to_use": cpu_bytes},
+    }
+
+
+def _bytes(text: str) -> int:
+    units = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+    for unit, scale in units.items():
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * scale)
+    return int(text)
+
+
+if __name__ == "__main__":
+    main()

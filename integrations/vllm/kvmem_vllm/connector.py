@@ -1,0 +1,187 @@
+"""``KVMemConnector``: kvmem as vLLM's KV connector (``KVConnectorBase_V1``, vLLM 0.32).
+
+Configured the vLLM way::
+
+    KVTransferConfig(
+        kv_connector="KVMemConnector",
+        kv_connector_module_path="kvmem_vllm",
+        kv_role="kv_both",                      # or kv_producer (saves only) / kv_consumer (loads only)
+        kv_load_failure_policy="recompute",     # a block that fails its CRC is recomputed, not fatal
+        kv_connector_extra_config={"path": "/var/cache/kvmem", "disk_bytes": "50GiB"},
+    )
+
+The scheduler-side instance probes kvmem for the longest stored run of a prompt's chunks and plans
+loads and saves (:mod:`kvmem_vllm.scheduler`); the worker-side instance, in another process, moves the
+blocks (:mod:`kvmem_vllm.worker`). Loads run before the forward pass of the step that needs them
+(synchronous loads), saves after it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from kvmem import Memory
+from kvmem.codecs import parse_codec
+from kvmem.errors import ConfigError
+from kvmem_vllm.identity import chunk_blocks, memory_settings, namespace
+from kvmem_vllm.log import logger
+from kvmem_vllm.metadata import KVMemMetadata
+from kvmem_vllm.scheduler import SchedulerSide
+from kvmem_vllm.worker import WorkerSide
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+__all__ = ["KVMemConnector"]
+
+
+class KVMemConnector(KVConnectorBase_V1):
+    """vLLM's prefix KV kept in kvmem: reused across requests, engine restarts and instances.
+
+    Args:
+        vllm_config: the engine's config; ``kv_transfer_config.kv_connector_extra_config`` holds ``path``
+            and any other :class:`kvmem.config.Config` field.
+        role: scheduler or worker.
+        kv_cache_config: the engine's KV cache layout.
+
+    Raises:
+        ConfigError: no ``path``, a bad kvmem setting, a chunk that is not a whole number of vLLM blocks,
+            the scheduler side without a persistent tier (disk or remote), or an unsupported engine layout.
+    """
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        transfer = self._kv_transfer_config
+        settings = memory_settings(transfer.kv_connector_extra_config or {})
+        block_size = vllm_config.cache_config.block_size
+        self._scheduler: SchedulerSide | None = None
+        self._worker: WorkerSide | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            # NOTE: the scheduler only probes; the CPU tier that holds blocks is the worker's, in another
+            # process, so the scheduler sees what reached a persistent tier (disk, remote).
+            memory = Memory(**{**settings, "cpu_bytes": 0, "metrics_port": None})
+            if memory.config.disk_bytes == 0 and not memory.config.remote_url:
+                memory.close()
+                raise ConfigError(
+                    "kvmem-vllm needs a persistent tier the scheduler can probe: disk_bytes > 0 or a remote_url "
+                    f"(got disk_bytes=0 and no remote_url in kv_connector_extra_config for {settings['path']!r})"
+                )
+        else:
+            memory = Memory(**settings)
+        codec = str(parse_codec(memory.config.compression))
+        chunk_tokens = memory.config.block_size
+        ns = namespace(vllm_config, kv_cache_config, codec, chunk_tokens)
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = SchedulerSide(
+                memory,
+                ns,
+                block_size,
+                chunk_blocks(chunk_tokens, block_size),
+                load=transfer.is_kv_consumer,
+                save=transfer.is_kv_producer,
+            )
+            if transfer.kv_load_failure_policy != "recompute":
+                logger.warning(
+                    "kvmem: kv_load_failure_policy=%r: a block that fails its CRC fails its request; "
+                    'set kv_load_failure_policy="recompute" to recompute it instead',
+                    transfer.kv_load_failure_policy,
+                )
+        else:
+            self._worker = WorkerSide(memory, ns, kv_cache_config.num_blocks, codec)
+        self._memory = memory
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """A cache: a dropped save is a future miss, never a lost hand-off."""
+        return False
+
+    # -- scheduler side ----------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """Tokens kvmem can load beyond ``num_computed_tokens`` (loaded synchronously)."""
+        return self._sched().matched_tokens(request, num_computed_tokens), False
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        """Plan the load into the blocks just allocated."""
+        self._sched().after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        """This step's loads and saves."""
+        return self._sched().build_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        """Note the blocks whose load failed (recomputed by vLLM, saved again after)."""
+        self._sched().after_step(connector_output)
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        """The blocks can be freed at once: saves finish in the step that computed them."""
+        self._sched().finished(request)
+        return False, None
+
+    # -- worker side -------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Map vLLM's per-layer block tensors."""
+        self._work().register(kv_caches)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        """Load this step's blocks (before the forward pass: the loads are synchronous)."""
+        self._work().load(self._meta())
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Nothing to wait for: every layer was loaded in :meth:`start_load_kv`."""
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
+    ) -> None:
+        """Nothing per layer: a block of every layer is saved as one tensor in :meth:`wait_for_save`."""
+
+    def wait_for_save(self) -> None:
+        """Save the chunks this step completed."""
+        if self.has_connector_metadata():
+            self._work().save(self._meta())
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """The blocks whose load failed this step: vLLM recomputes them."""
+        return self._work().take_failed()
+
+    def shutdown(self) -> None:
+        """Close the memory (flushes its catalog)."""
+        if self._worker is not None:
+            w = self._worker
+            logger.info(
+                "kvmem: %d block(s) loaded, %d failed and recomputed, %d saved",
+                w.loaded_blocks,
+                w.failed_blocks,
+                w.saved_blocks,
+            )
+        self._memory.close()
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _sched(self) -> SchedulerSide:
+        if self._scheduler is None:
+            raise ConfigError("a scheduler-side call on the worker-side KVMemConnector")
+        return self._scheduler
+
+    def _work(self) -> WorkerSide:
+        if self._worker is None:
+            raise ConfigError("a worker-side call on the scheduler-side KVMemConnector")
+        return self._worker
+
+    def _meta(self) -> KVMemMetadata:
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, KVMemMetadata):
+            raise ConfigError(f"connector metadata of type {type(meta).__name__}: expected KVMemMetadata")
+        return meta

@@ -1,0 +1,126 @@
+"""What a kvmem-vllm key names, and the memory a connector opens.
+
+A stored block is only ever loaded into the engine that could have computed it: its keys live in a
+namespace naming the model (its config and a sample of its weight files), the model and KV-cache
+dtypes, the platform and vLLM's KV block layout (spec, block size, heads, head size, layer names),
+the codec and the chunk size. A CPU-layout block therefore never loads into a GPU backend, another
+model, or another block size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvmem.errors import ConfigError
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+__all__ = ["chunk_blocks", "memory_settings", "namespace"]
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+_SAMPLES_PER_FILE = 16
+_SAMPLE_BYTES = 4096
+_IGNORED_CONFIG_KEYS = frozenset({"_name_or_path", "transformers_version", "_commit_hash", "architectures"})
+
+
+def memory_settings(extra_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The :class:`kvmem.Memory` settings in ``kv_connector_extra_config`` (every key is a Config field).
+
+    Raises:
+        ConfigError: ``path`` is missing (a connector never writes to a default directory by surprise).
+    """
+    settings = dict(extra_config)
+    if not settings.get("path"):
+        raise ConfigError(
+            'kv_connector_extra_config has no "path": expected {"path": DIR, ...} with any kvmem Config '
+            "field beside it (cpu_bytes, disk_bytes, remote_url, catalog_url, block_size, compression, ...)"
+        )
+    return settings
+
+
+def chunk_blocks(chunk_tokens: int, vllm_block_size: int) -> int:
+    """vLLM blocks per kvmem chunk.
+
+    Raises:
+        ConfigError: ``chunk_tokens`` (kvmem's ``block_size``) is not a whole number of vLLM blocks.
+    """
+    if chunk_tokens % vllm_block_size:
+        raise ConfigError(
+            f"block_size={chunk_tokens}: kvmem's chunk must be a whole number of vLLM blocks of "
+            f"{vllm_block_size} tokens (e.g. {vllm_block_size} or {2 * vllm_block_size})"
+        )
+    return chunk_tokens // vllm_block_size
+
+
+def namespace(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, codec: str, chunk_tokens: int) -> str:
+    """The namespace of every key this engine stores or loads (the same in the scheduler and the worker).
+
+    Raises:
+        ConfigError: the engine runs tensor or pipeline parallel (each rank would hold a shard of a
+            block under one key; not supported yet), or has more than one KV cache group.
+    """
+    from vllm.platforms import current_platform
+
+    parallel = vllm_config.parallel_config
+    if parallel.tensor_parallel_size != 1 or parallel.pipeline_parallel_size != 1:
+        raise ConfigError(
+            f"tensor_parallel_size={parallel.tensor_parallel_size}, pipeline_parallel_size="
+            f"{parallel.pipeline_parallel_size}: kvmem-vllm supports one worker (both 1) so far"
+        )
+    if len(kv_cache_config.kv_cache_groups) != 1:
+        raise ConfigError(
+            f"{len(kv_cache_config.kv_cache_groups)} KV cache groups (a hybrid or sliding-window model): "
+            "kvmem-vllm supports models with one group of full-attention layers so far"
+        )
+    group = kv_cache_config.kv_cache_groups[0]
+    spec = group.kv_cache_spec
+    layout = {
+        "platform": current_platform.device_type,
+        "spec": type(spec).__name__,
+        "block_size": spec.block_size,
+        "num_kv_heads": getattr(spec, "num_kv_heads", None),
+        "head_size": getattr(spec, "head_size", None),
+        "kv_dtype": str(spec.dtype),
+        "cache_dtype": vllm_config.cache_config.cache_dtype,
+        "layers": list(group.layer_names),
+    }
+    model = vllm_config.model_config
+    parts = {
+        "model": _model_fingerprint(model.model, model.revision, model.hf_config.to_dict()),
+        "dtype": str(model.dtype),
+        "layout": layout,
+        "codec": codec,
+        "chunk_tokens": chunk_tokens,
+    }
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+    return f"vllm/{digest}"
+
+
+def _model_fingerprint(name: str, revision: str | None, hf_config: dict[str, Any]) -> str:
+    """A digest of the model's name, revision, config and, for a local directory, a sample of its weight files.
+
+    NOTE: the weights are sampled (``_SAMPLES_PER_FILE`` reads of ``_SAMPLE_BYTES`` evenly spaced in every
+    weight file, plus its size), so it costs milliseconds for any model, yet a fine-tune saved over the
+    same directory changes it. A hub id is named by id and revision (vLLM resolves its files itself).
+    """
+    h = hashlib.sha256(b"kvmem-vllm/model/v1")
+    config = {k: v for k, v in hf_config.items() if k not in _IGNORED_CONFIG_KEYS}
+    h.update(json.dumps({"revision": revision, "config": config}, sort_keys=True, default=str).encode())
+    root = Path(name)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in _WEIGHT_SUFFIXES) if root.is_dir() else []
+    if not files:
+        h.update(name.encode())
+    for path in files:
+        size = path.stat().st_size
+        h.update(f"{path.relative_to(root)}:{size}".encode())
+        with open(path, "rb") as f:
+            for i in range(_SAMPLES_PER_FILE):
+                f.seek(max(0, size - _SAMPLE_BYTES) * i // max(1, _SAMPLES_PER_FILE - 1))
+                h.update(f.read(_SAMPLE_BYTES))
+    return h.hexdigest()

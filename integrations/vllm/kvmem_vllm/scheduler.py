@@ -1,0 +1,152 @@
+"""The scheduler side: how much of a prompt kvmem holds, and which blocks to load or save each step.
+
+A prompt is cut into chunks of ``chunk_blocks`` vLLM blocks with prefix-chained hashes
+(:func:`kvmem.keys.chunk_hashes`); block ``j`` of chunk ``i`` is stored under ``"{h_i}/{j}"``, so a
+request whose first blocks vLLM's own prefix cache already holds loads only the blocks after them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kvmem import Memory
+from kvmem.keys import chunk_hashes
+from kvmem_vllm.log import logger
+from kvmem_vllm.metadata import BlockTransfer, KVMemMetadata
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+__all__ = ["SchedulerSide"]
+
+
+@dataclass
+class _Request:
+    """What the scheduler side keeps about one request.
+
+    Attributes:
+        keys: one key per block of the prompt's full chunks.
+        stored: leading blocks known to be stored (the probe's hit, then what was saved).
+        local: tokens vLLM had computed itself when the load was planned (block-aligned).
+        block_ids: the request's vLLM blocks, in order.
+    """
+
+    keys: list[str]
+    stored: int
+    local: int = 0
+    block_ids: list[int] = field(default_factory=list)
+
+
+class SchedulerSide:
+    """The scheduler half of :class:`~kvmem_vllm.KVMemConnector`.
+
+    Args:
+        memory: a memory over the same persistent tiers the worker writes (it has no CPU tier of its own:
+            the worker's is in another process).
+        namespace: the keys' namespace (:func:`kvmem_vllm.identity.namespace`).
+        block_size: vLLM's tokens per block.
+        chunk_blocks: vLLM blocks per kvmem chunk.
+        load: whether this engine loads (``kv_both``, ``kv_consumer``).
+        save: whether this engine saves (``kv_both``, ``kv_producer``).
+    """
+
+    def __init__(
+        self, memory: Memory, namespace: str, block_size: int, chunk_blocks: int, *, load: bool, save: bool
+    ) -> None:
+        self.memory = memory
+        self.namespace = namespace
+        self.block_size = block_size
+        self.chunk_blocks = chunk_blocks
+        self.load = load
+        self.save = save
+        self._requests: dict[str, _Request] = {}
+        self._loads: list[BlockTransfer] = []
+        self.failed_blocks = 0  # NOTE: blocks whose load failed (CRC or tier) and were recomputed
+
+    def matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
+        """Tokens after ``num_computed_tokens`` that kvmem can load (whole blocks; never the last prompt token)."""
+        state = self._requests.get(request.request_id)
+        if state is None:
+            state = self._requests[request.request_id] = self._probe(request)
+        state.local = num_computed_tokens
+        if not self.load:
+            return 0
+        loadable = min(state.stored, (len(request.prompt_token_ids or ()) - 1) // self.block_size)
+        return max(0, loadable * self.block_size - num_computed_tokens)
+
+    def _probe(self, request: Request) -> _Request:
+        """The request's block keys and how many leading blocks are stored, in one batched probe."""
+        tokens = request.prompt_token_ids
+        if tokens is None or request.mm_features or request.lora_request is not None:
+            return _Request([], 0)  # NOTE: KV that depends on more than token ids is not reused (yet)
+        hashes = chunk_hashes(tokens, self.block_size * self.chunk_blocks, self.namespace)
+        keys = [f"{h}/{j}" for h in hashes for j in range(self.chunk_blocks)]
+        # NOTE: a producer probes too, so it does not store again the chunks it finds stored
+        found = self.memory.contains_many(keys, namespace=self.namespace)
+        blocks = found.index(False) if False in found else len(found)
+        return _Request(keys, blocks - blocks % self.chunk_blocks)
+
+    def after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        """Plan the load of ``num_external_tokens`` into the request's newly allocated blocks."""
+        state = self._requests.get(request.request_id)
+        if state is None or num_external_tokens == 0:
+            return
+        block_ids = blocks.get_block_ids()[0]
+        first = state.local // self.block_size
+        last = first + num_external_tokens // self.block_size
+        self._loads.append(BlockTransfer(request.request_id, state.keys[first:last], list(block_ids[first:last])))
+
+    def build_meta(self, scheduler_output: SchedulerOutput) -> KVMemMetadata:
+        """This step's loads (planned since the last step) and the saves of chunks this step completes."""
+        meta = KVMemMetadata(loads=self._loads)
+        self._loads = []
+        tokens = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            state = self._requests.get(new.req_id)
+            if state is not None:
+                state.block_ids = list(new.block_ids[0])
+                self._plan_save(meta, new.req_id, state, new.num_computed_tokens + tokens[new.req_id])
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            state = self._requests.get(req_id)
+            if state is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids:  # NOTE: a preempted request comes back with new blocks
+                state.block_ids = list(new_ids[0]) if new_ids is not None else []
+            elif new_ids is not None:
+                state.block_ids.extend(new_ids[0])
+            self._plan_save(meta, req_id, state, cached.num_computed_tokens[i] + tokens[req_id])
+        return meta
+
+    def _plan_save(self, meta: KVMemMetadata, req_id: str, state: _Request, computed: int) -> None:
+        """Save the chunks whose every token is computed once this step has run, and not stored yet."""
+        if not self.save:
+            return
+        done = min(computed // self.block_size, len(state.keys), len(state.block_ids))
+        done -= done % self.chunk_blocks
+        if done > state.stored:
+            meta.saves.append(
+                BlockTransfer(req_id, state.keys[state.stored : done], state.block_ids[state.stored : done])
+            )
+            state.stored = done
+
+    def after_step(self, output: KVConnectorOutput) -> None:
+        """Take the blocks whose load failed into account: they are recomputed, so saved again after that."""
+        failed = output.invalid_block_ids
+        if not failed:
+            return
+        self.failed_blocks += len(failed)
+        logger.warning("kvmem: %d block(s) failed to load (CRC or tier failure): vLLM recomputes them", len(failed))
+        for state in self._requests.values():
+            bad = [i for i, b in enumerate(state.block_ids[: state.stored]) if b in failed]
+            if bad:
+                state.stored = bad[0] - bad[0] % self.chunk_blocks
+
+    def finished(self, request: Request) -> None:
+        """Forget a finished request (its saves ran in the steps that computed them)."""
+        self._requests.pop(request.request_id, None)

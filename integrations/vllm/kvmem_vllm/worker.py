@@ -1,0 +1,151 @@
+"""The worker side: blocks loaded from kvmem straight into vLLM's KV cache, and saved from it.
+
+Every layer's KV cache is a view of one buffer at equal strides (vLLM's CPU backend:
+``[num_blocks, num_kv_heads, block_size, 2 * head_dim]`` per layer), so one block of every layer is
+one strided view, ``[num_layers, *block]``: a block is stored as one tensor and loaded with
+``Memory.load_many(out=...)`` into that view, one copy, no buffer in between.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvmem import Memory
+from kvmem.errors import ConfigError, KVMemError, TierUnavailable
+from kvmem_vllm.log import logger
+from kvmem_vllm.metadata import BlockTransfer, KVMemMetadata
+
+__all__ = ["BlockViews", "WorkerSide"]
+
+
+class BlockViews:
+    """One vLLM block across every layer, as a view of the KV cache.
+
+    Args:
+        kv_caches: vLLM's KV cache tensors by layer name, in layer order.
+        num_blocks: blocks per layer (finds the block dimension).
+
+    Raises:
+        ConfigError: the layers are not views of one buffer at equal strides, or no single dimension
+            has ``num_blocks`` entries.
+    """
+
+    def __init__(self, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> None:
+        layers = list(kv_caches.values())
+        if not layers:
+            raise ConfigError("register_kv_caches got no KV cache tensor: expected one per attention layer")
+        first = layers[0]
+        dims = [d for d, n in enumerate(first.shape) if n == num_blocks]
+        if len(dims) != 1:
+            raise ConfigError(
+                f"KV cache of shape {list(first.shape)}: expected exactly one dimension of {num_blocks} blocks"
+            )
+        self.block_dim = dims[0]
+        offsets = [t.storage_offset() for t in layers]
+        step = offsets[1] - offsets[0] if len(layers) > 1 else first.numel()
+        same = all(
+            t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+            and t.shape == first.shape
+            and t.stride() == first.stride()
+            and t.dtype == first.dtype
+            and off == offsets[0] + i * step
+            for i, (t, off) in enumerate(zip(layers, offsets))
+        )
+        if not same or step <= 0:
+            raise ConfigError(
+                f"KV caches of {len(layers)} layers ({', '.join(list(kv_caches)[:2])}, ...) are not views of one "
+                "buffer at equal strides: kvmem-vllm stores a block of every layer as one tensor and needs that layout"
+            )
+        self._first = first
+        self._layer_stride = step
+        block = first.select(self.block_dim, 0)
+        self.shape = [len(layers), *block.shape]
+        self._strides = [step, *block.stride()]
+
+    def __call__(self, block_id: int) -> torch.Tensor:
+        """Block ``block_id`` of every layer: a ``[num_layers, *block]`` view of the KV cache."""
+        offset = self._first.storage_offset() + block_id * self._first.stride(self.block_dim)
+        return self._first.as_strided(self.shape, self._strides, offset)
+
+
+class WorkerSide:
+    """The worker half of :class:`~kvmem_vllm.KVMemConnector`.
+
+    Args:
+        memory: this worker's memory (its CPU tier is the fast one).
+        namespace: the keys' namespace (:func:`kvmem_vllm.identity.namespace`).
+        num_blocks: blocks per layer in vLLM's KV cache.
+        compression: codec of the saved blocks.
+    """
+
+    def __init__(self, memory: Memory, namespace: str, num_blocks: int, compression: str) -> None:
+        self.memory = memory
+        self.namespace = namespace
+        self.num_blocks = num_blocks
+        self.compression = compression
+        self.views: BlockViews | None = None
+        self._failed: set[int] = set()
+        self._failed_reqs: set[str] = set()
+        self.loaded_blocks = 0
+        self.failed_blocks = 0
+        self.saved_blocks = 0
+
+    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Map vLLM's per-layer KV cache tensors (see :class:`BlockViews`)."""
+        self.views = BlockViews(kv_caches, self.num_blocks)
+
+    def load(self, meta: KVMemMetadata) -> None:
+        """Write this step's loads into their blocks; the blocks that could not be loaded are remembered.
+
+        NOTE: a block is loaded or reported failed, never half-trusted: a copy that fails its CRC is
+        quarantined by kvmem and its load is a miss, a failing tier is skipped, and a miss is reported to
+        vLLM (:meth:`take_failed`), which recomputes the block.
+        """
+        self._failed_reqs = set()
+        for transfer in meta.loads:
+            failed = self._load_one(transfer)
+            if failed:
+                self._failed |= failed
+                self._failed_reqs.add(transfer.req_id)
+                self.failed_blocks += len(failed)
+            self.loaded_blocks += len(transfer.block_ids) - len(failed)
+
+    def _load_one(self, transfer: BlockTransfer) -> set[int]:
+        """Load one request's blocks; the ids of those not loaded."""
+        views = self._views()
+        try:
+            got = self.memory.load_many(
+                transfer.keys, namespace=self.namespace, out=[views(b) for b in transfer.block_ids]
+            )
+        except KVMemError as exc:  # NOTE: a stored block that does not fit this layout: recompute, never inject
+            logger.warning("kvmem: loading %d block(s) failed: %s", len(transfer.keys), exc)
+            return set(transfer.block_ids)
+        return {b for b, value in zip(transfer.block_ids, got) if value is None}
+
+    def save(self, meta: KVMemMetadata) -> None:
+        """Store this step's completed chunks (a request whose load failed this step saves nothing)."""
+        views = self._views()
+        items = [
+            (key, views(b))
+            for transfer in meta.saves
+            if transfer.req_id not in self._failed_reqs
+            for key, b in zip(transfer.keys, transfer.block_ids)
+        ]
+        if not items:
+            return
+        try:
+            self.memory.store_many(items, namespace=self.namespace, compression=self.compression)
+        except TierUnavailable as exc:  # NOTE: a save that fails costs a future hit, never the request
+            logger.warning("kvmem: saving %d block(s) failed: %s", len(items), exc)
+            return
+        self.saved_blocks += len(items)
+
+    def take_failed(self) -> set[int]:
+        """The blocks whose load failed since the last call."""
+        failed, self._failed = self._failed, set()
+        return failed
+
+    def _views(self) -> BlockViews:
+        if self.views is None:
+            raise ConfigError("kvmem-vllm: a transfer before register_kv_caches (vLLM did not register its KV cache)")
+        return self.views

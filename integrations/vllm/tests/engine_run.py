@@ -1,0 +1,67 @@
+"""One vLLM engine run, in a process of its own: ``python engine_run.py JOB.json`` writes ``JOB.json.out``.
+
+The job names the model directory, the prompts (token ids) and the connector's extra config (none:
+vLLM alone). The result holds, per prompt, the greedy tokens, their top logprobs and how many prompt
+tokens vLLM did not compute (``num_cached_tokens``; vLLM's own prefix cache is off, so these are the
+tokens the connector loaded), plus the engine's start and generation times.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+TOP_LOGPROBS = 5
+
+
+def run(job: dict[str, Any]) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    transfer = None
+    if job["extra_config"] is not None:
+        transfer = KVTransferConfig(
+            kv_connector="KVMemConnector",
+            kv_connector_module_path="kvmem_vllm",
+            kv_role=job.get("role", "kv_both"),
+            kv_load_failure_policy="recompute",
+            kv_connector_extra_config=job["extra_config"],
+        )
+    start = time.perf_counter()
+    llm = LLM(
+        model=job["model"],
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        dtype="float32",
+        max_model_len=job["max_model_len"],
+        enable_prefix_caching=False,
+        kv_transfer_config=transfer,
+        seed=0,
+    )
+    started = time.perf_counter() - start
+    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], logprobs=TOP_LOGPROBS, detokenize=False)
+    results = []
+    generate_s = []
+    for ids in job["prompts"]:  # NOTE: one prompt at a time: a later prompt may reuse an earlier one's chunks
+        t = time.perf_counter()
+        (out,) = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
+        generate_s.append(time.perf_counter() - t)
+        completion = out.outputs[0]
+        results.append(
+            {
+                "tokens": list(completion.token_ids),
+                "logprobs": [{str(k): v.logprob for k, v in step.items()} for step in completion.logprobs or []],
+                "cached": out.num_cached_tokens,
+            }
+        )
+    return {"start_s": started, "generate_s": generate_s, "prompts": results}
+
+
+if __name__ == "__main__":  # NOTE: vLLM spawns its workers: nothing may run at import
+    path = Path(sys.argv[1])
+    result = run(json.loads(path.read_text()))
+    Path(f"{path}.out").write_text(json.dumps(result))

@@ -1,0 +1,65 @@
+"""The connector's pieces that need no engine: block views over vLLM's KV cache, and what its config refuses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import kvmem
+from kvmem.errors import ConfigError
+from kvmem_vllm.identity import chunk_blocks, memory_settings
+from kvmem_vllm.worker import BlockViews, WorkerSide
+
+LAYERS, BLOCKS, HEADS, BLOCK, WIDTH = 3, 10, 2, 4, 6  # vLLM CPU: [num_blocks, kv_heads, block_size, 2 * head_dim]
+
+
+def cpu_caches() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """vLLM's CPU layout: one buffer, each layer a contiguous view of it."""
+    buf = torch.arange(LAYERS * BLOCKS * HEADS * BLOCK * WIDTH, dtype=torch.float32)
+    per_layer = buf.view(LAYERS, BLOCKS, HEADS, BLOCK, WIDTH)
+    return per_layer, {f"model.layers.{i}.self_attn.attn": per_layer[i] for i in range(LAYERS)}
+
+
+def test_a_block_view_is_that_block_of_every_layer_and_writes_through() -> None:
+    per_layer, caches = cpu_caches()
+    views = BlockViews(caches, BLOCKS)
+    view = views(7)
+    assert list(view.shape) == [LAYERS, HEADS, BLOCK, WIDTH]
+    assert torch.equal(view, per_layer[:, 7])
+    view.fill_(-1.0)  # a load writes into vLLM's cache itself, that block only
+    assert bool((per_layer[:, 7] == -1).all()) and not bool((per_layer[:, 6] == -1).any())
+
+
+def test_blocks_round_trip_through_kvmem_into_other_blocks(tmp_path: Path) -> None:
+    per_layer, caches = cpu_caches()
+    with kvmem.Memory(str(tmp_path), cpu_bytes="16MiB", disk_bytes="64MiB") as mem:
+        worker = WorkerSide(mem, "vllm/test", BLOCKS, "none")
+        worker.register(caches)
+        mem.store_many([(f"k{b}", worker.views(b)) for b in (1, 2)], namespace="vllm/test")
+        got = mem.load_many(["k1", "k2", "missing"], namespace="vllm/test", out=[worker.views(b) for b in (8, 9, 5)])
+    assert got[2] is None
+    assert torch.equal(per_layer[:, 8], per_layer[:, 1]) and torch.equal(per_layer[:, 9], per_layer[:, 2])
+
+
+def test_layers_that_are_not_one_buffer_are_refused() -> None:
+    _, caches = cpu_caches()
+    caches["model.layers.1.self_attn.attn"] = caches["model.layers.1.self_attn.attn"].clone()
+    with pytest.raises(ConfigError, match="not views of one buffer at equal strides"):
+        BlockViews(caches, BLOCKS)
+
+
+def test_a_cache_without_a_block_dimension_is_refused() -> None:
+    _, caches = cpu_caches()
+    with pytest.raises(ConfigError, match="expected exactly one dimension of 11 blocks"):
+        BlockViews(caches, BLOCKS + 1)
+
+
+def test_the_config_needs_a_path_and_whole_vllm_blocks() -> None:
+    with pytest.raises(ConfigError, match='has no "path"'):
+        memory_settings({"cpu_bytes": "1GiB"})
+    assert memory_settings({"path": "/x", "cpu_bytes": "1GiB"}) == {"path": "/x", "cpu_bytes": "1GiB"}
+    assert chunk_blocks(256, 128) == 2
+    with pytest.raises(ConfigError, match="block_size=200: kvmem's chunk must be a whole number of vLLM blocks of 128"):
+        chunk_blocks(200, 128)
