@@ -264,6 +264,12 @@ class FileReader(BlobReader):
         seg_lo, crc, i = self.segment_of(part)
         pad = blobfmt.empty_buffer(int(part["off"]) - seg_lo).numpy()
         at, got = self.start + seg_lo, 0
+        end = int(part["off"]) + int(part["n"])
+        if end - seg_lo > _STEP:
+            # NOTE: a cold file read in steps gets the kernel's readahead, which starts at a few pages; asked
+            # for the whole part first, the disk gets it in large requests (measured: 16 cold 32 MiB chunks,
+            # 0.53-0.56 s -> 0.35 s, as fast as 4 threads of raw readinto); a warm file pays a page-cache walk
+            self.advise(seg_lo, end)
         for group in steps([pad, *rows], _STEP):
             n = preadv_all(self._fd, group, at)
             at += n
