@@ -23,7 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from kvmem import blob as blobfmt
 from kvmem.blob import EncodedBlob
-from kvmem.catalog.catalog import Catalog
+from kvmem.catalog.catalog import Catalog, StoreRow
 from kvmem.catalog.records import EntryInfo, Loaded, Stats, TierStats, entry_info
 from kvmem.catalog.versions import Pin, Versions
 from kvmem.codecs import CodecSpec, parse_codec
@@ -260,16 +260,18 @@ class Memory:
                 f"{job.encoded.nbytes} bytes is failing (see kvmem_tier_errors_total)"
             )
         self._catalog.upsert_later(
-            job.skey,
-            namespace=job.namespace,
-            user_key=job.preview,
-            kind=job.kind,
-            size=job.raw,
-            stored_size=job.encoded.nbytes,
-            codec=job.codec,
-            crc=_crc_of(stored.blob),
-            tiers=stored.tiers,
-            metadata=job.metadata,
+            StoreRow(
+                job.skey,
+                job.namespace,
+                job.preview,
+                job.kind,
+                job.raw,
+                job.encoded.nbytes,
+                job.codec,
+                _crc_of(stored.blob),
+                stored.tiers,
+                job.metadata,
+            ),
             # journaled only when its bytes outlive the process (a persistent tier, or a write-back to one)
             durable=self._tiers.write_back or not self._tiers.persistent.isdisjoint(stored.tiers),
         )

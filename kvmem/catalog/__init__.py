@@ -5,6 +5,6 @@ The names below are the old ``kvmem.catalog`` module's, kept for one release; th
 next one. Import from :mod:`kvmem.catalog.catalog` instead.
 """
 
-from kvmem.catalog.catalog import Catalog, EntryRow, dialect_insert, unreachable
+from kvmem.catalog.catalog import Catalog, EntryRow, StoreRow, dialect_insert, unreachable
 
-__all__ = ["Catalog", "EntryRow", "dialect_insert", "unreachable"]
+__all__ = ["Catalog", "EntryRow", "StoreRow", "dialect_insert", "unreachable"]

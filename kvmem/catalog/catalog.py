@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Table, bindparam, create_engine, delete, event, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -39,7 +39,7 @@ from kvmem.migrations import upgrade_schema
 from kvmem.recovery import OnRecovered, recover_sqlite
 from kvmem.redaction import redact
 
-__all__ = ["Catalog", "EntryRow", "dialect_insert", "unreachable"]
+__all__ = ["Catalog", "EntryRow", "StoreRow", "dialect_insert", "unreachable"]
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +171,24 @@ def _parse_url(url: str) -> URL:
     return parsed
 
 
+class StoreRow(NamedTuple):
+    """One store of an entry, as its catalog row records it (:meth:`Catalog.upsert`, :meth:`Catalog.upsert_later`).
+
+    ``crc`` may be a function, called when the row is written (see :meth:`Catalog.upsert_later`).
+    """
+
+    key: str
+    namespace: str
+    user_key: str
+    kind: str
+    size: int
+    stored_size: int
+    codec: str
+    crc: int | Callable[[], int | None]
+    tiers: list[str]
+    metadata: dict[str, Any]
+
+
 class Catalog:
     """Entry rows in the database at ``url``.
 
@@ -283,20 +301,7 @@ class Catalog:
         with self._lock:
             return len(self._pending) + len(self._removed)
 
-    def upsert(
-        self,
-        key: str,
-        *,
-        namespace: str,
-        user_key: str,
-        kind: str,
-        size: int,
-        stored_size: int,
-        codec: str,
-        crc: int,
-        tiers: list[str],
-        metadata: dict[str, Any],
-    ) -> int:
+    def upsert(self, store: StoreRow) -> int:
         """Record a store of ``key`` now: a new row at version 1, or the next version of an existing one.
 
         When the database cannot be reached, the row is kept (with the count of
@@ -307,11 +312,11 @@ class Catalog:
         Returns:
             The version now current.
         """
-        row = self._row(key, namespace, user_key, kind, size, stored_size, codec, crc, tiers, metadata)
-        store = dict(row)  # this store alone (version 1): what the journal records
+        row = self._row(store)
+        alone = dict(row)  # this store alone (version 1): what the journal records
         with self._lock:
-            self._removed.discard(key)
-            missed = self._pending.pop(key, None)
+            self._removed.discard(store.key)
+            missed = self._pending.pop(store.key, None)
             if missed is not None:
                 row["version"] += missed["version"]
                 row["created"] = missed["created"]
@@ -324,29 +329,15 @@ class Catalog:
                 with self._lock:
                     self._keep([row])
                     if self._journal is not None:
-                        self._journal.append([store])
+                        self._journal.append([alone])
                     self._schedule_flush()
             raise
 
-    def upsert_later(
-        self,
-        key: str,
-        *,
-        namespace: str,
-        user_key: str,
-        kind: str,
-        size: int,
-        stored_size: int,
-        codec: str,
-        crc: int | Callable[[], int | None],
-        tiers: list[str],
-        metadata: dict[str, Any],
-        durable: bool = True,
-    ) -> None:
-        """Record a store of ``key`` at the next :meth:`flush` (within ``flush_seconds``): write-behind.
+    def upsert_later(self, store: StoreRow, *, durable: bool = True) -> None:
+        """Record ``store`` at the next :meth:`flush` (within ``flush_seconds``): write-behind.
 
         Several stores of a key before a flush make one row write that adds all their
-        versions. ``crc`` may be a function, called at the flush (a blob whose CRCs are
+        versions. Its ``crc`` may be a function, called at the flush (a blob whose CRCs are
         computed when first needed: the flush computes them, off the caller's thread);
         ``None`` from it (the blob is gone already) records 0.
 
@@ -357,9 +348,9 @@ class Catalog:
         bytes die with the process (``durable=False``: only a memory tier holds them) is not
         journaled: after a crash it would name nothing.
         """
-        row = self._row(key, namespace, user_key, kind, size, stored_size, codec, crc, tiers, metadata)
+        row = self._row(store)
         with self._lock:
-            self._removed.discard(key)
+            self._removed.discard(store.key)
             # NOTE: a killed process loses no durable row: the next catalog replays it
             if durable and self._journal is not None:
                 self._journal.append(_journaled([row]))
@@ -378,32 +369,20 @@ class Catalog:
             return
         self._pending[row["key"]] = row
 
-    def _row(
-        self,
-        key: str,
-        namespace: str,
-        user_key: str,
-        kind: str,
-        size: int,
-        stored_size: int,
-        codec: str,
-        crc: int | Callable[[], int | None],
-        tiers: list[str],
-        metadata: dict[str, Any],
-    ) -> dict[str, Any]:
-        """The row one store of ``key`` writes (version 1)."""
+    def _row(self, store: StoreRow) -> dict[str, Any]:
+        """The row ``store`` writes (version 1)."""
         now = time.time()
         return {
-            "key": key,
-            "namespace": self._text(namespace),
-            "user_key": self._text(user_key[:256]),
-            "kind": kind,
-            "size": size,
-            "stored_size": stored_size,
-            "codec": codec,
-            "crc": crc,
-            "tiers": ",".join(tiers),
-            "metadata": metadata,
+            "key": store.key,
+            "namespace": self._text(store.namespace),
+            "user_key": self._text(store.user_key[:256]),
+            "kind": store.kind,
+            "size": store.size,
+            "stored_size": store.stored_size,
+            "codec": store.codec,
+            "crc": store.crc,
+            "tiers": ",".join(store.tiers),
+            "metadata": store.metadata,
             "last_access": now,
             "state": "ok",
             "version": 1,

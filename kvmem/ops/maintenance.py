@@ -10,7 +10,7 @@ import torch
 from tqdm import tqdm
 
 from kvmem import blob as blobfmt
-from kvmem.catalog.catalog import Catalog
+from kvmem.catalog.catalog import Catalog, StoreRow
 from kvmem.codecs.serialization import check_owner
 from kvmem.errors import IntegrityError, TierUnavailable
 from kvmem.metrics import Metrics
@@ -159,16 +159,18 @@ def _register(
     """Write ``key``'s catalog row from its blob's header with ``write`` (``catalog.upsert`` or ``upsert_later``)."""
     info = header.get("info", {})
     write(
-        key,
-        namespace=info.get("namespace", ""),
-        user_key=info.get("key", ""),
-        kind=header.get("kind", "tree"),
-        size=int(header.get("raw_nbytes", 0)),
-        stored_size=stored_size,
-        codec=header.get("codec", "none"),
-        crc=crc,
-        tiers=[tier],
-        metadata=header.get("metadata", {}),
+        StoreRow(
+            key,
+            namespace=info.get("namespace", ""),
+            user_key=info.get("key", ""),
+            kind=header.get("kind", "tree"),
+            size=int(header.get("raw_nbytes", 0)),
+            stored_size=stored_size,
+            codec=header.get("codec", "none"),
+            crc=crc,
+            tiers=[tier],
+            metadata=header.get("metadata", {}),
+        )
     )
 
 

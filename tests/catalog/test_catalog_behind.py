@@ -22,6 +22,7 @@ import torch
 
 import kvmem
 from kvmem import blob as blobfmt
+from kvmem.catalog import StoreRow
 from tests.workers import persistence_values
 
 WORKERS = str(Path(__file__).parents[1] / "workers.py")
@@ -188,16 +189,18 @@ def test_two_flushes_of_a_key_commit_in_the_order_their_stores_were_made(tmp_pat
 
     def store(crc: int) -> None:
         catalog.upsert_later(
-            "k" * 64,
-            namespace="",
-            user_key="k",
-            kind="bytes",
-            size=1,
-            stored_size=1,
-            codec="none",
-            crc=crc,
-            tiers=["disk"],
-            metadata={},
+            StoreRow(
+                "k" * 64,
+                namespace="",
+                user_key="k",
+                kind="bytes",
+                size=1,
+                stored_size=1,
+                codec="none",
+                crc=crc,
+                tiers=["disk"],
+                metadata={},
+            )
         )
 
     store(1)
