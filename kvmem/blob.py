@@ -57,6 +57,8 @@ __all__ = [
     "format_of",
     "EncodedBlob",
     "Piece",
+    "PlainTensor",
+    "Frame",
     "Header",
     "chain_crc",
     "StreamVerifier",
@@ -138,6 +140,16 @@ class Piece(NamedTuple):
     pad: int = 0
 
 
+class PlainTensor(NamedTuple):
+    """A blob that is one tensor stored as it is: its dtype and shape, and where its bytes lie (payload offset,
+    size). A tier that knows this copies the tensor in and out without parsing the header."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
 class EncodedBlob:
     """A blob ready to be copied or written once: its head (prefix, header, padding) and its payload pieces.
 
@@ -156,6 +168,7 @@ class EncodedBlob:
         header: the parsed header (segment CRCs filled once sealed), or ``None`` when
             wrapped from bytes (:meth:`from_buffer`).
         owner: what keeps the memory of ``head`` and ``pieces`` alive, when they are views.
+        plain: set when the blob is known to hold one tensor stored as it is (by its encoder), else ``None``.
     """
 
     def __init__(
@@ -167,12 +180,14 @@ class EncodedBlob:
         crc_at: tuple[int, ...] = (),
         sealed: bool = True,
         owner: object = None,
+        plain: PlainTensor | None = None,
     ) -> None:
         self.head = head
         self.pieces = pieces
         self.nbytes = nbytes
         self.header = header
         self.owner = owner  # keeps the memory that head and pieces show alive (a tier's pages)
+        self.plain = plain
         self._crc_at = crc_at  # offsets in head of each segment's 10-digit CRC slot
         self._sealed = sealed
         self._lock = threading.Lock()
@@ -230,10 +245,11 @@ class EncodedBlob:
             assert self.header is not None
             if crcs is None:
                 crcs = [chain_crc(self.segment_rows(i)) for i in range(len(self._crc_at))]
+            head = self.head.data
             for i, (at, crc) in enumerate(zip(self._crc_at, crcs)):
-                self.head[at : at + _CRC_WIDTH] = np.frombuffer(f"{crc:{_CRC_WIDTH}d}".encode(), np.uint8)
+                head[at : at + _CRC_WIDTH] = f"{crc:{_CRC_WIDTH}d}".encode()
                 self.header["segments"][i][1] = crc
-            self.head[_CRC_AT : _PREFIX.size] = np.frombuffer(_header_crc(self.head).to_bytes(4, "little"), np.uint8)
+            head[_CRC_AT : _PREFIX.size] = _header_crc(self.head).to_bytes(4, "little")
             self._sealed = True
 
     def segment_rows(self, i: int) -> list[np.ndarray]:
@@ -315,40 +331,83 @@ def encode(
         body: ``header`` with its ``payload_nbytes`` already rendered as compact JSON by the caller
             (a cached rendering of a header shape seen before), else rendered here.
     """
-    if (blob_format, align) != (1, ALIGN) and not (blob_format == 2 and align in _ALIGNS):
-        raise IntegrityError(
-            f"blob format {blob_format!r} with alignment {align!r}: accepted format 1 with "
-            f"{ALIGN}, format 2 with a power of two from {ALIGN} to {PAGE}"
-        )
-    offset = 0
-    spans: list[tuple[int, int, Source]] = []  # (pad, payload offset, source)
-    ends: list[int] = []
-    for seg in segments:
-        at = _align(offset, align)
-        spans.append((at - offset, at, seg))
-        offset = at + nbytes_of(seg)
-        ends.append(offset)
+    frame = Frame.of([nbytes_of(seg) for seg in segments], blob_format, align)
     if body is None:
-        body = _ENCODER.encode({**header, "payload_nbytes": offset})
-    text = body[:-1] + ("," if len(body) > 2 else "") + '"segments":['
-    crc_at = []
-    for i, end in enumerate(ends):
-        text += f"[{end},"
-        crc_at.append(_PREFIX.size + len(text))
-        text += " " * (_CRC_WIDTH - 1) + "0]" + ("," if i + 1 < len(ends) else "")
-    hjson = (text + "]}").encode()
-    start = payload_start(len(hjson), align)
-    flags = align.bit_length() - 1 if blob_format == 2 else 0
-    prefix = _PREFIX.pack(MAGIC, blob_format, flags, len(hjson), 0, 0)
-    head = np.frombuffer(bytearray(b"".join((prefix, hjson, bytes(start - len(prefix) - len(hjson))))), np.uint8)
-    parsed = {**header, "payload_nbytes": offset, "segments": [[end, 0] for end in ends]}
-    pieces = tuple([Piece(start + at, seg, pad) for pad, at, seg in spans])
-    return EncodedBlob(head, pieces, start + offset, parsed, tuple(crc_at), sealed=False)
+        body = _ENCODER.encode({**header, "payload_nbytes": frame.payload_nbytes})
+    return frame.blob(header, body, segments)
+
+
+class Frame(NamedTuple):
+    """How :func:`encode` lays out segments of given sizes: the same for every blob of those sizes, so a
+    caller that stores many values of one shape computes it once (only the header body differs per blob).
+
+    Attributes:
+        offsets: each segment's payload offset (aligned).
+        pads: zero bytes before each segment.
+        ends: each segment's payload end.
+        payload_nbytes: the payload's size.
+        tail: the header's closing ``"segments":[...]}``, its CRC slots zeros.
+        slots: where in ``tail`` each segment's CRC slot starts.
+        blob_format: the blob format.
+        align: the segment alignment.
+    """
+
+    offsets: tuple[int, ...]
+    pads: tuple[int, ...]
+    ends: tuple[int, ...]
+    payload_nbytes: int
+    tail: str
+    slots: tuple[int, ...]
+    blob_format: int
+    align: int
+
+    @classmethod
+    def of(cls, sizes: Sequence[int], blob_format: int = FORMAT_VERSION, align: int = ALIGN) -> Frame:
+        """The frame of segments of ``sizes`` bytes.
+
+        Raises:
+            IntegrityError: an unknown format, or an alignment it does not allow.
+        """
+        if (blob_format, align) != (1, ALIGN) and not (blob_format == 2 and align in _ALIGNS):
+            raise IntegrityError(
+                f"blob format {blob_format!r} with alignment {align!r}: accepted format 1 with "
+                f"{ALIGN}, format 2 with a power of two from {ALIGN} to {PAGE}"
+            )
+        offsets = segment_offsets(list(sizes), align)
+        ends = [at + size for at, size in zip(offsets, sizes)]
+        pads = [at - prev for at, prev in zip(offsets, [0, *ends])]
+        tail, slots = '"segments":[', []
+        for i, end in enumerate(ends):
+            tail += f"[{end},"
+            slots.append(len(tail))
+            tail += " " * (_CRC_WIDTH - 1) + "0]" + ("," if i + 1 < len(ends) else "")
+        payload = ends[-1] if ends else 0
+        return cls(tuple(offsets), tuple(pads), tuple(ends), payload, tail + "]}", tuple(slots), blob_format, align)
+
+    def blob(
+        self, header: Header, body: str, segments: Sequence[Source], plain: PlainTensor | None = None
+    ) -> EncodedBlob:
+        """The blob of ``segments`` (of the sizes this frame was made for) behind ``header``, rendered as
+        ``body`` (compact JSON of ``header`` with its ``payload_nbytes``); ``plain``: see
+        :attr:`EncodedBlob.plain`."""
+        text = body[:-1] + ("," if len(body) > 2 else "")
+        hjson = (text + self.tail).encode()
+        start = payload_start(len(hjson), self.align)
+        head = bytearray(start)
+        flags = self.align.bit_length() - 1 if self.blob_format == 2 else 0
+        _PREFIX.pack_into(head, 0, MAGIC, self.blob_format, flags, len(hjson), 0, 0)
+        head[_PREFIX.size : _PREFIX.size + len(hjson)] = hjson
+        parsed = {**header, "payload_nbytes": self.payload_nbytes, "segments": [[end, 0] for end in self.ends]}
+        pieces = tuple([Piece(start + at, seg, pad) for at, seg, pad in zip(self.offsets, segments, self.pads)])
+        slots = tuple([_PREFIX.size + len(text) + at for at in self.slots])
+        head_arr = np.frombuffer(head, np.uint8)
+        return EncodedBlob(head_arr, pieces, start + self.payload_nbytes, parsed, slots, sealed=False, plain=plain)
 
 
 def _header_crc(head: np.ndarray) -> int:
     """CRC32C of a blob's head (prefix + header + padding), its own CRC field skipped."""
-    return crc32c.crc32c(head[_PREFIX.size :].data, crc32c.crc32c(head[:_CRC_AT].data))
+    data = head.data
+    return crc32c.crc32c(data[_PREFIX.size :], crc32c.crc32c(data[:_CRC_AT]))
 
 
 def segment_offsets(sizes: list[int], align: int = ALIGN) -> list[int]:

@@ -98,6 +98,8 @@ def byte_rows(src: Source, min_row: int = MIN_ROW) -> list[np.ndarray]:
     ``min_row`` bytes (or a layout without a contiguous innermost run) make the whole
     ``src`` one contiguous copy instead.
     """
+    if isinstance(src, np.ndarray) and src.dtype == np.uint8 and src.ndim == 1 and src.strides[0] == 1:
+        return [src] if src.size else []  # one run already (a tier's pages): the common case, first
     if nbytes_of(src) == 0:
         return []
     arr = _as_bytes_array(src)

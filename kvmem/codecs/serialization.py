@@ -9,7 +9,7 @@ lossless tensor is a zero-copy view of the blob buffer.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -222,15 +222,14 @@ def _encode_tree(
     return blob.encode(header, segs.arrays, blob_format, segs.align), raw
 
 
-@dataclass(frozen=True)
-class _Plain:
+class _Plain(NamedTuple):
     """What every blob of one tensor stored as it is shares, for one (dtype, shape, codec, format): the
-    header without ``metadata`` and ``info``, and its JSON without the closing brace."""
+    header without ``metadata`` and ``info``, its JSON without the closing brace, and the blob's frame."""
 
     header: dict[str, Any]  # NOTE: shared by the blobs of this shape: read, never changed
     text: str
-    align: int
-    raw: int
+    frame: blob.Frame
+    tensor: blob.PlainTensor
 
 
 _PLAINS: dict[tuple[torch.dtype, tuple[int, ...], CodecSpec, int], _Plain | None] = {}
@@ -241,7 +240,7 @@ def _encode_plain(
     t: torch.Tensor, spec: CodecSpec, metadata: dict[str, Any] | None, info: dict[str, Any] | None, blob_format: int
 ) -> tuple[blob.EncodedBlob, int] | None:
     """:func:`encode_value` of a CPU tensor its codec stores as it is (lossless; fp16/bf16 of a 16-bit tensor),
-    its header rendered once per shape and only ``metadata`` and ``info`` rendered per call; ``None`` for
+    its header and frame made once per shape and only ``metadata`` and ``info`` rendered per call; ``None`` for
     any other tensor (the general path encodes it).
 
     NOTE: rendering the whole header took ~15 us of a 64 KiB store here.
@@ -249,20 +248,23 @@ def _encode_plain(
     if spec.lz4 or not t.is_cpu:
         return None
     key = (t.dtype, tuple(t.shape), spec, blob_format)
-    if key in _PLAINS:
-        plain = _PLAINS[key]
-    else:
+    plain = _PLAINS.get(key, _UNSEEN)
+    if plain is _UNSEEN:
         plain = _plain_of(t, spec, blob_format)
         if len(_PLAINS) >= _MAX_PLAINS:
             _PLAINS.clear()
         _PLAINS[key] = plain
     if plain is None:
         return None
-    _check_json(metadata)
+    if metadata is not None:
+        _check_json(metadata)
     varying = {"metadata": metadata or {}, "info": info or {}}
     body = f"{plain.text},{blob._ENCODER.encode(varying)[1:]}"
     src = t.detach() if t.requires_grad else t
-    return blob.encode({**plain.header, **varying}, [src], blob_format, plain.align, body=body), plain.raw
+    return plain.frame.blob({**plain.header, **varying}, body, (src,), plain.tensor), plain.tensor.nbytes
+
+
+_UNSEEN: Any = object()
 
 
 def _plain_of(t: torch.Tensor, spec: CodecSpec, blob_format: int) -> _Plain | None:
@@ -272,7 +274,9 @@ def _plain_of(t: torch.Tensor, spec: CodecSpec, blob_format: int) -> _Plain | No
     encoded, raw = _encode_tree(t, spec, None, None, blob_format)
     assert encoded.header is not None
     header = {k: v for k, v in encoded.header.items() if k not in ("metadata", "info", "segments")}
-    return _Plain(header, blob._ENCODER.encode(header)[:-1], blob.alignment(blob_format, raw), raw)
+    frame = blob.Frame.of([raw], blob_format, blob.alignment(blob_format, raw))
+    tensor = blob.PlainTensor(t.dtype, tuple(t.shape), frame.offsets[0], raw)
+    return _Plain(header, blob._ENCODER.encode(header)[:-1], frame, tensor)
 
 
 def _leaf_nbytes(leaf: _Leaf) -> int:

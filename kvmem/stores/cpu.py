@@ -108,7 +108,7 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
         if alloc is None or spans[0].size < min(blob.start, blob.nbytes):
             free = self.pool.free_bytes
             raise CapacityError(f"CPU tier: {blob.nbytes} bytes do not fit in the pool ({free} bytes of pages free)")
-        _copy(spans, 0, blob.head)
+        spans[0][: blob.start] = blob.head
         for piece in blob.pieces:
             if piece.pad:
                 _copy(spans, piece.offset - piece.pad, _ZEROS[: piece.pad])
@@ -131,7 +131,8 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
         )
         if self.checks_crc:
             pooled.seal()  # NOTE: verified loads need CRCs taken as the bytes came in, not when first needed
-        return _Entry(alloc, pooled, [int(end) for end, _crc in header["segments"]], _plain(header, start, alloc, key))
+        plain = _known(blob, header, start, base, key) if blob.plain is not None else _plain(header, start, alloc, key)
+        return _Entry(alloc, pooled, [int(end) for end, _crc in header["segments"]], plain)
 
     # -- reads -----------------------------------------------------------------
     def lookup(self, key: str) -> _Entry | None:
@@ -308,6 +309,14 @@ def _plain(header: dict[str, Any], start: int, alloc: Allocation, key: str) -> _
     if address is None or not isinstance(dtype, torch.dtype):
         return None
     return _Plain(dtype, tuple(int(n) for n in leaf["shape"]), address, int(part["n"]))
+
+
+def _known(blob: EncodedBlob, header: dict[str, Any], start: int, base: int | None, key: str) -> _Plain | None:
+    """:func:`_plain` of a blob whose encoder said where its tensor lies (``blob.plain``): no header walk."""
+    tensor, info = blob.plain, header.get("info")
+    if tensor is None or base is None or not isinstance(info, dict) or info.get("storage_key") != key:
+        return None
+    return _Plain(tensor.dtype, tensor.shape, base + start + tensor.offset, tensor.nbytes)
 
 
 def _page_bytes(capacity: int) -> int:

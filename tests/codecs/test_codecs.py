@@ -430,6 +430,11 @@ def test_a_tensor_stored_as_is_gets_the_header_of_the_general_path(spec: str, ma
     assert blob.parse(again.to_tensor())[0]["metadata"] == {}
     value, header = decode_value(buf)
     assert header["info"] == info and torch.equal(value, t.detach())
+    # it also says where its tensor lies, as the header does (a tier copies it in and out by that)
+    (_h, start), part = blob.verify(buf), header["leaves"][0]["parts"]["data"]
+    assert fast.plain == (t.dtype, tuple(t.shape), part["off"], part["n"]) and general.plain is None
+    lo = start + fast.plain.offset
+    assert torch.equal(buf[lo : lo + fast.plain.nbytes], t.detach().contiguous().reshape(-1).view(torch.uint8))
 
 
 def test_a_tensor_its_codec_changes_takes_the_general_path() -> None:
