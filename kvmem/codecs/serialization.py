@@ -234,6 +234,7 @@ class _Plain(NamedTuple):
 
 _PLAINS: dict[tuple[torch.dtype, tuple[int, ...], CodecSpec, int], _Plain | None] = {}
 _MAX_PLAINS = 1024
+_UNSEEN: Any = object()  # a shape not seen yet (None: seen, and its codec changes its bytes)
 
 
 def _encode_plain(
@@ -262,9 +263,6 @@ def _encode_plain(
     body = f"{plain.text},{blob._ENCODER.encode(varying)[1:]}"
     src = t.detach() if t.requires_grad else t
     return plain.frame.blob({**plain.header, **varying}, body, (src,), plain.tensor), plain.tensor.nbytes
-
-
-_UNSEEN: Any = object()
 
 
 def _plain_of(t: torch.Tensor, spec: CodecSpec, blob_format: int) -> _Plain | None:
