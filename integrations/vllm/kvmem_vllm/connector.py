@@ -31,7 +31,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from kvmem import Memory
 from kvmem.codecs import parse_codec
 from kvmem.errors import ConfigError
-from kvmem_vllm.identity import chunk_blocks, memory_settings, namespace
+from kvmem_vllm.identity import attention_backend, chunk_blocks, memory_settings, namespace
 from kvmem_vllm.log import logger
 from kvmem_vllm.metadata import KVMemMetadata
 from kvmem_vllm.scheduler import SchedulerSide
@@ -85,7 +85,9 @@ class KVMemConnector(KVConnectorBase_V1):
             memory = Memory(**settings)
         codec = str(parse_codec(memory.config.compression))
         chunk_tokens = memory.config.block_size
-        ns = namespace(vllm_config, kv_cache_config, codec, chunk_tokens)
+        ns = namespace(
+            vllm_config, kv_cache_config, codec, chunk_tokens, attention_backend(vllm_config, kv_cache_config)
+        )
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerSide(
                 memory,
