@@ -197,12 +197,17 @@ def main() -> None:
     print(f"working set {working_set / 2**20:.0f} MiB of KV > vLLM's KV space {kv_space / 2**20:.0f} MiB")
     header = "| row | start s | req/s | out tok/s | TTFT P50 ms | TTFT P99 ms | E2E P99 ms | hit rate | memory MiB |"
     print(header + "\n" + "|---" * 9 + "|")
+    notes = []
     try:
         for i, (name, extra, store) in enumerate(rows):
-            _row(work, i, name, model, common + extra, env, args, kv_space, store)
+            note = _row(work, i, name, model, common + extra, env, args, kv_space, store)
+            if note:
+                notes.append(f"- {name}: {note}")
     finally:
         redis.stop()
     print(f"(memory: vLLM's KV space plus kvmem's disk tier; logs under {work})")
+    if notes:
+        print("\n".join(["kvmem's worker at shutdown:", *notes]))
     shutil.rmtree(work / "vllm-cache", ignore_errors=True)
 
 
@@ -216,13 +221,14 @@ def _row(
     docqa: argparse.Namespace,
     kv_space: int,
     store: Path | None,
-) -> None:
-    """Serve, benchmark and print one row."""
+) -> str | None:
+    """Serve, benchmark and print one row; the connector's shutdown line (blocks loaded and saved, seconds
+    spent loading), if it logged one."""
     try:
         server = Server(work, f"row{i}", model, serve_args, env)
     except RuntimeError as exc:
         print(f"| {name} | does not start here: {str(exc)[:160]} |||||||", flush=True)
-        return
+        return None
     try:
         r = bench(server, work, f"row{i}", model, docqa, env)
         m = metrics(server.port)
@@ -237,6 +243,8 @@ def _row(
         f"{hits / queries:.0%} | {memory / 2**20:.0f} |",
         flush=True,
     )
+    found = re.findall(r"kvmem: (\d+ block\(s\) loaded.*)$", server.log.read_text(), re.M)
+    return found[-1] if found else None
 
 
 def _offloading(cpu_bytes: int) -> dict[str, Any]:

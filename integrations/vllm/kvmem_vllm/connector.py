@@ -180,10 +180,11 @@ class KVMemConnector(KVConnectorBase_V1):
             w = self._worker
             w.close()
             logger.info(
-                "kvmem: %d block(s) loaded, %d failed and recomputed, %d saved",
+                "kvmem: %d block(s) loaded, %d failed and recomputed, %d saved; %.3f s loading before forward passes",
                 w.loaded_blocks,
                 w.failed_blocks,
                 w.saved_blocks,
+                w.load_seconds,
             )
         self._memory.close()
 

@@ -9,6 +9,8 @@ those views on the saver's thread (:mod:`kvmem_vllm.saver`), after the forward p
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from kvmem import Memory
@@ -91,6 +93,7 @@ class WorkerSide:
         self._failed_reqs: set[str] = set()
         self.loaded_blocks = 0
         self.failed_blocks = 0
+        self.load_seconds = 0.0  # NOTE: spent loading before forward passes (what layer-by-layer loads could hide)
         self.saver = Saver(memory, namespace, compression)
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -105,6 +108,7 @@ class WorkerSide:
         vLLM (:meth:`take_failed`), which recomputes the block.
         """
         self._failed_reqs = set()
+        start = time.perf_counter()
         for transfer in meta.loads:
             failed = self._load_one(transfer)
             if failed:
@@ -112,6 +116,7 @@ class WorkerSide:
                 self._failed_reqs.add(transfer.req_id)
                 self.failed_blocks += len(failed)
             self.loaded_blocks += len(transfer.block_ids) - len(failed)
+        self.load_seconds += time.perf_counter() - start
 
     def _load_one(self, transfer: BlockTransfer) -> set[int]:
         """Load one request's blocks; the ids of those not loaded."""
