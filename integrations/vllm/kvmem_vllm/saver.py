@@ -102,8 +102,7 @@ class Saver:
     def _run(self) -> None:
         while (save := self._queue.get()) is not None:
             try:
-                self.memory.store_many(save.items, namespace=self.namespace, compression=self.compression)
-                self.saved_blocks += len(save.items)
+                self._store(save.items)
             except KVMemError as exc:  # NOTE: a save that fails costs a future hit, never the request
                 logger.warning("kvmem: saving %d block(s) failed: %s", len(save.items), exc)
             except Exception:  # NOTE: the thread must go on: a request waiting for its saves would never be freed
@@ -112,3 +111,15 @@ class Saver:
                 with self._done:
                     self._pending.subtract(save.req_ids)
                     self._done.notify_all()
+
+    def _store(self, items: list[tuple[str, torch.Tensor]]) -> None:
+        """Store the blocks not stored yet.
+
+        NOTE: a request that came while another one's saves of the same chunks were in flight missed them,
+        computed them and saves them too; the keys name the content, so what is stored is skipped.
+        """
+        stored = self.memory.contains_many([key for key, _ in items], namespace=self.namespace)
+        todo = [item for item, there in zip(items, stored) if not there]
+        if todo:
+            self.memory.store_many(todo, namespace=self.namespace, compression=self.compression)
+        self.saved_blocks += len(todo)

@@ -69,3 +69,14 @@ def test_close_finishes_every_queued_save(tmp_path: Path) -> None:
             saver.submit({f"r{i}"}, [(keys[j], values[j]) for j in range(i, i + 4)])
         saver.close()
     assert stored(tmp_path, keys) == [True] * 32  # on disk, read by another memory
+
+
+def test_blocks_already_stored_are_not_stored_again(tmp_path: Path) -> None:
+    with kvmem.Memory(str(tmp_path), cpu_bytes="64MiB", disk_bytes="256MiB") as mem:
+        saver = Saver(mem, NS, "none")
+        doc = [(f"doc/{i}", v) for i, v in enumerate(blocks(3))]
+        saver.submit({"q1"}, doc)
+        saver.submit({"q2"}, doc)  # a second question on the document, computed while q1's saves were in flight
+        saver.close()
+        assert saver.saved_blocks == 3
+        assert saver.finished({"q1", "q2"}) == {"q1", "q2"}
