@@ -115,11 +115,13 @@ class Saver:
     def _store(self, items: list[tuple[str, torch.Tensor]]) -> None:
         """Store the blocks not stored yet.
 
-        NOTE: a request that came while another one's saves of the same chunks were in flight missed them,
-        computed them and saves them too; the keys name the content, so what is stored is skipped.
+        NOTE: a request that came while another one's saves of the same chunks were in flight (or was
+        computed in the same step) missed them, computed them and saves them too; the keys name the content,
+        so what is stored, or twice in this batch, is skipped.
         """
-        stored = self.memory.contains_many([key for key, _ in items], namespace=self.namespace)
-        todo = [item for item, there in zip(items, stored) if not there]
+        unique = dict(items)
+        stored = self.memory.contains_many(list(unique), namespace=self.namespace)
+        todo = [item for item, there in zip(unique.items(), stored) if not there]
         if todo:
             self.memory.store_many(todo, namespace=self.namespace, compression=self.compression)
         self.saved_blocks += len(todo)

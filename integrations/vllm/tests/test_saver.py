@@ -77,6 +77,7 @@ def test_blocks_already_stored_are_not_stored_again(tmp_path: Path) -> None:
         doc = [(f"doc/{i}", v) for i, v in enumerate(blocks(3))]
         saver.submit({"q1"}, doc)
         saver.submit({"q2"}, doc)  # a second question on the document, computed while q1's saves were in flight
+        saver.submit({"q3", "q4"}, [*doc, *doc])  # two more, computed in one step: one batch
         saver.close()
         assert saver.saved_blocks == 3
-        assert saver.finished({"q1", "q2"}) == {"q1", "q2"}
+        assert saver.finished({"q1", "q2", "q3", "q4"}) == {"q1", "q2", "q3", "q4"}
