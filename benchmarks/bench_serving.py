@@ -3,7 +3,8 @@
 Many documents, several questions about each (``vllm bench serve --dataset-name prefix_repetition``: a
 document is a shared prefix, a question a suffix, requests in random order), so the working set (every
 document's KV) is larger than vLLM's own KV space (``--num-gpu-blocks-override``): vLLM's prefix cache
-evicts a document before its next question comes. Rows, measured one after another in one run:
+evicts a document before its next question comes. Rows, measured one after another in one run (with
+``--repeat N`` all of them N times in turn, each time on fresh stores, then the median of every column):
 
 - ``vLLM, prefix cache off``; ``vLLM prefix cache``;
 - ``vLLM OffloadingConnector`` (vLLM's built-in CPU offloading, given the host memory kvmem's CPU tier
@@ -13,7 +14,7 @@ evicts a document before its next question comes. Rows, measured one after anoth
 
 Run it with the vLLM venv (``integrations/vllm/venv.sh``)::
 
-    "$(integrations/vllm/venv.sh | tail -n 1)/bin/python" benchmarks/bench_serving.py [--quick]
+    "$(integrations/vllm/venv.sh | tail -n 1)/bin/python" benchmarks/bench_serving.py [--quick] [--repeat N]
 
 Columns: request throughput, output tokens/s, TTFT P50/P99, end-to-end P99 (``vllm bench serve``), hit rate
 (prompt tokens not computed: vLLM's prefix cache hits plus the connector's, from the server's /metrics), and
@@ -28,13 +29,14 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -166,6 +168,7 @@ def main() -> None:
     p.add_argument("--kv-blocks", type=int, default=64, help="vLLM's own KV space, in blocks of 128 tokens")
     p.add_argument("--cpu-bytes", default="2GiB", help="host memory of kvmem's CPU tier and of the offloading row")
     p.add_argument("--quick", action="store_true", help="8 documents x 2 questions, 24 blocks of KV space")
+    p.add_argument("--repeat", type=int, default=1, help="runs of every row (each on fresh stores); medians")
     args = p.parse_args()
     if args.quick:
         args.docs, args.questions, args.kv_blocks = 8, 2, 24
@@ -180,30 +183,81 @@ def main() -> None:
     working_set = args.docs * (args.doc_tokens // BLOCK) * BLOCK * KV_BYTES_PER_TOKEN
     cpu_bytes = _bytes(args.cpu_bytes)
     redis = RedisServer(work / "redis")
-    rows: list[tuple[str, list[str], Path | None]] = [
-        ("vLLM, prefix cache off", ["--no-enable-prefix-caching"], None),
-        ("vLLM prefix cache", [], None),
-        (
-            "vLLM OffloadingConnector",
-            ["--kv-transfer-config", json.dumps(_offloading(cpu_bytes))],
-            None,
-        ),
-        ("vLLM + kvmem (CPU tier)", kvmem_config(work / "kv", cpu_bytes=cpu_bytes), work / "kv"),
-        ("kvmem after restart (disk)", kvmem_config(work / "kv", cpu_bytes=cpu_bytes), work / "kv"),
-        ("kvmem 1st instance (Redis)", kvmem_config(work / "kv-a", remote_url=redis.url), work / "kv-a"),
-        ("kvmem 2nd instance (Redis)", kvmem_config(work / "kv-b", remote_url=redis.url), work / "kv-b"),
-    ]
     print(f"doc-QA: {args.docs} documents x {args.questions} questions, {args.doc_tokens} + 24 tokens each, 16 out;")
     print(f"working set {working_set / 2**20:.0f} MiB of KV > vLLM's KV space {kv_space / 2**20:.0f} MiB")
-    header = "| row | start s | req/s | out tok/s | TTFT P50 ms | TTFT P99 ms | E2E P99 ms | hit rate | memory MiB |"
-    print(header + "\n" + "|---" * 9 + "|")
+    print(HEADER)
+    results: dict[str, list[Result | str]] = {}
+    notes = []
     try:
-        for i, (name, extra, store) in enumerate(rows):
-            _row(work, i, name, model, common + extra, env, args, kv_space, store)
+        for rep in range(
+            args.repeat
+        ):  # NOTE: every row once per repetition, so a change in the machine's load hits all
+            rep_dir = work / f"run{rep}"
+            rep_dir.mkdir()
+            for i, (name, extra, store) in enumerate(
+                _rows(rep_dir, redis.url.rsplit("/", 1)[0] + f"/{rep}", cpu_bytes)
+            ):
+                result, note = _row(rep_dir, i, name, model, common + extra, env, args, kv_space, store)
+                label = name if args.repeat == 1 else f"{name} (run {rep + 1})"
+                print(_line(label, result), flush=True)
+                results.setdefault(name, []).append(result)
+                if note:
+                    notes.append(f"- {label}: {note}")
     finally:
         redis.stop()
+    if args.repeat > 1:
+        print(f"\nmedians of {args.repeat} runs:\n{HEADER}")
+        for name, got in results.items():
+            done = [r for r in got if isinstance(r, Result)]
+            print(_line(name, Result(*map(statistics.median, zip(*done))) if done else got[0]))
     print(f"(memory: vLLM's KV space plus kvmem's disk tier; logs under {work})")
+    if notes:
+        print("\n".join(["kvmem's worker at shutdown:", *notes]))
     shutil.rmtree(work / "vllm-cache", ignore_errors=True)
+
+
+HEADER = (
+    "| row | start s | req/s | out tok/s | TTFT P50 ms | TTFT P99 ms | E2E P99 ms | hit rate | memory MiB |\n"
+    + "|---" * 9
+    + "|"
+)
+
+
+class Result(NamedTuple):
+    """One row's measures."""
+
+    start_s: float
+    req_s: float
+    out_tok_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    e2e_p99_ms: float
+    hit_rate: float
+    memory_mib: float
+
+
+def _rows(work: Path, redis_url: str, cpu_bytes: int) -> list[tuple[str, list[str], Path | None]]:
+    """The rows: name, ``vllm serve`` arguments, kvmem's store (its stores under ``work``, its Redis ``redis_url``)."""
+    return [
+        ("vLLM, prefix cache off", ["--no-enable-prefix-caching"], None),
+        ("vLLM prefix cache", [], None),
+        ("vLLM OffloadingConnector", ["--kv-transfer-config", json.dumps(_offloading(cpu_bytes))], None),
+        ("vLLM + kvmem (CPU tier)", kvmem_config(work / "kv", cpu_bytes=cpu_bytes), work / "kv"),
+        ("kvmem after restart (disk)", kvmem_config(work / "kv", cpu_bytes=cpu_bytes), work / "kv"),
+        ("kvmem 1st instance (Redis)", kvmem_config(work / "kv-a", remote_url=redis_url), work / "kv-a"),
+        ("kvmem 2nd instance (Redis)", kvmem_config(work / "kv-b", remote_url=redis_url), work / "kv-b"),
+    ]
+
+
+def _line(name: str, result: Result | str) -> str:
+    """A table row: the measures, or why the row did not run."""
+    if isinstance(result, str):
+        return f"| {name} | {result} |||||||"
+    r = result
+    return (
+        f"| {name} | {r.start_s:.0f} | {r.req_s:.2f} | {r.out_tok_s:.1f} | {r.ttft_p50_ms:.0f} | "
+        f"{r.ttft_p99_ms:.0f} | {r.e2e_p99_ms:.0f} | {r.hit_rate:.0%} | {r.memory_mib:.0f} |"
+    )
 
 
 def _row(
@@ -216,13 +270,13 @@ def _row(
     docqa: argparse.Namespace,
     kv_space: int,
     store: Path | None,
-) -> None:
-    """Serve, benchmark and print one row."""
+) -> tuple[Result | str, str | None]:
+    """Serve and benchmark one row: its measures (or why the server did not start), and the connector's
+    shutdown line (blocks loaded and saved, seconds spent loading) if it logged one."""
     try:
         server = Server(work, f"row{i}", model, serve_args, env)
     except RuntimeError as exc:
-        print(f"| {name} | does not start here: {str(exc)[:160]} |||||||", flush=True)
-        return
+        return f"does not start here: {str(exc)[:160]}", None
     try:
         r = bench(server, work, f"row{i}", model, docqa, env)
         m = metrics(server.port)
@@ -231,12 +285,18 @@ def _row(
     queries = m.get("vllm:prefix_cache_queries_total", 0) or 1
     hits = m.get("vllm:prefix_cache_hits_total", 0) + m.get("vllm:external_prefix_cache_hits_total", 0)
     memory = kv_space + (du(store) if store is not None else 0)
-    print(
-        f"| {name} | {server.start_s:.0f} | {r['request_throughput']:.2f} | {r['output_throughput']:.1f} | "
-        f"{r['median_ttft_ms']:.0f} | {r['p99_ttft_ms']:.0f} | {r['p99_e2el_ms']:.0f} | "
-        f"{hits / queries:.0%} | {memory / 2**20:.0f} |",
-        flush=True,
+    result = Result(
+        server.start_s,
+        r["request_throughput"],
+        r["output_throughput"],
+        r["median_ttft_ms"],
+        r["p99_ttft_ms"],
+        r["p99_e2el_ms"],
+        hits / queries,
+        memory / 2**20,
     )
+    found = re.findall(r"kvmem: (\d+ block\(s\) loaded.*)$", server.log.read_text(), re.M)
+    return result, found[-1] if found else None
 
 
 def _offloading(cpu_bytes: int) -> dict[str, Any]:

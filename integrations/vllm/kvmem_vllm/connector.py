@@ -13,7 +13,8 @@ Configured the vLLM way::
 The scheduler-side instance probes kvmem for the longest stored run of a prompt's chunks and plans
 loads and saves (:mod:`kvmem_vllm.scheduler`); the worker-side instance, in another process, moves the
 blocks (:mod:`kvmem_vllm.worker`). Loads run before the forward pass of the step that needs them
-(synchronous loads), saves after it.
+(synchronous loads); saves are stored on a thread of their own after it (:mod:`kvmem_vllm.saver`), and a
+finished request keeps its blocks until its saves are done.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from kvmem import Memory
 from kvmem.codecs import parse_codec
 from kvmem.errors import ConfigError
-from kvmem_vllm.identity import chunk_blocks, memory_settings, namespace
+from kvmem_vllm.identity import attention_backend, chunk_blocks, memory_settings, namespace
 from kvmem_vllm.log import logger
 from kvmem_vllm.metadata import KVMemMetadata
 from kvmem_vllm.scheduler import SchedulerSide
@@ -84,7 +85,9 @@ class KVMemConnector(KVConnectorBase_V1):
             memory = Memory(**settings)
         codec = str(parse_codec(memory.config.compression))
         chunk_tokens = memory.config.block_size
-        ns = namespace(vllm_config, kv_cache_config, codec, chunk_tokens)
+        ns = namespace(
+            vllm_config, kv_cache_config, codec, chunk_tokens, attention_backend(vllm_config, kv_cache_config)
+        )
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerSide(
                 memory,
@@ -123,18 +126,27 @@ class KVMemConnector(KVConnectorBase_V1):
         return self._sched().build_meta(scheduler_output)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        """Note the blocks whose load failed (recomputed by vLLM, saved again after)."""
+        """Note the requests whose saves are done and the blocks whose load failed (recomputed by vLLM,
+        saved again after)."""
         self._sched().after_step(connector_output)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        """The blocks can be freed at once: saves finish in the step that computed them."""
-        self._sched().finished(request)
-        return False, None
+        """Whether the blocks wait for saves in flight (True: freed once :meth:`get_finished` reports them)."""
+        return self._sched().finished(request), None
+
+    def has_pending_block_frees(self) -> bool:
+        """Finished requests whose saves are in flight will free blocks: vLLM waits rather than preempting."""
+        return self._sched().holds_blocks()
 
     # -- worker side -------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Map vLLM's per-layer block tensors."""
         self._work().register(kv_caches)
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        """Wait for the saves of requests preempted this step, before their freed blocks are written."""
+        if isinstance(kv_connector_metadata, KVMemMetadata):
+            self._work().preempted(kv_connector_metadata)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         """Load this step's blocks (before the forward pass: the loads are synchronous)."""
@@ -149,23 +161,30 @@ class KVMemConnector(KVConnectorBase_V1):
         """Nothing per layer: a block of every layer is saved as one tensor in :meth:`wait_for_save`."""
 
     def wait_for_save(self) -> None:
-        """Save the chunks this step completed."""
+        """Queue the chunks this step completed for the saver thread (not waited for)."""
         if self.has_connector_metadata():
             self._work().save(self._meta())
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """The finished requests whose saves are done (their blocks can be freed); kvmem's loads are synchronous."""
+        meta = self._meta() if self.has_connector_metadata() else None
+        return self._work().finished(meta, finished_req_ids) or None, None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         """The blocks whose load failed this step: vLLM recomputes them."""
         return self._work().take_failed()
 
     def shutdown(self) -> None:
-        """Close the memory (flushes its catalog)."""
+        """Finish the saves in flight, then close the memory (flushes its catalog)."""
         if self._worker is not None:
             w = self._worker
+            w.close()
             logger.info(
-                "kvmem: %d block(s) loaded, %d failed and recomputed, %d saved",
+                "kvmem: %d block(s) loaded, %d failed and recomputed, %d saved; %.3f s loading before forward passes",
                 w.loaded_blocks,
                 w.failed_blocks,
                 w.saved_blocks,
+                w.load_seconds,
             )
         self._memory.close()
 

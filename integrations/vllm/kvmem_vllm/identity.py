@@ -2,9 +2,9 @@
 
 A stored block is only ever loaded into the engine that could have computed it: its keys live in a
 namespace naming the model (its config and a sample of its weight files), the model and KV-cache
-dtypes, the platform and vLLM's KV block layout (spec, block size, heads, head size, layer names),
-the codec and the chunk size. A CPU-layout block therefore never loads into a GPU backend, another
-model, or another block size.
+dtypes, the platform, the attention backend and vLLM's KV block layout (spec, block size, heads, head
+size, layer names), the codec and the chunk size. A CPU-layout block therefore never loads into a GPU
+backend, another model, or another block size.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvmem.errors import ConfigError
+from kvmem_vllm.log import logger
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
-    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
-__all__ = ["chunk_blocks", "memory_settings", "namespace"]
+__all__ = ["attention_backend", "chunk_blocks", "memory_settings", "namespace"]
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 _SAMPLES_PER_FILE = 16
@@ -58,14 +59,47 @@ def chunk_blocks(chunk_tokens: int, vllm_block_size: int) -> int:
     return chunk_tokens // vllm_block_size
 
 
-def namespace(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, codec: str, chunk_tokens: int) -> str:
+def attention_backend(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> str:
+    """The name of the attention backend of the engine's layers (it decides the layout of a KV block).
+
+    The worker's process has the layers and names their backend; the scheduler's has none and names the
+    backend vLLM selects from the config, which the layers have unless one asks for another (then the two
+    sides name different keys: nothing is reused, and the worker warns).
+
+    Raises:
+        ConfigError: the layers use more than one backend, or the engine is unsupported (see :func:`namespace`).
+    """
+    from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
+
+    names = sorted({b.get_name() for b in get_current_attn_backends(vllm_config, _group(kv_cache_config).layer_names)})
+    if len(names) != 1:
+        raise ConfigError(f"attention backends {names}: kvmem-vllm supports layers of one attention backend so far")
+    selected = get_current_attn_backends(vllm_config, [])[0].get_name()  # NOTE: no layer: vLLM's selection
+    if names[0] != selected:
+        logger.warning(
+            "kvmem: the layers use attention backend %s, the scheduler names %s: no KV is reused", names[0], selected
+        )
+    return names[0]
+
+
+def namespace(
+    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, codec: str, chunk_tokens: int, backend: str
+) -> str:
     """The namespace of every key this engine stores or loads (the same in the scheduler and the worker).
+
+    Args:
+        vllm_config: the engine's config.
+        kv_cache_config: its KV cache layout.
+        codec: the codec of the stored blocks.
+        chunk_tokens: kvmem's chunk, in tokens.
+        backend: the attention backend's name (:func:`attention_backend`).
 
     Raises:
         ConfigError: the engine runs tensor or pipeline parallel (each rank would hold a shard of a
             block under one key; not supported yet), or has more than one KV cache group.
     """
     from vllm.platforms import current_platform
+    from vllm.v1.kv_cache_interface import AttentionSpec
 
     parallel = vllm_config.parallel_config
     if parallel.tensor_parallel_size != 1 or parallel.pipeline_parallel_size != 1:
@@ -73,19 +107,17 @@ def namespace(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, codec: st
             f"tensor_parallel_size={parallel.tensor_parallel_size}, pipeline_parallel_size="
             f"{parallel.pipeline_parallel_size}: kvmem-vllm supports one worker (both 1) so far"
         )
-    if len(kv_cache_config.kv_cache_groups) != 1:
-        raise ConfigError(
-            f"{len(kv_cache_config.kv_cache_groups)} KV cache groups (a hybrid or sliding-window model): "
-            "kvmem-vllm supports models with one group of full-attention layers so far"
-        )
-    group = kv_cache_config.kv_cache_groups[0]
+    group = _group(kv_cache_config)
     spec = group.kv_cache_spec
+    if not isinstance(spec, AttentionSpec):
+        raise ConfigError(f"KV cache spec {type(spec).__name__}: kvmem-vllm supports attention layers' KV so far")
     layout = {
         "platform": current_platform.device_type,
+        "attention_backend": backend,
         "spec": type(spec).__name__,
         "block_size": spec.block_size,
-        "num_kv_heads": getattr(spec, "num_kv_heads", None),
-        "head_size": getattr(spec, "head_size", None),
+        "num_kv_heads": spec.num_kv_heads,
+        "head_size": spec.head_size,
         "kv_dtype": str(spec.dtype),
         "cache_dtype": vllm_config.cache_config.cache_dtype,
         "layers": list(group.layer_names),
@@ -100,6 +132,20 @@ def namespace(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, codec: st
     }
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
     return f"vllm/{digest}"
+
+
+def _group(kv_cache_config: KVCacheConfig) -> KVCacheGroupSpec:
+    """The engine's one KV cache group.
+
+    Raises:
+        ConfigError: more than one group.
+    """
+    if len(kv_cache_config.kv_cache_groups) != 1:
+        raise ConfigError(
+            f"{len(kv_cache_config.kv_cache_groups)} KV cache groups (a hybrid or sliding-window model): "
+            "kvmem-vllm supports models with one group of full-attention layers so far"
+        )
+    return kv_cache_config.kv_cache_groups[0]
 
 
 def _model_fingerprint(name: str, revision: str | None, hf_config: dict[str, Any]) -> str:

@@ -26,7 +26,14 @@ class BlockTransfer:
 
 @dataclass
 class KVMemMetadata(KVConnectorMetadata):
-    """One step's transfers: loads run before the forward pass, saves after it.
+    """One step's transfers: loads run before the forward pass, saves after it (on the saver's thread).
+
+    Attributes:
+        loads: blocks to load before this step's forward pass.
+        saves: blocks this step completes, to store.
+        preempted: requests preempted this step: their blocks were freed, so their saves in flight are
+            waited for before the forward pass.
+        idle: nothing is scheduled this step.
 
     NOTE: a request with a load that fails this step has its saves of this step dropped by the worker:
     the blocks computed after a failed load were computed from the wrong KV.
@@ -34,3 +41,5 @@ class KVMemMetadata(KVConnectorMetadata):
 
     loads: list[BlockTransfer] = field(default_factory=list)
     saves: list[BlockTransfer] = field(default_factory=list)
+    preempted: set[str] = field(default_factory=set)
+    idle: bool = False

@@ -33,12 +33,15 @@ class _Request:
         stored: leading blocks known to be stored (the probe's hit, then what was saved).
         local: tokens vLLM had computed itself when the load was planned (block-aligned).
         block_ids: the request's vLLM blocks, in order.
+        saving: a save was planned for it: once finished, its blocks are freed when the worker says its
+            saves are done.
     """
 
     keys: list[str]
     stored: int
     local: int = 0
     block_ids: list[int] = field(default_factory=list)
+    saving: bool = False
 
 
 class SchedulerSide:
@@ -65,6 +68,7 @@ class SchedulerSide:
         self.save = save
         self._requests: dict[str, _Request] = {}
         self._loads: list[BlockTransfer] = []
+        self._held: set[str] = set()  # finished requests whose blocks wait for their saves
         self.failed_blocks = 0  # NOTE: blocks whose load failed (CRC or tier) and were recomputed
 
     def matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
@@ -102,7 +106,11 @@ class SchedulerSide:
 
     def build_meta(self, scheduler_output: SchedulerOutput) -> KVMemMetadata:
         """This step's loads (planned since the last step) and the saves of chunks this step completes."""
-        meta = KVMemMetadata(loads=self._loads)
+        meta = KVMemMetadata(
+            loads=self._loads,
+            preempted=set(scheduler_output.preempted_req_ids or ()),
+            idle=scheduler_output.total_num_scheduled_tokens == 0,
+        )
         self._loads = []
         tokens = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
@@ -134,9 +142,12 @@ class SchedulerSide:
                 BlockTransfer(req_id, state.keys[state.stored : done], state.block_ids[state.stored : done])
             )
             state.stored = done
+            state.saving = True
 
     def after_step(self, output: KVConnectorOutput) -> None:
-        """Take the blocks whose load failed into account: they are recomputed, so saved again after that."""
+        """Note the finished requests whose saves are done, and the blocks whose load failed: those are
+        recomputed, so saved again after that."""
+        self._held.difference_update(output.finished_sending or ())
         failed = output.invalid_block_ids
         if not failed:
             return
@@ -147,6 +158,16 @@ class SchedulerSide:
             if bad:
                 state.stored = bad[0] - bad[0] % self.chunk_blocks
 
-    def finished(self, request: Request) -> None:
-        """Forget a finished request (its saves ran in the steps that computed them)."""
-        self._requests.pop(request.request_id, None)
+    def finished(self, request: Request) -> bool:
+        """Forget a finished request; whether its blocks must wait for its saves in flight (the worker
+        reports them done in ``finished_sending``)."""
+        state = self._requests.pop(request.request_id, None)
+        if state is None or not state.saving:
+            return False
+        self._held.add(request.request_id)
+        return True
+
+    def holds_blocks(self) -> bool:
+        """Whether finished requests hold blocks until their saves are done (vLLM waits for them rather
+        than preempting a running request)."""
+        return bool(self._held)

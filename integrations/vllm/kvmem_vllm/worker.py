@@ -3,19 +3,25 @@
 Every layer's KV cache is a view of one buffer at equal strides (vLLM's CPU backend:
 ``[num_blocks, num_kv_heads, block_size, 2 * head_dim]`` per layer), so one block of every layer is
 one strided view, ``[num_layers, *block]``: a block is stored as one tensor and loaded with
-``Memory.load_many(out=...)`` into that view, one copy, no buffer in between.
+``Memory.load_many(out=...)`` into that view, one copy, no buffer in between. Saves are stored from
+those views on the saver's thread (:mod:`kvmem_vllm.saver`), after the forward pass that computed them.
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from kvmem import Memory
-from kvmem.errors import ConfigError, KVMemError, TierUnavailable
+from kvmem.errors import ConfigError, KVMemError
 from kvmem_vllm.log import logger
 from kvmem_vllm.metadata import BlockTransfer, KVMemMetadata
+from kvmem_vllm.saver import Saver
 
 __all__ = ["BlockViews", "WorkerSide"]
+
+_IDLE_WAIT_S = 0.05  # how long an empty step waits for a save to end (finished requests holding blocks)
 
 
 class BlockViews:
@@ -82,13 +88,13 @@ class WorkerSide:
         self.memory = memory
         self.namespace = namespace
         self.num_blocks = num_blocks
-        self.compression = compression
         self.views: BlockViews | None = None
         self._failed: set[int] = set()
         self._failed_reqs: set[str] = set()
         self.loaded_blocks = 0
         self.failed_blocks = 0
-        self.saved_blocks = 0
+        self.load_seconds = 0.0  # NOTE: spent loading before forward passes (what layer-by-layer loads could hide)
+        self.saver = Saver(memory, namespace, compression)
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Map vLLM's per-layer KV cache tensors (see :class:`BlockViews`)."""
@@ -102,6 +108,7 @@ class WorkerSide:
         vLLM (:meth:`take_failed`), which recomputes the block.
         """
         self._failed_reqs = set()
+        start = time.perf_counter()
         for transfer in meta.loads:
             failed = self._load_one(transfer)
             if failed:
@@ -109,6 +116,7 @@ class WorkerSide:
                 self._failed_reqs.add(transfer.req_id)
                 self.failed_blocks += len(failed)
             self.loaded_blocks += len(transfer.block_ids) - len(failed)
+        self.load_seconds += time.perf_counter() - start
 
     def _load_one(self, transfer: BlockTransfer) -> set[int]:
         """Load one request's blocks; the ids of those not loaded."""
@@ -123,7 +131,8 @@ class WorkerSide:
         return {b for b, value in zip(transfer.block_ids, got) if value is None}
 
     def save(self, meta: KVMemMetadata) -> None:
-        """Store this step's completed chunks (a request whose load failed this step saves nothing)."""
+        """Queue this step's completed chunks for the saver thread (a request whose load failed this step
+        saves nothing): the forward pass of the next step does not wait for them."""
         views = self._views()
         items = [
             (key, views(b))
@@ -131,14 +140,34 @@ class WorkerSide:
             if transfer.req_id not in self._failed_reqs
             for key, b in zip(transfer.keys, transfer.block_ids)
         ]
-        if not items:
-            return
-        try:
-            self.memory.store_many(items, namespace=self.namespace, compression=self.compression)
-        except TierUnavailable as exc:  # NOTE: a save that fails costs a future hit, never the request
-            logger.warning("kvmem: saving %d block(s) failed: %s", len(items), exc)
-            return
-        self.saved_blocks += len(items)
+        self.saver.submit({t.req_id for t in meta.saves}, items)
+
+    def finished(self, meta: KVMemMetadata | None, finished_req_ids: set[str]) -> set[str]:
+        """Of the finished requests, those whose saves are done: vLLM frees their blocks.
+
+        NOTE: on a step with nothing scheduled, vLLM steps again at once while a finished request holds its
+        blocks: waiting here for a save to end (briefly) keeps that loop from taking the CPU the saves need.
+        """
+        done = self.saver.finished(finished_req_ids)
+        if not done and meta is not None and meta.idle and self.saver.waiting():
+            self.saver.wait_any(_IDLE_WAIT_S)
+            done = self.saver.finished(())
+        return done
+
+    def preempted(self, meta: KVMemMetadata) -> None:
+        """Wait for the saves of the requests preempted this step: their blocks were freed and may be written
+        by this step's forward pass."""
+        if meta.preempted:
+            self.saver.wait_for(meta.preempted)
+
+    @property
+    def saved_blocks(self) -> int:
+        """Blocks stored so far."""
+        return self.saver.saved_blocks
+
+    def close(self) -> None:
+        """Finish the saves in flight (before the memory is closed)."""
+        self.saver.close()
 
     def take_failed(self) -> set[int]:
         """The blocks whose load failed since the last call."""

