@@ -2,13 +2,19 @@
 
 A request is named by its *head*, the first of its chunk keys (chunk keys are
 prefix-chained, so the turns of one conversation and every prompt opening with
-one document share a head). Per namespace the model keeps, decayed by age in
-requests of that namespace (half-life ``half_life``):
+one document share a head). Per namespace the model keeps:
 
 - *transitions*: how often a stream's request with head ``a`` was followed by
-  one with head ``b`` (a stream is a session, a user: whatever orders requests;
-  what is learnt from one stream predicts for all streams of the namespace);
-- *popularity*: how often each head was requested.
+  one with another head ``b`` (a stream is a session, a user: whatever orders
+  requests; what is learnt from one stream predicts for all streams of the
+  namespace), decayed by age in departures from ``a`` (half-life
+  ``successor_half_life``): what follows ``a`` ages as ``a`` is left, so a head
+  requested once an hour keeps what it taught as well as one requested every
+  second. A stream asking for the head it just had (a session continuing on the
+  same document or conversation) is no transition: its chunks were just served,
+  the tier holds them, there is nothing to warm;
+- *popularity*: how often each head was requested, decayed by age in requests of
+  that namespace (half-life ``half_life``).
 
 The chance that a stream's next head is ``x``, after a request with head ``h``, is
 ``λ·P(x | h) + (1 − λ)·P(x)``, with ``λ = n_h / (n_h + prior)`` growing with the
@@ -51,7 +57,7 @@ class Prediction:
 
 
 class _Decayed:
-    """A count that halves every ``half_life`` requests, kept as ``(value, as of when)``."""
+    """A count that halves every ``half_life`` ticks of some clock, kept as ``(value, as of when)``."""
 
     __slots__ = ("value", "at")
 
@@ -60,7 +66,7 @@ class _Decayed:
         self.at = 0
 
     def now(self, clock: int, factor: float) -> float:
-        """The count at request ``clock`` (``factor``: the decay per request)."""
+        """The count at tick ``clock`` (``factor``: the decay per tick)."""
         return self.value * factor ** (clock - self.at)
 
     def add(self, clock: int, factor: float, amount: float = 1.0) -> None:
@@ -71,7 +77,8 @@ class _Decayed:
 @dataclass
 class _Head:
     keys: tuple[str, ...]
-    seen: _Decayed = field(default_factory=_Decayed)
+    seen: _Decayed = field(default_factory=_Decayed)  # on the namespace's clock
+    departures: int = 0  # the clock of ``out`` and ``successors``: transitions out of this head so far
     out: _Decayed = field(default_factory=_Decayed)  # transitions out of this head
     successors: dict[str, _Decayed] = field(default_factory=dict)
 
@@ -91,7 +98,8 @@ class RequestPatterns:
     """Decayed transition counts between consecutive heads of a stream, and decayed popularity, per namespace.
 
     Args:
-        half_life: requests (of one namespace) after which an observation weighs half.
+        half_life: requests (of one namespace) after which a request weighs half in popularity.
+        successor_half_life: transitions out of a head after which one weighs half.
         min_probability: predictions below this are not returned (a structureless stream yields none).
         prior: transitions out of a head needed before they weigh as much as popularity.
         max_heads: heads remembered per namespace.
@@ -109,6 +117,7 @@ class RequestPatterns:
         self,
         *,
         half_life: float = 512.0,
+        successor_half_life: float = 16.0,
         min_probability: float = 0.3,
         prior: float = 4.0,
         max_heads: int = 4096,
@@ -118,6 +127,8 @@ class RequestPatterns:
     ) -> None:
         if not half_life > 0:
             raise ConfigError(f"half_life={half_life!r}: accepted a number of requests > 0")
+        if not successor_half_life > 0:
+            raise ConfigError(f"successor_half_life={successor_half_life!r}: accepted a number of transitions > 0")
         if not 0.0 < min_probability <= 1.0:
             raise ConfigError(f"min_probability={min_probability!r}: accepted a probability in (0, 1]")
         if not prior > 0:
@@ -129,6 +140,7 @@ class RequestPatterns:
             if value < 0:
                 raise ConfigError(f"{name}={value!r}: accepted an integer >= 0")
         self.factor = 0.5 ** (1.0 / half_life)
+        self.successor_factor = 0.5 ** (1.0 / successor_half_life)
         self.min_probability = min_probability
         self.prior = prior
         self.max_heads = max_heads
@@ -154,8 +166,8 @@ class RequestPatterns:
         space.last[stream] = head
         if len(space.last) > self.max_streams:
             space.last.popitem(last=False)
-        if previous is not None and previous in space.heads:
-            self._transition(space, space.heads[previous], head)
+        if previous is not None and previous != head and previous in space.heads:
+            self._transition(space.heads[previous], head)
         self._rank(space, head, node)
 
     def predict(self, namespace: str, stream: str = "", limit: int = 4) -> list[Prediction]:
@@ -174,7 +186,7 @@ class RequestPatterns:
             return []
         clock, f = space.clock, self.factor
         last = space.heads.get(space.last.get(stream, ""))
-        out = last.out.now(clock, f) if last is not None else 0.0
+        out = last.out.now(last.departures, self.successor_factor) if last is not None else 0.0
         weight = out / (out + self.prior)
         total = space.total.now(clock, f)
         candidates = set(space.popular) | (set(last.successors) if last is not None else set())
@@ -184,7 +196,7 @@ class RequestPatterns:
             if node is None:
                 continue
             moved = last.successors.get(head) if last is not None else None
-            p_next = moved.now(clock, f) / out if moved is not None and out else 0.0
+            p_next = moved.now(last.departures, self.successor_factor) / out if moved is not None and out else 0.0
             p_pop = node.seen.now(clock, f) / total if total else 0.0
             p = weight * p_next + (1.0 - weight) * p_pop
             if p >= self.min_probability:
@@ -207,9 +219,10 @@ class RequestPatterns:
         space.heads[head] = node
         return node
 
-    def _transition(self, space: _Space, source: _Head, head: str) -> None:
+    def _transition(self, source: _Head, head: str) -> None:
         """Count ``source -> head``; past ``max_successors``, the least likely successor is forgotten."""
-        clock, f = space.clock, self.factor
+        source.departures += 1
+        clock, f = source.departures, self.successor_factor
         source.out.add(clock, f)
         count = source.successors.get(head)
         if count is None:
