@@ -186,17 +186,18 @@ class RequestPatterns:
             return []
         clock, f = space.clock, self.factor
         last = space.heads.get(space.last.get(stream, ""))
+        after: dict[str, float] = {}  # decayed transitions out of the stream's last head, by successor
+        if last is not None:
+            after = {h: c.now(last.departures, self.successor_factor) for h, c in last.successors.items()}
         out = last.out.now(last.departures, self.successor_factor) if last is not None else 0.0
         weight = out / (out + self.prior)
         total = space.total.now(clock, f)
-        candidates = set(space.popular) | (set(last.successors) if last is not None else set())
         scored = []
-        for head in candidates:
+        for head in space.popular | after.keys():
             node = space.heads.get(head)
             if node is None:
                 continue
-            moved = last.successors.get(head) if last is not None else None
-            p_next = moved.now(last.departures, self.successor_factor) / out if moved is not None and out else 0.0
+            p_next = after.get(head, 0.0) / out if out else 0.0
             p_pop = node.seen.now(clock, f) / total if total else 0.0
             p = weight * p_next + (1.0 - weight) * p_pop
             if p >= self.min_probability:
