@@ -4,7 +4,10 @@
 :class:`~kvmem.kv.patterns.RequestPatterns` model and copies the chunks of the
 heads it predicts from disk or the remote tier into the last memory tier (the
 CPU tier), on one background thread: :meth:`PredictivePrefetcher.observe` only
-queues, so the caller's request never waits on the model or the I/O.
+queues, so the caller's request never waits on the model or the I/O. Each guess
+is copied while no request is in flight (``Memory.activity``, see
+:mod:`kvmem.activity`): on a host with few cores a copy running beside a request
+slows it, and such requests made the latency tail.
 
 A guess only takes room no entry uses and is dropped first when a put needs the
 room (:mod:`kvmem.stores.guesses`): it never evicts data a request used. Every
@@ -43,9 +46,11 @@ class PredictivePrefetcher:
         limit: most heads warmed after one request.
         max_pending: requests queued for the worker at most; past it the oldest is dropped unlearnt
             (the caller never blocks).
+        max_wait: seconds a guess waits for a moment with no request in flight before it is copied
+            anyway (a server that is never idle still gets its guesses, later).
 
     Raises:
-        ConfigError: ``budget``, ``limit`` or ``max_pending`` below 1.
+        ConfigError: ``budget``, ``limit`` or ``max_pending`` below 1, or ``max_wait`` below 0.
     """
 
     def __init__(
@@ -56,6 +61,7 @@ class PredictivePrefetcher:
         budget: int | None = None,
         limit: int = 4,
         max_pending: int = 1024,
+        max_wait: float = 0.05,
     ) -> None:
         self.memory = memory
         self.patterns = patterns if patterns is not None else RequestPatterns()
@@ -63,7 +69,10 @@ class PredictivePrefetcher:
         for name, value in (("budget", self.budget), ("limit", limit), ("max_pending", max_pending)):
             if value < 1:
                 raise ConfigError(f"{name}={value!r}: accepted an integer >= 1")
+        if not max_wait >= 0:
+            raise ConfigError(f"max_wait={max_wait!r}: accepted a number of seconds >= 0")
         self.limit = limit
+        self.max_wait = max_wait
         self._max_pending = max_pending
         self._queue: list[tuple[str, str, tuple[str, ...]]] = []  # (namespace, stream, keys), oldest first
         self._busy = False
@@ -134,7 +143,8 @@ class PredictivePrefetcher:
         """Warm the predicted heads' chunks in order, within :attr:`budget`, until the tier has no room.
 
         A head's chunks are warmed first to last and stop at the first missing one: a prefix
-        is reused up to its first gap, so chunks past it would be wasted.
+        is reused up to its first gap, so chunks past it would be wasted. Each waits for a moment
+        with no request in flight (at most :attr:`max_wait`).
         """
         store = self.memory.chunk_store()
         count = self.memory.metrics.count_guess
@@ -144,6 +154,7 @@ class PredictivePrefetcher:
                 if moved >= self.budget:
                     return
                 count("predicted")
+                self.memory.activity.wait_idle(self.max_wait)
                 outcome, nbytes = store.speculate(self.memory.storage_key(key, namespace))
                 moved += nbytes
                 if outcome != "warmed":  # warmed is counted, with its bytes, where the guess is recorded

@@ -279,16 +279,17 @@ class PrefixCache:
             ``(run's result, cache, tokens reused, chunks known stored)``.
         """
         limit = total - 1  # NOTE: the last prompt token is always computed (see the module docstring)
-        while True:
-            try:
-                cache, reused, sources = self._load_prefix(keys, limit, total)
-                result = run(cache, reused)
-            except ChunkLoadError as exc:
-                self._chunk_failed(exc)
-                limit = min(limit, exc.index * self.block_size)  # strictly shorter: the loop ends
-                continue
-            self._count_chunks(keys[: self._chunks_within(total - 1)], sources)
-            return result, cache, reused, len(sources)
+        with self.memory.activity:  # a request in flight: predictive prefetch waits for its end
+            while True:
+                try:
+                    cache, reused, sources = self._load_prefix(keys, limit, total)
+                    result = run(cache, reused)
+                except ChunkLoadError as exc:
+                    self._chunk_failed(exc)
+                    limit = min(limit, exc.index * self.block_size)  # strictly shorter: the loop ends
+                    continue
+                self._count_chunks(keys[: self._chunks_within(total - 1)], sources)
+                return result, cache, reused, len(sources)
 
     def _load_prefix(self, keys: list[str], limit: int, total: int) -> tuple[DynamicCache, int, list[ChunkSource]]:
         """A cache set up to receive the longest stored run of ``keys``, at most ``limit`` tokens.
