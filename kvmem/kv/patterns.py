@@ -17,12 +17,22 @@ one document share a head). Per namespace the model keeps:
   that namespace (half-life ``half_life``).
 
 The chance that a stream's next head is ``x``, after a request with head ``h``, is
-``λ·P(x | h) + (1 − λ)·P(x)``, with ``λ = n_h / (n_h + prior)`` growing with the
+``λ·P(x | h) + (1 − λ)·B(x)``, with ``λ = n_h / (n_h + prior)`` growing with the
 (decayed) number ``n_h`` of transitions seen out of ``h``: a head seen rarely is
-predicted mostly by popularity. (``λ·P(x | h)`` is ``c / (n_h + prior)`` for a transition
-seen ``c`` times: with the defaults, one sighting of ``h -> x`` (0.2) is not enough to
-predict ``x``, two in a row (0.33) are.) Candidates are ``h``'s successors and the most
-popular heads; those at or above ``min_probability`` are returned, likeliest first.
+predicted mostly by ``B``, what the namespace as a whole says:
+
+- for ``h``'s likeliest successor so far, the namespace's *foresight*: how often
+  (decayed, in requests) a head was left for its likeliest successor, over all
+  heads (``f / (tries + prior)``). In a namespace whose streams follow their paths
+  (documents read in sequence) one sighting of ``h -> x`` is then evidence enough
+  to warm ``x``; in one whose requests follow no path it stays near 0, and a
+  transition seen once predicts nothing;
+- for the other candidates (or if higher), popularity ``P(x)``.
+
+(Without foresight ``λ·P(x | h)`` is ``c / (n_h + prior)`` for a transition seen ``c``
+times: with the defaults, one sighting (0.2) is not enough to predict ``x``, two in
+a row (0.33) are.) Candidates are ``h``'s successors and the most popular heads;
+those at or above ``min_probability`` are returned, likeliest first.
 
 Cost: ``observe`` and ``predict`` are O(``max_successors`` + ``popular``); memory is
 bounded by ``max_heads`` heads per namespace (least recently requested forgotten
@@ -89,6 +99,8 @@ class _Space:
 
     clock: int = 0
     total: _Decayed = field(default_factory=_Decayed)
+    tries: _Decayed = field(default_factory=_Decayed)  # transitions out of a head with a successor already
+    foreseen: _Decayed = field(default_factory=_Decayed)  # ... to its likeliest successor
     heads: OrderedDict[str, _Head] = field(default_factory=OrderedDict)  # least recently requested first
     popular: set[str] = field(default_factory=set)
     last: OrderedDict[str, str] = field(default_factory=OrderedDict)  # stream -> its last head
@@ -167,7 +179,7 @@ class RequestPatterns:
         if len(space.last) > self.max_streams:
             space.last.popitem(last=False)
         if previous is not None and previous != head and previous in space.heads:
-            self._transition(space.heads[previous], head)
+            self._transition(space, space.heads[previous], head)
         self._rank(space, head, node)
 
     def predict(self, namespace: str, stream: str = "", limit: int = 4) -> list[Prediction]:
@@ -187,11 +199,14 @@ class RequestPatterns:
         clock, f = space.clock, self.factor
         last = space.heads.get(space.last.get(stream, ""))
         after: dict[str, float] = {}  # decayed transitions out of the stream's last head, by successor
-        if last is not None:
+        likeliest = None
+        if last is not None and last.successors:
             after = {h: c.now(last.departures, self.successor_factor) for h, c in last.successors.items()}
+            likeliest = self._likeliest(last)
         out = last.out.now(last.departures, self.successor_factor) if last is not None else 0.0
         weight = out / (out + self.prior)
         total = space.total.now(clock, f)
+        foresight = space.foreseen.now(clock, f) / (space.tries.now(clock, f) + self.prior)
         scored = []
         for head in space.popular | after.keys():
             node = space.heads.get(head)
@@ -199,7 +214,8 @@ class RequestPatterns:
                 continue
             p_next = after.get(head, 0.0) / out if out else 0.0
             p_pop = node.seen.now(clock, f) / total if total else 0.0
-            p = weight * p_next + (1.0 - weight) * p_pop
+            base = max(foresight, p_pop) if head == likeliest else p_pop
+            p = weight * p_next + (1.0 - weight) * base
             if p >= self.min_probability:
                 scored.append(Prediction(head, node.keys, p))
         scored.sort(key=lambda pred: (-pred.probability, pred.head))
@@ -220,8 +236,13 @@ class RequestPatterns:
         space.heads[head] = node
         return node
 
-    def _transition(self, source: _Head, head: str) -> None:
-        """Count ``source -> head``; past ``max_successors``, the least likely successor is forgotten."""
+    def _transition(self, space: _Space, source: _Head, head: str) -> None:
+        """Count ``source -> head`` (and whether the likeliest successor foresaw it); past ``max_successors``,
+        the least likely successor is forgotten."""
+        if source.successors:
+            space.tries.add(space.clock, self.factor)
+            if head == self._likeliest(source):
+                space.foreseen.add(space.clock, self.factor)
         source.departures += 1
         clock, f = source.departures, self.successor_factor
         source.out.add(clock, f)
@@ -232,6 +253,11 @@ class RequestPatterns:
                 del source.successors[weakest]
             count = source.successors[head] = _Decayed()
         count.add(clock, f)
+
+    def _likeliest(self, node: _Head) -> str:
+        """``node``'s successor seen most (decayed; of equals, the latest), which it must have."""
+        clock, f = node.departures, self.successor_factor
+        return max(node.successors, key=lambda s: (node.successors[s].now(clock, f), node.successors[s].at))
 
     def _rank(self, space: _Space, head: str, node: _Head) -> None:
         """Keep ``space.popular`` the ``popular`` heads requested most (decayed), ``head`` just requested."""

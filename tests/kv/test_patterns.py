@@ -96,6 +96,21 @@ def test_the_same_head_again_is_no_transition() -> None:
     assert top.head == "b" and top.probability > 0.5  # a -> a is not counted: it would dilute a -> b to 1/3
 
 
+def test_one_sighting_predicts_only_where_the_namespace_follows_its_paths() -> None:
+    model = RequestPatterns(popular=0)
+    rng = random.Random(0)
+    for i in range(40):  # "paths": a cycle of 10 documents read in order; "flat": documents at random
+        model.observe("paths", keys(f"p{i % 10}"), "s")
+        model.observe("flat", keys(f"doc{rng.randrange(200)}"), "s")
+    for namespace in ("paths", "flat"):
+        model.observe(namespace, keys("x"), "t")  # x -> y, seen once
+        model.observe(namespace, keys("y"), "t")
+        model.observe(namespace, keys("x"), "u")
+    [top] = model.predict("paths", "u")
+    assert top.head == "y" and top.probability > 0.5
+    assert model.predict("flat", "u") == []
+
+
 def test_popular_heads_are_predicted_for_a_new_stream() -> None:
     model = RequestPatterns()
     for i in range(40):

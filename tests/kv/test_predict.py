@@ -206,7 +206,8 @@ def test_prefix_cache_feeds_its_requests_to_the_predictor(make_memory: MemoryFac
         pc.prefill(ids)
     pc.flush()
     assert count(memory, "predicted") >= 1  # second follows first: predicted (resident here: a big CPU tier)
-    assert in_flight and set(in_flight) == {1}  # a prefill is a request in flight: guesses wait for its end
+    # a prefill is a request in flight (the write-behind's stores of earlier chunks may be too): guesses wait
+    assert in_flight and min(in_flight) >= 1
     assert memory.activity.in_flight == 0
     pc.close()
 
