@@ -91,6 +91,7 @@ class _Head:
     departures: int = 0  # the clock of ``out`` and ``successors``: transitions out of this head so far
     out: _Decayed = field(default_factory=_Decayed)  # transitions out of this head
     successors: dict[str, _Decayed] = field(default_factory=dict)
+    likeliest: str | None = None  # the successor seen most (decayed; of equals, the latest)
 
 
 @dataclass
@@ -103,6 +104,8 @@ class _Space:
     foreseen: _Decayed = field(default_factory=_Decayed)  # ... to its likeliest successor
     heads: OrderedDict[str, _Head] = field(default_factory=OrderedDict)  # least recently requested first
     popular: set[str] = field(default_factory=set)
+    floor: _Decayed = field(default_factory=_Decayed)  # at most the least popular head's count, once full
+    peak: _Decayed = field(default_factory=_Decayed)  # at least the most requested head's count
     last: OrderedDict[str, str] = field(default_factory=OrderedDict)  # stream -> its last head
 
 
@@ -174,6 +177,7 @@ class RequestPatterns:
         node = self._head(space, head, tuple(keys))
         node.seen.add(space.clock, self.factor)
         space.total.add(space.clock, self.factor)
+        space.peak.value, space.peak.at = max(space.peak.now(space.clock, self.factor), node.seen.value), space.clock
         previous = space.last.pop(stream, None)
         space.last[stream] = head
         if len(space.last) > self.max_streams:
@@ -200,15 +204,17 @@ class RequestPatterns:
         last = space.heads.get(space.last.get(stream, ""))
         after: dict[str, float] = {}  # decayed transitions out of the stream's last head, by successor
         likeliest = None
-        if last is not None and last.successors:
+        if last is not None:
             after = {h: c.now(last.departures, self.successor_factor) for h, c in last.successors.items()}
-            likeliest = self._likeliest(last)
+            likeliest = last.likeliest
         out = last.out.now(last.departures, self.successor_factor) if last is not None else 0.0
         weight = out / (out + self.prior)
         total = space.total.now(clock, f)
         foresight = space.foreseen.now(clock, f) / (space.tries.now(clock, f) + self.prior)
+        # a head that is only popular scores at most its share of requests, at most the peak's share
+        popular = space.popular if total and space.peak.now(clock, f) / total >= self.min_probability else set()
         scored = []
-        for head in space.popular | after.keys():
+        for head in popular | after.keys():
             node = space.heads.get(head)
             if node is None:
                 continue
@@ -239,9 +245,9 @@ class RequestPatterns:
     def _transition(self, space: _Space, source: _Head, head: str) -> None:
         """Count ``source -> head`` (and whether the likeliest successor foresaw it); past ``max_successors``,
         the least likely successor is forgotten."""
-        if source.successors:
+        if source.likeliest is not None:
             space.tries.add(space.clock, self.factor)
-            if head == self._likeliest(source):
+            if head == source.likeliest:
                 space.foreseen.add(space.clock, self.factor)
         source.departures += 1
         clock, f = source.departures, self.successor_factor
@@ -251,23 +257,29 @@ class RequestPatterns:
             if len(source.successors) >= self.max_successors:
                 weakest = min(source.successors, key=lambda s: source.successors[s].now(clock, f))
                 del source.successors[weakest]
+                if weakest == source.likeliest:  # all were equal: the new one is the latest
+                    source.likeliest = None
             count = source.successors[head] = _Decayed()
         count.add(clock, f)
-
-    def _likeliest(self, node: _Head) -> str:
-        """``node``'s successor seen most (decayed; of equals, the latest), which it must have."""
-        clock, f = node.departures, self.successor_factor
-        return max(node.successors, key=lambda s: (node.successors[s].now(clock, f), node.successors[s].at))
+        # every successor decays alike: only the one just counted can overtake the likeliest
+        best = source.successors.get(source.likeliest) if source.likeliest is not None else None
+        if best is None or count.value >= best.now(clock, f):
+            source.likeliest = head
 
     def _rank(self, space: _Space, head: str, node: _Head) -> None:
         """Keep ``space.popular`` the ``popular`` heads requested most (decayed), ``head`` just requested."""
         if head in space.popular or not self.max_popular:
             return
-        if len(space.popular) < self.max_popular:
-            space.popular.add(head)
-            return
         clock, f = space.clock, self.factor
-        weakest = min(space.popular, key=lambda h: space.heads[h].seen.now(clock, f))
-        if node.seen.now(clock, f) > space.heads[weakest].seen.now(clock, f):
+        if len(space.popular) >= self.max_popular:
+            count = node.seen.now(clock, f)
+            if count <= space.floor.now(clock, f):  # NOTE: the common case, decided without looking at each
+                return
+            weakest = min(space.popular, key=lambda h: space.heads[h].seen.now(clock, f))
+            if count <= space.heads[weakest].seen.now(clock, f):
+                space.floor.value, space.floor.at = space.heads[weakest].seen.now(clock, f), clock
+                return
             space.popular.discard(weakest)
-            space.popular.add(head)
+        space.popular.add(head)
+        if len(space.popular) >= self.max_popular:  # every count only grows against the common decay
+            space.floor.value, space.floor.at = min(space.heads[h].seen.now(clock, f) for h in space.popular), clock

@@ -146,6 +146,8 @@ class PredictivePrefetcher:
         is reused up to its first gap, so chunks past it would be wasted. Each waits for a moment
         with no request in flight (at most :attr:`max_wait`).
         """
+        if not predictions:  # NOTE: the common case where nothing can be learnt: no port made, no metric touched
+            return
         store = self.memory.chunk_store()
         count = self.memory.metrics.count_guess
         moved = 0
