@@ -7,7 +7,8 @@ CPU tier). :meth:`PredictivePrefetcher.observe` updates the model and predicts o
 the caller's thread (bounded work: tens of microseconds), and hands the copies,
 when there are any, to one background thread: a request stream with nothing to
 learn costs no thread wake-up (that hand-off cost more CPU than the model). Each
-guess is copied while no request is in flight (``Memory.activity``, see
+guess is copied while no request is in flight, and only if the copy (its usual
+time) should end before the next request usually comes (``Memory.activity``, see
 :mod:`kvmem.activity`): on a host with few cores a copy running beside a request
 slows it, and such requests made the latency tail.
 
@@ -51,8 +52,8 @@ class PredictivePrefetcher:
         limit: most heads warmed after one request.
         max_pending: streams whose warming waits for the worker at most; past it the oldest is dropped
             (the caller never blocks; a stream's newer request replaces its older one, now stale).
-        max_wait: seconds a guess waits for a moment with no request in flight before it is copied
-            anyway (a server that is never idle still gets its guesses, later).
+        max_wait: seconds a guess waits for room between requests before it is copied anyway (a server
+            that is never idle still gets its guesses, later).
 
     Raises:
         ConfigError: ``budget``, ``limit`` or ``max_pending`` below 1, or ``max_wait`` below 0.
@@ -78,6 +79,7 @@ class PredictivePrefetcher:
             raise ConfigError(f"max_wait={max_wait!r}: accepted a number of seconds >= 0")
         self.limit = limit
         self.max_wait = max_wait
+        self._copy_seconds = 0.0  # running mean of one guess's copy time (0: none seen yet)
         self._max_pending = max_pending
         self._model = threading.Lock()  # the model is not thread-safe; requests may come from many threads
         self._queue: OrderedDict[tuple[str, str], list[Prediction]] = OrderedDict()  # (namespace, stream): oldest first
@@ -158,7 +160,7 @@ class PredictivePrefetcher:
 
         A head's chunks are warmed first to last and stop at the first missing one: a prefix
         is reused up to its first gap, so chunks past it would be wasted. Each waits for a moment
-        with no request in flight (at most :attr:`max_wait`).
+        between requests (at most :attr:`max_wait`).
         """
         store = self.memory.chunk_store()
         count = self.memory.metrics.count_guess
@@ -168,8 +170,12 @@ class PredictivePrefetcher:
                 if moved >= self.budget:
                     return
                 count("predicted")
-                self.memory.activity.wait_idle(self.max_wait)
+                self.memory.activity.wait_for_room(self._copy_seconds, self.max_wait)
+                start = time.perf_counter()
                 outcome, nbytes = store.speculate(self.memory.storage_key(key, namespace))
+                if outcome == "warmed":
+                    took = time.perf_counter() - start
+                    self._copy_seconds += 0.1 * (took - self._copy_seconds) if self._copy_seconds else took
                 moved += nbytes
                 if outcome != "warmed":  # warmed is counted, with its bytes, where the guess is recorded
                     count(outcome)
