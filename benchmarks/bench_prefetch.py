@@ -264,7 +264,7 @@ def main() -> None:
     print(
         f"structureless: with predictive prefetch mean latency {paired(flat_pred, flat, 'mean_ms')}, "
         f"P50 {paired(flat_pred, flat, 'p50_ms')}, the process's CPU time per request "
-        f"{paired(flat_pred, flat, 'cpu_ms')} of no prefetch; the prefetcher's thread "
+        f"{paired(flat_pred, flat, 'cpu_ms')} of no prefetch; predictive prefetch (model and thread) "
         f"{median(flat_pred, 'predictor_cpu_ms') * 1e3:.0f} us CPU per request = {share:.1%} of a request's "
         f"(target <= 2%)"
     )
