@@ -16,7 +16,8 @@ Workload (seeded, the same for every mode):
   (each document has one fixed successor, ``0.55``), or starts a new session on a
   document drawn from a Zipf(1.1) popularity (``0.15``).
 - *structureless* trace: documents drawn uniformly at random: what prefetch costs
-  where there is nothing to learn.
+  where there is nothing to learn (``--cost-pairs`` pairs of ``--cost-requests``
+  requests).
 
 Modes: ``none`` (no prefetch); ``queue`` (the next request's chunks are warmed
 while this one is served, as ``PrefixCache.prefetch`` does for a queued request);
@@ -24,12 +25,22 @@ while this one is served, as ``PrefixCache.prefetch`` does for a queued request)
 with the user as its stream). Requests arrive ``--gap-ms`` apart (a server is not
 saturated by one client; background work runs in the gaps). The first
 ``--warmup`` share of each trace fills the tier and trains the model and is not
-measured. Modes alternate within each repetition; the table shows medians over
-``--repeat`` repetitions.
+measured. Modes alternate within each repetition (each repetition its own seed);
+the table shows medians over ``--repeat`` repetitions.
+
+Latency on 2 shared vCPUs swings from run to run by more than the effects
+measured, so the comparisons are also made *paired*: per repetition, predictive
+over no prefetch on the same trace, run back to back (on the structureless
+trace in alternating order); the summary gives the median of those ratios and
+in how many repetitions the ratio was below 1. The cost where there is nothing
+to learn is given as latency, as the process's CPU time per request (every
+thread), and as the prefetcher thread's own CPU time per request
+(``kvmem_predictive_prefetch_cpu_seconds_total``) over the CPU time a request
+takes without prefetch: what it takes from the cores the requests run on.
 
 Usage (from the repository root)::
 
-    python benchmarks/bench_prefetch.py            # 3000 requests, median of 3
+    python benchmarks/bench_prefetch.py            # 3000 requests, median of 5
     python benchmarks/bench_prefetch.py --quick    # smoke run
 """
 
@@ -40,7 +51,6 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +102,8 @@ class Result:
     p50_ms: float
     p99_ms: float
     mean_ms: float
+    cpu_ms: float
+    predictor_cpu_ms: float = 0.0
     moved_mib: float = 0.0
     wasted_share: float = 0.0
     used_share: float = 0.0
@@ -119,11 +131,12 @@ def replay(path: Path, trace: Trace, mode: str, args: argparse.Namespace) -> Res
     def all_hits() -> float:
         return m.total("kvmem_hits_total")
 
-    base_cpu = base_all = 0.0
+    base_cpu = base_all = cpu_start = predictor_start = 0.0
     base_bytes = {o: 0.0 for o in ("warmed", "used", "wasted")}
     for i, (user, d) in enumerate(trace):
         if i == skip:
-            base_cpu, base_all = cpu_hits(), all_hits()
+            base_cpu, base_all, cpu_start = cpu_hits(), all_hits(), time.process_time()
+            predictor_start = m.total("kvmem_predictive_prefetch_cpu_seconds_total")
             base_bytes = {o: m.value("kvmem_predictive_prefetch_bytes_total", outcome=o) for o in base_bytes}
         keys = doc_keys(d, args.chunks)
         start = time.perf_counter()
@@ -137,6 +150,10 @@ def replay(path: Path, trace: Trace, mode: str, args: argparse.Namespace) -> Res
         if predictor is not None:
             predictor.observe(keys, namespace=NS, stream=user)
         time.sleep(args.gap_ms / 1000)
+    if predictor is not None:
+        predictor.flush()  # its work for the last requests is part of their cost
+    cpu_seconds = time.process_time() - cpu_start
+    predictor_seconds = m.total("kvmem_predictive_prefetch_cpu_seconds_total") - predictor_start
     moved = {o: m.value("kvmem_predictive_prefetch_bytes_total", outcome=o) - base_bytes[o] for o in base_bytes}
     served = all_hits() - base_all
     hit_rate = (cpu_hits() - base_cpu) / served if served else 0.0
@@ -152,6 +169,8 @@ def replay(path: Path, trace: Trace, mode: str, args: argparse.Namespace) -> Res
         p50_ms=ms[len(ms) // 2],
         p99_ms=ms[min(len(ms) - 1, int(len(ms) * 0.99))],
         mean_ms=statistics.fmean(ms),
+        cpu_ms=cpu_seconds * 1e3 / len(ms),
+        predictor_cpu_ms=predictor_seconds * 1e3 / len(ms),
         moved_mib=warmed / 2**20,
         wasted_share=moved["wasted"] / warmed if warmed else 0.0,
         used_share=moved["used"] / warmed if warmed else 0.0,
@@ -173,6 +192,13 @@ def median(results: list[Result], field: str) -> float:
     return statistics.median(getattr(r, field) for r in results)
 
 
+def paired(results: list[Result], baseline: list[Result], field: str) -> str:
+    """Per repetition ``field`` of ``results`` over ``baseline``'s (same trace, back to back): median, runs below 1."""
+    ratios = [getattr(r, field) / getattr(b, field) for r, b in zip(results, baseline)]
+    below = sum(ratio < 1 for ratio in ratios)
+    return f"{statistics.median(ratios):.2f}x (lower in {below} of {len(ratios)} runs)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=3000)
@@ -183,40 +209,44 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=8)
     parser.add_argument("--gap-ms", type=float, default=1.0)
     parser.add_argument("--warmup", type=float, default=0.2)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--cost-pairs", type=int, default=8, help="structureless runs of each mode")
+    parser.add_argument("--cost-requests", type=int, default=1000, help="requests of one structureless run")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="600 requests, 2 repetitions")
+    parser.add_argument("--quick", action="store_true", help="600 requests, 2 repetitions, 2 cost pairs")
     args = parser.parse_args()
     if args.quick:
-        args.requests, args.repeat = 600, 2
+        args.requests, args.repeat, args.cost_pairs = 600, 2, 2
     torch.set_num_threads(1)
-    runs: list[tuple[str, Callable[[int, int, int, int], Trace], str]] = [
-        ("structured", structured, "none"),
-        ("structured", structured, "queue"),
-        ("structured", structured, "predictive"),
-        ("structureless", structureless, "none"),
-        ("structureless", structureless, "predictive"),
-    ]
-    results: dict[tuple[str, str], list[Result]] = {(t, mode): [] for t, _f, mode in runs}
+    modes = ("none", "predictive", "queue")  # the compared pair back to back
+    results: dict[tuple[str, str], list[Result]] = {
+        key: [] for key in [("structured", "none"), ("structured", "queue"), ("structured", "predictive")]
+    }
+    results["structureless", "none"], results["structureless", "predictive"] = [], []
     working = args.docs * args.chunks * args.chunk_kib / 1024
     print(
         f"{args.docs} documents x {args.chunks} chunks x {args.chunk_kib} KiB = {working:.0f} MiB on disk; "
-        f"CPU tier {args.cpu_mib} MiB; {args.requests} requests ({args.warmup:.0%} warm-up), "
-        f"{args.users} users, {args.gap_ms} ms apart; median of {args.repeat}"
+        f"CPU tier {args.cpu_mib} MiB; {args.users} users, requests {args.gap_ms} ms apart, "
+        f"{args.warmup:.0%} of each run not measured (warm-up); structured: {args.requests} requests, "
+        f"median of {args.repeat}; structureless: {args.cost_requests} requests, median of {args.cost_pairs}"
     )
     with tempfile.TemporaryDirectory(prefix="kvmem-bench-", dir=".") as tmp:  # ignored by git
         path = Path(tmp) / "kvmem"
         populate(path, args)
         for rep in range(args.repeat):
-            for trace_name, make, mode in runs:
-                trace = make(args.requests, args.docs, args.users, args.seed + rep)
-                results[trace_name, mode].append(replay(path, trace, mode, args))
-    header = f"{'trace':<14}{'mode':<12}{'CPU hit':>9}{'P50 ms':>9}{'P99 ms':>9}{'mean ms':>9}"
+            trace = structured(args.requests, args.docs, args.users, args.seed + rep)
+            for mode in modes:
+                results["structured", mode].append(replay(path, trace, mode, args))
+        for pair in range(args.cost_pairs):
+            trace = structureless(args.cost_requests, args.docs, args.users, args.seed + pair)
+            for mode in ("none", "predictive") if pair % 2 == 0 else ("predictive", "none"):
+                results["structureless", mode].append(replay(path, trace, mode, args))
+    header = f"{'trace':<14}{'mode':<12}{'CPU hit':>9}{'P50 ms':>9}{'P99 ms':>9}{'mean ms':>9}{'CPU ms':>8}"
     print(header + f"{'moved MiB':>11}{'used':>7}{'wasted':>8}")
     for (trace_name, mode), rs in results.items():
         line = (
             f"{trace_name:<14}{mode:<12}{median(rs, 'hit_rate'):>9.1%}{median(rs, 'p50_ms'):>9.3f}"
-            f"{median(rs, 'p99_ms'):>9.3f}{median(rs, 'mean_ms'):>9.3f}"
+            f"{median(rs, 'p99_ms'):>9.3f}{median(rs, 'mean_ms'):>9.3f}{median(rs, 'cpu_ms'):>8.3f}"
         )
         if mode == "predictive":
             line += (
@@ -227,12 +257,16 @@ def main() -> None:
     flat, flat_pred = results["structureless", "none"], results["structureless", "predictive"]
     print(
         f"structured: CPU-tier hit rate {median(pred, 'hit_rate') - median(base, 'hit_rate'):+.1%} points "
-        f"(target >= +15), P99 {median(pred, 'p99_ms') / median(base, 'p99_ms'):.2f}x of no prefetch (target < 1), "
+        f"(target >= +15), P99 {paired(pred, base, 'p99_ms')} of no prefetch (target < 1), "
         f"wasted {median(pred, 'wasted_share'):.0%} of bytes moved (target < 30%)"
     )
+    share = statistics.median(p.predictor_cpu_ms / b.cpu_ms for p, b in zip(flat_pred, flat))
     print(
-        f"structureless: mean latency {median(flat_pred, 'mean_ms') / median(flat, 'mean_ms') - 1:+.1%}, "
-        f"P50 {median(flat_pred, 'p50_ms') / median(flat, 'p50_ms') - 1:+.1%} with predictive prefetch (target <= +2%)"
+        f"structureless: with predictive prefetch mean latency {paired(flat_pred, flat, 'mean_ms')}, "
+        f"P50 {paired(flat_pred, flat, 'p50_ms')}, the process's CPU time per request "
+        f"{paired(flat_pred, flat, 'cpu_ms')} of no prefetch; predictive prefetch (model and thread) "
+        f"{median(flat_pred, 'predictor_cpu_ms') * 1e3:.0f} us CPU per request = {share:.1%} of a request's "
+        f"(target <= 2%)"
     )
 
 

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import SQLAlchemyError
 
 from kvmem import blob as blobfmt
+from kvmem.activity import Activity, serving
 from kvmem.blob import EncodedBlob
 from kvmem.catalog.catalog import Catalog, StoreRow
 from kvmem.catalog.records import EntryInfo, Loaded, Stats, TierStats, entry_info
@@ -86,6 +87,9 @@ class Memory:
             settings["path"] = path
         self.config = config.replace(**settings) if config is not None else load_config(config_file, **settings)
         self.metrics = Metrics(registry)
+        self.activity = Activity()
+        """Requests in flight (``load``, ``load_many``, ``fetch``, ``store``, ``store_many``): background
+        prefetch waits for none (see :mod:`kvmem.activity`)."""
         self._embedder = embedder
         self._semantics: dict[str, SemanticIndex] = {}  # "" -> the text layer; else an embedder's name
         self._semantic_lock = threading.Lock()
@@ -148,6 +152,7 @@ class Memory:
         return storage_key(key, namespace, self.config.tenant_salt)
 
     # -- store / load -----------------------------------------------------------
+    @serving
     def store(
         self,
         key: str | bytes,
@@ -191,6 +196,7 @@ class Memory:
         self.metrics.store_seconds.observe(time.perf_counter() - start)
         return job.skey
 
+    @serving
     def store_many(
         self,
         items: Mapping[str | bytes, object] | Sequence[tuple[str | bytes, object]],
@@ -382,6 +388,7 @@ class Memory:
         loaded = self._fetch_checked(match.storage_key, label, device)
         return self._loaded(default if loaded is None else loaded.value, start)
 
+    @serving
     def fetch(
         self, key: str | bytes, *, namespace: str | None = None, device: torch.device | str | None = None
     ) -> Loaded | None:
@@ -428,6 +435,7 @@ class Memory:
             self._catalog_write(lambda: self._catalog.set_state(skey, "quarantined"))
         return None, corrupt
 
+    @serving
     def load(
         self,
         key: str | bytes,
@@ -486,6 +494,7 @@ class Memory:
         self.metrics.load_seconds.observe(time.perf_counter() - start)
         return value
 
+    @serving
     def load_many(
         self,
         keys: Sequence[str | bytes],

@@ -95,6 +95,11 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.predictive_cpu = Counter(
+            "kvmem_predictive_prefetch_cpu_seconds",
+            "CPU time of the predictive prefetcher's thread (learning, predicting, copying guesses)",
+            registry=r,
+        )
         self._hits = 0
         self._misses = 0
         self._hit_children: dict[tuple[str, str], Counter] = {}

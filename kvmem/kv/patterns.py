@@ -2,21 +2,37 @@
 
 A request is named by its *head*, the first of its chunk keys (chunk keys are
 prefix-chained, so the turns of one conversation and every prompt opening with
-one document share a head). Per namespace the model keeps, decayed by age in
-requests of that namespace (half-life ``half_life``):
+one document share a head). Per namespace the model keeps:
 
 - *transitions*: how often a stream's request with head ``a`` was followed by
-  one with head ``b`` (a stream is a session, a user: whatever orders requests;
-  what is learnt from one stream predicts for all streams of the namespace);
-- *popularity*: how often each head was requested.
+  one with another head ``b`` (a stream is a session, a user: whatever orders
+  requests; what is learnt from one stream predicts for all streams of the
+  namespace), decayed by age in departures from ``a`` (half-life
+  ``successor_half_life``): what follows ``a`` ages as ``a`` is left, so a head
+  requested once an hour keeps what it taught as well as one requested every
+  second. A stream asking for the head it just had (a session continuing on the
+  same document or conversation) is no transition: its chunks were just served,
+  the tier holds them, there is nothing to warm;
+- *popularity*: how often each head was requested, decayed by age in requests of
+  that namespace (half-life ``half_life``).
 
 The chance that a stream's next head is ``x``, after a request with head ``h``, is
-``λ·P(x | h) + (1 − λ)·P(x)``, with ``λ = n_h / (n_h + prior)`` growing with the
+``λ·P(x | h) + (1 − λ)·B(x)``, with ``λ = n_h / (n_h + prior)`` growing with the
 (decayed) number ``n_h`` of transitions seen out of ``h``: a head seen rarely is
-predicted mostly by popularity. (``λ·P(x | h)`` is ``c / (n_h + prior)`` for a transition
-seen ``c`` times: with the defaults, one sighting of ``h -> x`` (0.2) is not enough to
-predict ``x``, two in a row (0.33) are.) Candidates are ``h``'s successors and the most
-popular heads; those at or above ``min_probability`` are returned, likeliest first.
+predicted mostly by ``B``, what the namespace as a whole says:
+
+- for ``h``'s likeliest successor so far, the namespace's *foresight*: how often
+  (decayed, in requests) a head was left for its likeliest successor, over all
+  heads (``f / (tries + prior)``). In a namespace whose streams follow their paths
+  (documents read in sequence) one sighting of ``h -> x`` is then evidence enough
+  to warm ``x``; in one whose requests follow no path it stays near 0, and a
+  transition seen once predicts nothing;
+- for the other candidates (or if higher), popularity ``P(x)``.
+
+(Without foresight ``λ·P(x | h)`` is ``c / (n_h + prior)`` for a transition seen ``c``
+times: with the defaults, one sighting (0.2) is not enough to predict ``x``, two in
+a row (0.33) are.) Candidates are ``h``'s successors and the most popular heads;
+those at or above ``min_probability`` are returned, likeliest first.
 
 Cost: ``observe`` and ``predict`` are O(``max_successors`` + ``popular``); memory is
 bounded by ``max_heads`` heads per namespace (least recently requested forgotten
@@ -51,7 +67,7 @@ class Prediction:
 
 
 class _Decayed:
-    """A count that halves every ``half_life`` requests, kept as ``(value, as of when)``."""
+    """A count that halves every ``half_life`` ticks of some clock, kept as ``(value, as of when)``."""
 
     __slots__ = ("value", "at")
 
@@ -60,20 +76,22 @@ class _Decayed:
         self.at = 0
 
     def now(self, clock: int, factor: float) -> float:
-        """The count at request ``clock`` (``factor``: the decay per request)."""
+        """The count at tick ``clock`` (``factor``: the decay per tick)."""
         return self.value * factor ** (clock - self.at)
 
     def add(self, clock: int, factor: float, amount: float = 1.0) -> None:
-        self.value = self.now(clock, factor) + amount
+        self.value = self.value * factor ** (clock - self.at) + amount  # NOTE: now(), inlined: the hot path
         self.at = clock
 
 
 @dataclass
 class _Head:
     keys: tuple[str, ...]
-    seen: _Decayed = field(default_factory=_Decayed)
+    seen: _Decayed = field(default_factory=_Decayed)  # on the namespace's clock
+    departures: int = 0  # the clock of ``out`` and ``successors``: transitions out of this head so far
     out: _Decayed = field(default_factory=_Decayed)  # transitions out of this head
     successors: dict[str, _Decayed] = field(default_factory=dict)
+    likeliest: str | None = None  # the successor seen most (decayed; of equals, the latest)
 
 
 @dataclass
@@ -82,8 +100,12 @@ class _Space:
 
     clock: int = 0
     total: _Decayed = field(default_factory=_Decayed)
+    tries: _Decayed = field(default_factory=_Decayed)  # transitions out of a head with a successor already
+    foreseen: _Decayed = field(default_factory=_Decayed)  # ... to its likeliest successor
     heads: OrderedDict[str, _Head] = field(default_factory=OrderedDict)  # least recently requested first
     popular: set[str] = field(default_factory=set)
+    floor: _Decayed = field(default_factory=_Decayed)  # at most the least popular head's count, once full
+    peak: _Decayed = field(default_factory=_Decayed)  # at least the most requested head's count
     last: OrderedDict[str, str] = field(default_factory=OrderedDict)  # stream -> its last head
 
 
@@ -91,7 +113,8 @@ class RequestPatterns:
     """Decayed transition counts between consecutive heads of a stream, and decayed popularity, per namespace.
 
     Args:
-        half_life: requests (of one namespace) after which an observation weighs half.
+        half_life: requests (of one namespace) after which a request weighs half in popularity.
+        successor_half_life: transitions out of a head after which one weighs half.
         min_probability: predictions below this are not returned (a structureless stream yields none).
         prior: transitions out of a head needed before they weigh as much as popularity.
         max_heads: heads remembered per namespace.
@@ -109,6 +132,7 @@ class RequestPatterns:
         self,
         *,
         half_life: float = 512.0,
+        successor_half_life: float = 16.0,
         min_probability: float = 0.3,
         prior: float = 4.0,
         max_heads: int = 4096,
@@ -118,6 +142,8 @@ class RequestPatterns:
     ) -> None:
         if not half_life > 0:
             raise ConfigError(f"half_life={half_life!r}: accepted a number of requests > 0")
+        if not successor_half_life > 0:
+            raise ConfigError(f"successor_half_life={successor_half_life!r}: accepted a number of transitions > 0")
         if not 0.0 < min_probability <= 1.0:
             raise ConfigError(f"min_probability={min_probability!r}: accepted a probability in (0, 1]")
         if not prior > 0:
@@ -129,6 +155,7 @@ class RequestPatterns:
             if value < 0:
                 raise ConfigError(f"{name}={value!r}: accepted an integer >= 0")
         self.factor = 0.5 ** (1.0 / half_life)
+        self.successor_factor = 0.5 ** (1.0 / successor_half_life)
         self.min_probability = min_probability
         self.prior = prior
         self.max_heads = max_heads
@@ -144,17 +171,21 @@ class RequestPatterns:
         """
         if not keys:
             return
-        space = self._spaces.setdefault(namespace, _Space())
+        space = self._spaces.get(namespace)
+        if space is None:  # NOTE: not setdefault, which would build a _Space on every request
+            space = self._spaces[namespace] = _Space()
         space.clock += 1
         head = keys[0]
         node = self._head(space, head, tuple(keys))
         node.seen.add(space.clock, self.factor)
         space.total.add(space.clock, self.factor)
-        previous = space.last.pop(stream, None)
+        space.peak.value, space.peak.at = max(space.peak.now(space.clock, self.factor), node.seen.value), space.clock
+        previous = space.last.get(stream)
         space.last[stream] = head
+        space.last.move_to_end(stream)
         if len(space.last) > self.max_streams:
             space.last.popitem(last=False)
-        if previous is not None and previous in space.heads:
+        if previous is not None and previous != head and previous in space.heads:
             self._transition(space, space.heads[previous], head)
         self._rank(space, head, node)
 
@@ -173,20 +204,31 @@ class RequestPatterns:
         if space is None:
             return []
         clock, f = space.clock, self.factor
-        last = space.heads.get(space.last.get(stream, ""))
-        out = last.out.now(clock, f) if last is not None else 0.0
-        weight = out / (out + self.prior)
         total = space.total.now(clock, f)
-        candidates = set(space.popular) | (set(last.successors) if last is not None else set())
+        peak = space.peak.now(clock, f) / total if total else 0.0  # no head has a larger share of requests
+        # a head that is only popular scores at most its share of requests, so at most the peak's share
+        popular = space.popular if peak >= self.min_probability else set()
+        last = space.heads.get(space.last.get(stream, ""))
+        if last is None or last.likeliest is None:
+            out, after, likeliest, weight, foresight = 0.0, {}, None, 0.0, 0.0
+        else:
+            sf = self.successor_factor
+            out, likeliest = last.out.now(last.departures, sf), last.likeliest
+            weight = out / (out + self.prior)
+            foresight = space.foreseen.now(clock, f) / (space.tries.now(clock, f) + self.prior)
+            best = last.successors[likeliest].now(last.departures, sf) / out
+            if not popular and weight * best + (1.0 - weight) * max(foresight, peak) < self.min_probability:
+                return []  # NOTE: no successor can score more: the common case where nothing can be learnt
+            after = {h: c.now(last.departures, sf) for h, c in last.successors.items()}
         scored = []
-        for head in candidates:
+        for head in popular | after.keys():
             node = space.heads.get(head)
             if node is None:
                 continue
-            moved = last.successors.get(head) if last is not None else None
-            p_next = moved.now(clock, f) / out if moved is not None and out else 0.0
+            p_next = after.get(head, 0.0) / out if out else 0.0
             p_pop = node.seen.now(clock, f) / total if total else 0.0
-            p = weight * p_next + (1.0 - weight) * p_pop
+            base = max(foresight, p_pop) if head == likeliest else p_pop
+            p = weight * p_next + (1.0 - weight) * base
             if p >= self.min_probability:
                 scored.append(Prediction(head, node.keys, p))
         scored.sort(key=lambda pred: (-pred.probability, pred.head))
@@ -196,38 +238,55 @@ class RequestPatterns:
     def _head(self, space: _Space, head: str, keys: tuple[str, ...]) -> _Head:
         """``head``'s node, created (forgetting the least recently requested head past ``max_heads``) or
         moved to most recent, its keys replaced by this request's."""
-        node = space.heads.pop(head, None)
+        node = space.heads.get(head)
         if node is None:
-            node = _Head(keys)
             if len(space.heads) >= self.max_heads:
                 gone, _ = space.heads.popitem(last=False)
                 space.popular.discard(gone)
+            node = space.heads[head] = _Head(keys)
         else:
             node.keys = keys
-        space.heads[head] = node
+            space.heads.move_to_end(head)
         return node
 
     def _transition(self, space: _Space, source: _Head, head: str) -> None:
-        """Count ``source -> head``; past ``max_successors``, the least likely successor is forgotten."""
-        clock, f = space.clock, self.factor
+        """Count ``source -> head`` (and whether the likeliest successor foresaw it); past ``max_successors``,
+        the least likely successor is forgotten."""
+        if source.likeliest is not None:
+            space.tries.add(space.clock, self.factor)
+            if head == source.likeliest:
+                space.foreseen.add(space.clock, self.factor)
+        source.departures += 1
+        clock, f = source.departures, self.successor_factor
         source.out.add(clock, f)
         count = source.successors.get(head)
         if count is None:
             if len(source.successors) >= self.max_successors:
                 weakest = min(source.successors, key=lambda s: source.successors[s].now(clock, f))
                 del source.successors[weakest]
+                if weakest == source.likeliest:  # all were equal: the new one is the latest
+                    source.likeliest = None
             count = source.successors[head] = _Decayed()
         count.add(clock, f)
+        # every successor decays alike: only the one just counted can overtake the likeliest
+        best = source.successors.get(source.likeliest) if source.likeliest is not None else None
+        if best is None or count.value >= best.now(clock, f):
+            source.likeliest = head
 
     def _rank(self, space: _Space, head: str, node: _Head) -> None:
         """Keep ``space.popular`` the ``popular`` heads requested most (decayed), ``head`` just requested."""
         if head in space.popular or not self.max_popular:
             return
-        if len(space.popular) < self.max_popular:
-            space.popular.add(head)
-            return
         clock, f = space.clock, self.factor
-        weakest = min(space.popular, key=lambda h: space.heads[h].seen.now(clock, f))
-        if node.seen.now(clock, f) > space.heads[weakest].seen.now(clock, f):
+        if len(space.popular) >= self.max_popular:
+            count = node.seen.now(clock, f)
+            if count <= space.floor.now(clock, f):  # NOTE: the common case, decided without looking at each
+                return
+            weakest = min(space.popular, key=lambda h: space.heads[h].seen.now(clock, f))
+            if count <= space.heads[weakest].seen.now(clock, f):
+                space.floor.value, space.floor.at = space.heads[weakest].seen.now(clock, f), clock
+                return
             space.popular.discard(weakest)
-            space.popular.add(head)
+        space.popular.add(head)
+        if len(space.popular) >= self.max_popular:  # every count only grows against the common decay
+            space.floor.value, space.floor.at = min(space.heads[h].seen.now(clock, f) for h in space.popular), clock

@@ -3,14 +3,22 @@
 :class:`PredictivePrefetcher` feeds every request it is told about to a
 :class:`~kvmem.kv.patterns.RequestPatterns` model and copies the chunks of the
 heads it predicts from disk or the remote tier into the last memory tier (the
-CPU tier), on one background thread: :meth:`PredictivePrefetcher.observe` only
-queues, so the caller's request never waits on the model or the I/O.
+CPU tier). :meth:`PredictivePrefetcher.observe` updates the model and predicts on
+the caller's thread (bounded work: tens of microseconds), and hands the copies,
+when there are any, to one background thread: a request stream with nothing to
+learn costs no thread wake-up (that hand-off cost more CPU than the model). Each
+guess is copied while no request is in flight, and only if the copy (its usual
+time) should end before the next request usually comes (``Memory.activity``, see
+:mod:`kvmem.activity`): on a host with few cores a copy running beside a request
+slows it, and such requests made the latency tail.
 
 A guess only takes room no entry uses and is dropped first when a put needs the
 room (:mod:`kvmem.stores.guesses`): it never evicts data a request used. Every
 decision is counted in ``kvmem_predictive_prefetch_total{outcome}`` (``predicted``,
 ``warmed``, ``resident``, ``no_room``, ``missing``, ``used``, ``wasted``) and
-``kvmem_predictive_prefetch_bytes_total{outcome}``; ``kvmem doctor`` reads them.
+``kvmem_predictive_prefetch_bytes_total{outcome}``; ``kvmem doctor`` reads them. What
+it costs is counted too: the CPU time of its model on the callers' threads and of its
+own thread, ``kvmem_predictive_prefetch_cpu_seconds_total``.
 
 ``PrefixCache`` runs one when ``config.predictive_prefetch`` is set; a server that
 keys its own chunks calls :meth:`~PredictivePrefetcher.observe` after each request.
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -41,11 +50,13 @@ class PredictivePrefetcher:
         budget: bytes warmed after one request before it stops (default ``config.predictive_prefetch_budget``;
             the entry that reaches it is warmed whole).
         limit: most heads warmed after one request.
-        max_pending: requests queued for the worker at most; past it the oldest is dropped unlearnt
-            (the caller never blocks).
+        max_pending: streams whose warming waits for the worker at most; past it the oldest is dropped
+            (the caller never blocks; a stream's newer request replaces its older one, now stale).
+        max_wait: seconds a guess waits for room between requests before it is copied anyway (a server
+            that is never idle still gets its guesses, later).
 
     Raises:
-        ConfigError: ``budget``, ``limit`` or ``max_pending`` below 1.
+        ConfigError: ``budget``, ``limit`` or ``max_pending`` below 1, or ``max_wait`` below 0.
     """
 
     def __init__(
@@ -56,6 +67,7 @@ class PredictivePrefetcher:
         budget: int | None = None,
         limit: int = 4,
         max_pending: int = 1024,
+        max_wait: float = 0.05,
     ) -> None:
         self.memory = memory
         self.patterns = patterns if patterns is not None else RequestPatterns()
@@ -63,9 +75,14 @@ class PredictivePrefetcher:
         for name, value in (("budget", self.budget), ("limit", limit), ("max_pending", max_pending)):
             if value < 1:
                 raise ConfigError(f"{name}={value!r}: accepted an integer >= 1")
+        if not max_wait >= 0:
+            raise ConfigError(f"max_wait={max_wait!r}: accepted a number of seconds >= 0")
         self.limit = limit
+        self.max_wait = max_wait
+        self._copy_seconds = 0.0  # running mean of one guess's copy time (0: none seen yet)
         self._max_pending = max_pending
-        self._queue: list[tuple[str, str, tuple[str, ...]]] = []  # (namespace, stream, keys), oldest first
+        self._model = threading.Lock()  # the model is not thread-safe; requests may come from many threads
+        self._queue: OrderedDict[tuple[str, str], list[Prediction]] = OrderedDict()  # (namespace, stream): oldest first
         self._busy = False
         self._closed = False
         self._cv = threading.Condition()
@@ -73,25 +90,32 @@ class PredictivePrefetcher:
         self._worker.start()
 
     def observe(self, keys: Sequence[str], *, namespace: str = "", stream: str = "") -> None:
-        """Queue one request for learning, and the warming of what should follow it; returns at once.
+        """Learn from one request and predict what follows it (on this thread), and queue the warming.
+
+        Call it once the request is served: it takes tens of microseconds, and never waits on I/O.
 
         Args:
             keys: the request's chunk keys, first chunk first (as given to ``Memory.store``).
             namespace: their namespace (patterns are learnt per namespace).
             stream: what orders requests within it: a session or user id (``""``: one stream).
         """
-        if not keys:
+        if not keys or self._closed:
             return
-        with self._cv:
-            if self._closed:
-                return
-            if len(self._queue) >= self._max_pending:
-                del self._queue[0]
-            self._queue.append((namespace, stream, tuple(keys)))
-            self._cv.notify_all()
+        start = time.perf_counter()  # NOTE: not thread_time, a system call here: no I/O below, so wall = CPU
+        with self._model:
+            self.patterns.observe(namespace, tuple(keys), stream)
+            predictions = self.patterns.predict(namespace, stream, self.limit)
+        if predictions:
+            with self._cv:
+                self._queue.pop((namespace, stream), None)
+                if len(self._queue) >= self._max_pending:
+                    self._queue.popitem(last=False)
+                self._queue[namespace, stream] = predictions
+                self._cv.notify_all()
+        self.memory.metrics.predictive_cpu.inc(time.perf_counter() - start)
 
     def flush(self) -> None:
-        """Wait until every queued request was learnt from and its warming is done."""
+        """Wait until the warming queued so far is done."""
         with self._cv:
             while (self._queue or self._busy) and self._worker.is_alive():
                 self._cv.wait(timeout=0.1)
@@ -105,36 +129,38 @@ class PredictivePrefetcher:
 
     # -- worker --------------------------------------------------------------------
     def _loop(self) -> None:
+        cpu = time.thread_time()
         while True:
             with self._cv:
                 while not self._queue and not self._closed:
                     self._cv.wait()
                 if not self._queue:
                     return
-                batch, self._queue = self._queue, []
+                batch, self._queue = self._queue, OrderedDict()
                 self._busy = True
             try:
                 self._run(batch)
             except KVMemError as exc:  # a failed guess must never stop the learning
                 log.warning("kvmem: predictive prefetch failed: %s", exc)
             finally:
+                now = time.thread_time()  # the batch's CPU, and waking up for it
+                self.memory.metrics.predictive_cpu.inc(now - cpu)
+                cpu = now
                 with self._cv:
                     self._busy = False
                     self._cv.notify_all()
 
-    def _run(self, batch: list[tuple[str, str, tuple[str, ...]]]) -> None:
-        """Learn from ``batch``; then warm for the newest request of each of its streams (older ones are stale)."""
-        for namespace, stream, keys in batch:
-            self.patterns.observe(namespace, keys, stream)
-        newest = OrderedDict(((namespace, stream), None) for namespace, stream, _keys in reversed(batch))
-        for namespace, stream in newest:
-            self._warm(namespace, self.patterns.predict(namespace, stream, self.limit))
+    def _run(self, batch: OrderedDict[tuple[str, str], list[Prediction]]) -> None:
+        """Warm each queued stream's predictions, the newest request's first."""
+        for (namespace, _stream), predictions in reversed(batch.items()):
+            self._warm(namespace, predictions)
 
     def _warm(self, namespace: str, predictions: list[Prediction]) -> None:
         """Warm the predicted heads' chunks in order, within :attr:`budget`, until the tier has no room.
 
         A head's chunks are warmed first to last and stop at the first missing one: a prefix
-        is reused up to its first gap, so chunks past it would be wasted.
+        is reused up to its first gap, so chunks past it would be wasted. Each waits for a moment
+        between requests (at most :attr:`max_wait`).
         """
         store = self.memory.chunk_store()
         count = self.memory.metrics.count_guess
@@ -144,7 +170,12 @@ class PredictivePrefetcher:
                 if moved >= self.budget:
                     return
                 count("predicted")
+                self.memory.activity.wait_for_room(self._copy_seconds, self.max_wait)
+                start = time.perf_counter()
                 outcome, nbytes = store.speculate(self.memory.storage_key(key, namespace))
+                if outcome == "warmed":
+                    took = time.perf_counter() - start
+                    self._copy_seconds += 0.1 * (took - self._copy_seconds) if self._copy_seconds else took
                 moved += nbytes
                 if outcome != "warmed":  # warmed is counted, with its bytes, where the guess is recorded
                     count(outcome)

@@ -198,9 +198,9 @@ class PrefixCache:
 
         logits, cache, reused, loaded = self._with_prefix(keys, ids.shape[1], forward)
         self._store_new_chunks(ids, cache, keys, first=loaded)
-        self._observed(keys)
         self._count_tokens(ids.shape[1], reused)
         self.memory.metrics.ttft_seconds.observe(time.perf_counter() - start)
+        self._observed(keys)  # served: learning from it is not part of its time to first token
         return PrefillResult(cache, logits, reused, ids.shape[1] - reused)
 
     @torch.no_grad()
@@ -279,16 +279,17 @@ class PrefixCache:
             ``(run's result, cache, tokens reused, chunks known stored)``.
         """
         limit = total - 1  # NOTE: the last prompt token is always computed (see the module docstring)
-        while True:
-            try:
-                cache, reused, sources = self._load_prefix(keys, limit, total)
-                result = run(cache, reused)
-            except ChunkLoadError as exc:
-                self._chunk_failed(exc)
-                limit = min(limit, exc.index * self.block_size)  # strictly shorter: the loop ends
-                continue
-            self._count_chunks(keys[: self._chunks_within(total - 1)], sources)
-            return result, cache, reused, len(sources)
+        with self.memory.activity:  # a request in flight: predictive prefetch waits for its end
+            while True:
+                try:
+                    cache, reused, sources = self._load_prefix(keys, limit, total)
+                    result = run(cache, reused)
+                except ChunkLoadError as exc:
+                    self._chunk_failed(exc)
+                    limit = min(limit, exc.index * self.block_size)  # strictly shorter: the loop ends
+                    continue
+                self._count_chunks(keys[: self._chunks_within(total - 1)], sources)
+                return result, cache, reused, len(sources)
 
     def _load_prefix(self, keys: list[str], limit: int, total: int) -> tuple[DynamicCache, int, list[ChunkSource]]:
         """A cache set up to receive the longest stored run of ``keys``, at most ``limit`` tokens.

@@ -52,7 +52,7 @@ def test_interleaved_streams_keep_their_own_last_head() -> None:
 
 
 def test_decay_forgets_an_old_transition() -> None:
-    model = RequestPatterns(half_life=4.0)
+    model = RequestPatterns(successor_half_life=4.0)
     for _ in range(20):
         model.observe("ns", keys("a"), "s")
         model.observe("ns", keys("b"), "s")
@@ -65,13 +65,50 @@ def test_decay_forgets_an_old_transition() -> None:
 
 
 def test_without_decay_the_old_transition_still_counts() -> None:
-    model = RequestPatterns(half_life=1e9)
+    model = RequestPatterns(successor_half_life=1e9)
     for successor in ("b", "c"):
         for _ in range(20):
             model.observe("ns", keys("a"), "s")
             model.observe("ns", keys(successor), "s")
     model.observe("ns", keys("a"), "s")
     assert {p.head for p in model.predict("ns", "s")} == {"b", "c"}
+
+
+def test_a_rarely_requested_head_keeps_what_follows_it_through_other_traffic() -> None:
+    model = RequestPatterns(half_life=8.0, popular=0)
+    rng = random.Random(0)
+    for _ in range(3):  # rare -> next, each time after ~100 unrelated requests (12 popularity half-lives)
+        model.observe("ns", keys("rare"), "s")
+        model.observe("ns", keys("next"), "s")
+        for _ in range(100):
+            model.observe("ns", keys(f"doc{rng.randrange(500)}"), "other")
+    model.observe("ns", keys("rare"), "s")
+    assert [p.head for p in model.predict("ns", "s")] == ["next"]
+
+
+def test_the_same_head_again_is_no_transition() -> None:
+    model = RequestPatterns(popular=0)
+    for _ in range(10):  # a session of three turns on a, then b
+        for head in ("a", "a", "a", "b"):
+            model.observe("ns", keys(head), "s")
+    model.observe("ns", keys("a"), "s")
+    [top] = model.predict("ns", "s")
+    assert top.head == "b" and top.probability > 0.5  # a -> a is not counted: it would dilute a -> b to 1/3
+
+
+def test_one_sighting_predicts_only_where_the_namespace_follows_its_paths() -> None:
+    model = RequestPatterns(popular=0)
+    rng = random.Random(0)
+    for i in range(40):  # "paths": a cycle of 10 documents read in order; "flat": documents at random
+        model.observe("paths", keys(f"p{i % 10}"), "s")
+        model.observe("flat", keys(f"doc{rng.randrange(200)}"), "s")
+    for namespace in ("paths", "flat"):
+        model.observe(namespace, keys("x"), "t")  # x -> y, seen once
+        model.observe(namespace, keys("y"), "t")
+        model.observe(namespace, keys("x"), "u")
+    [top] = model.predict("paths", "u")
+    assert top.head == "y" and top.probability > 0.5
+    assert model.predict("flat", "u") == []
 
 
 def test_popular_heads_are_predicted_for_a_new_stream() -> None:
@@ -111,6 +148,7 @@ def test_a_request_shorter_than_a_chunk_teaches_nothing() -> None:
     ("option", "value", "accepted"),
     [
         ("half_life", 0, "> 0"),
+        ("successor_half_life", 0, "> 0"),
         ("min_probability", 1.5, "(0, 1]"),
         ("prior", -1, "> 0"),
         ("max_heads", 0, ">= 1"),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -83,6 +85,7 @@ def test_a_predicted_document_is_warmed_from_disk_and_its_use_counted(make_memor
     assert memory.load_many(doc("b"), namespace=NS)[1] is not None
     assert count(memory, "used") == 2 and count(memory, "used", "_bytes") == warmed
     assert count(memory, "wasted") == 0
+    assert memory.metrics.total("kvmem_predictive_prefetch_cpu_seconds_total") > 0  # what it cost is counted
     prefetcher.close()
 
 
@@ -148,14 +151,65 @@ def test_the_budget_bounds_what_one_request_warms(make_memory: MemoryFactory) ->
     prefetcher.close()
 
 
+def wait_for(condition: Callable[[], bool]) -> None:
+    """Poll ``condition`` until it holds (a background thread reaching a point), failing after 10 s."""
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, "the background thread never got there"
+        time.sleep(0.001)
+
+
+def test_a_guess_is_copied_only_once_no_request_is_in_flight(make_memory: MemoryFactory) -> None:
+    memory = on_disk_only(make_memory, ["a", "b"], cpu_bytes="4MiB")
+    prefetcher = PredictivePrefetcher(memory, max_wait=60.0)
+    train(prefetcher, "a", "b")
+    with memory.activity:  # a request in flight (another thread's, say)
+        prefetcher.observe(doc("a"), namespace=NS, stream="bob")
+        wait_for(lambda: count(memory, "predicted") >= 1)  # the worker decided to warm b, and waits
+        assert cpu_keys(memory, "b") == [False, False] and count(memory, "warmed") == 0
+    prefetcher.flush()
+    assert cpu_keys(memory, "b") == [True, True]
+    prefetcher.close()
+
+
+def test_a_guess_waits_at_most_max_wait(make_memory: MemoryFactory) -> None:
+    memory = on_disk_only(make_memory, ["a", "b"], cpu_bytes="4MiB")
+    prefetcher = PredictivePrefetcher(memory, max_wait=0.0)
+    train(prefetcher, "a", "b")
+    with memory.activity:  # never idle: the guesses are copied anyway
+        after(prefetcher, "a")
+        assert cpu_keys(memory, "b") == [True, True]
+    prefetcher.close()
+
+
+def test_memory_requests_count_as_in_flight_while_they_run(memory: kvmem.Memory) -> None:
+    seen: list[int] = []
+
+    def regenerate() -> torch.Tensor:  # runs inside load: the load is in flight
+        seen.append(memory.activity.in_flight)
+        return chunk(1)
+
+    memory.load("absent", namespace=NS, regenerate=regenerate)  # load, and the store it makes, nested
+    assert seen == [1] and memory.activity.in_flight == 0
+    with pytest.raises(kvmem.KVMemError):
+        memory.store("bad", object(), namespace=NS)
+    assert memory.activity.in_flight == 0  # a failed request leaves the count too
+
+
 def test_prefix_cache_feeds_its_requests_to_the_predictor(make_memory: MemoryFactory, tiny_model: ModelFactory) -> None:
     memory = make_memory(predictive_prefetch=True)
-    pc = PrefixCache(tiny_model("llama"), memory, block_size=BLOCK, compression="none")
+    model = tiny_model("llama")
+    in_flight: list[int] = []
+    model.register_forward_hook(lambda *_: in_flight.append(memory.activity.in_flight))
+    pc = PrefixCache(model, memory, block_size=BLOCK, compression="none")
     first, second = torch.arange(3 * BLOCK) % 97, (torch.arange(3 * BLOCK) + 5) % 97
     for ids in (first, second, first, second, first):
         pc.prefill(ids)
     pc.flush()
     assert count(memory, "predicted") >= 1  # second follows first: predicted (resident here: a big CPU tier)
+    # a prefill is a request in flight (the write-behind's stores of earlier chunks may be too): guesses wait
+    assert in_flight and min(in_flight) >= 1
+    assert memory.activity.in_flight == 0
     pc.close()
 
 
@@ -183,3 +237,5 @@ def test_bad_prefetcher_arguments_are_refused(memory: kvmem.Memory) -> None:
         PredictivePrefetcher(memory, limit=0)
     with pytest.raises(ConfigError, match=r"budget=0: accepted"):
         PredictivePrefetcher(memory, budget=0, patterns=RequestPatterns())
+    with pytest.raises(ConfigError, match=r"max_wait=-1.0: accepted a number of seconds >= 0"):
+        PredictivePrefetcher(memory, max_wait=-1.0)

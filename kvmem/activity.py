@@ -1,0 +1,99 @@
+"""Requests in flight on a Memory, so that background work can run between them.
+
+Predictive prefetch copies guessed chunks on a background thread. On a host with few
+cores that copy is work competing with a request for the interpreter lock and the
+cores, and a request that arrives while a guess is being copied waits for it: such
+requests made the tail of the latency distribution. So the request paths
+(``Memory.load``, ``load_many``, ``fetch``, ``store``, ``store_many``, ``PrefixCache``'s
+prefill and generate) count themselves in :class:`Activity`, which also learns how long
+the idle spells between requests usually last; the prefetcher starts a copy only when
+no request is in flight and the copy should end before the next request typically
+arrives (:meth:`Activity.wait_for_room`), or once it waited its longest.
+
+Cost on the request path: one lock taken twice and a clock read per call (~0.5 us).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
+
+__all__ = ["Activity", "serving"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_GAP_WEIGHT = 0.1  # weight of the latest idle spell in the running mean of their lengths
+
+
+class Activity:
+    """A count of requests in flight (``with activity:`` counts one for the block), and the usual idle spell."""
+
+    __slots__ = ("_in_flight", "_cv", "_idle_since", "_gap")
+
+    def __init__(self) -> None:
+        self._in_flight = 0
+        self._cv = threading.Condition(threading.Lock())
+        self._idle_since = time.perf_counter()
+        self._gap: float | None = None  # running mean of the idle spells' lengths (seconds); None: none yet
+
+    @property
+    def in_flight(self) -> int:
+        """Requests running now."""
+        return self._in_flight
+
+    def __enter__(self) -> None:
+        with self._cv:
+            if not self._in_flight:
+                spell = time.perf_counter() - self._idle_since
+                self._gap = spell if self._gap is None else self._gap + _GAP_WEIGHT * (spell - self._gap)
+            self._in_flight += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cv:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle_since = time.perf_counter()
+                self._cv.notify_all()
+
+    def wait_for_room(self, seconds: float, timeout: float) -> bool:
+        """Wait until no request is in flight and ``seconds`` of work would end before the next request
+        usually comes (or it is already later than usual: the stream paused); at most ``timeout`` seconds.
+
+        Returns:
+            Whether there is room now (``False``: the wait timed out).
+        """
+        deadline = time.perf_counter() + timeout
+        with self._cv:
+            while True:
+                now = time.perf_counter()
+                until = deadline
+                if not self._in_flight:
+                    idle = now - self._idle_since
+                    if self._gap is None or idle + seconds <= self._gap or idle > self._gap:
+                        return True
+                    until = min(deadline, self._idle_since + self._gap)  # then later than usual: room
+                if now >= deadline:
+                    return False
+                self._cv.wait(max(0.0, until - now) + 1e-5)  # NOTE: or woken when the next request ends
+
+
+class _Active(Protocol):
+    activity: Activity
+
+
+S = TypeVar("S", bound=_Active)
+
+
+def serving(method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
+    """Count each call of ``method`` (of an object with an ``activity``) as a request in flight."""
+
+    @functools.wraps(method)
+    def counted(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self.activity:
+            return method(self, *args, **kwargs)
+
+    return counted
