@@ -88,8 +88,8 @@ class Memory:
         self.config = config.replace(**settings) if config is not None else load_config(config_file, **settings)
         self.metrics = Metrics(registry)
         self.activity = Activity()
-        """Requests in flight (``load``, ``load_many``, ``fetch``, ``store``, ``store_many``): background
-        prefetch waits for none (see :mod:`kvmem.activity`)."""
+        """Requests in flight (``load``, ``load_many``, ``fetch``, ``store``, ``store_many``), counted once a
+        predictive prefetcher watches: its copies wait for none (see :mod:`kvmem.activity`)."""
         self._embedder = embedder
         self._semantics: dict[str, SemanticIndex] = {}  # "" -> the text layer; else an embedder's name
         self._semantic_lock = threading.Lock()
@@ -805,10 +805,24 @@ class _Job(NamedTuple):
 def _crc_of(blob: EncodedBlob) -> int | Callable[[], int | None]:
     """What the catalog records as ``blob``'s CRC: the CRC, or a function computing it at the catalog's flush
     (off the caller's thread) while the blob is still held by a tier."""
-    if blob.sealed:
-        return blob.crc
-    held = weakref.ref(blob)
-    return lambda: None if (b := held()) is None else b.crc
+    return blob.crc if blob.sealed else _CrcLater(blob)
+
+
+class _CrcLater:
+    """``blob``'s CRC when called (``None`` once no tier holds the blob any more).
+
+    NOTE: a slotted object and its weak reference, not a closure (four objects): what a store leaves
+    behind until the flush is scanned by the garbage collector (see ``kvmem.stores.cpu._Entry``).
+    """
+
+    __slots__ = ("_blob",)
+
+    def __init__(self, blob: EncodedBlob) -> None:
+        self._blob = weakref.ref(blob)
+
+    def __call__(self) -> int | None:
+        blob = self._blob()
+        return None if blob is None else blob.crc
 
 
 # -- the module-level default -----------------------------------------------------------

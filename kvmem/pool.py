@@ -32,7 +32,7 @@ import ctypes
 import mmap
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -88,7 +88,7 @@ class ExtentAllocator:
             n -= run[1]
         return runs
 
-    def free(self, runs: list[Run]) -> None:
+    def free(self, runs: Iterable[Run]) -> None:
         """Give ``runs`` back, each merged with the free runs beside it."""
         for start, n in runs:
             left = self._by_end.get(start)
@@ -191,7 +191,8 @@ class HostPool:
                 # the window moves in steps of half of it, not page by page: one thread run per step
                 self._wanted = min(self.nbytes, end + _AHEAD)
                 self._start_populating()
-        return Allocation(self, runs, nbytes)
+        # NOTE: a tuple of tuples of ints: the garbage collector stops tracking it (see kvmem.stores.cpu._Entry)
+        return Allocation(self, tuple(runs), nbytes)
 
     def _start_populating(self) -> None:
         """Start the thread that faults pages in ahead of use, unless it runs (caller holds ``_lock``).
@@ -225,7 +226,7 @@ class HostPool:
         with self._lock:
             return self._allocator.free_runs()
 
-    def _release(self, runs: list[Run]) -> None:
+    def _release(self, runs: Iterable[Run]) -> None:
         with self._lock:
             self._allocator.free(runs)
 
@@ -239,7 +240,7 @@ class Allocation:
 
     __slots__ = ("pool", "runs", "nbytes", "__weakref__")
 
-    def __init__(self, pool: HostPool, runs: list[Run], nbytes: int) -> None:
+    def __init__(self, pool: HostPool, runs: tuple[Run, ...], nbytes: int) -> None:
         self.pool = pool
         self.runs = runs
         self.nbytes = nbytes

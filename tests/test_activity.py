@@ -9,8 +9,19 @@ import pytest
 from kvmem.activity import Activity
 
 
+def test_nothing_is_counted_until_someone_watches() -> None:
+    activity = Activity()
+    with activity:
+        assert activity.in_flight == 0  # no prefetcher listens: a request pays one attribute read
+        activity.watch()
+        with activity:
+            assert activity.in_flight == 1
+    assert activity.in_flight == 0  # the request that began unwatched ended without taking a count
+
+
 def test_nested_and_failing_requests_are_counted_while_they_run() -> None:
     activity = Activity()
+    activity.watch()
     with activity:
         with activity:
             assert activity.in_flight == 2
@@ -22,6 +33,7 @@ def test_nested_and_failing_requests_are_counted_while_they_run() -> None:
 
 def test_no_room_while_a_request_is_in_flight_and_room_once_it_ends() -> None:
     activity = Activity()
+    activity.watch()
     assert activity.wait_for_room(0.001, timeout=0.0)  # nothing ever ran: room
     started, release = threading.Event(), threading.Event()
 

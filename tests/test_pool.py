@@ -121,7 +121,7 @@ def test_pool_rounds_up_to_pages_and_refuses_bad_page_sizes() -> None:
 def test_bytes_written_through_one_view_are_seen_through_every_other() -> None:
     pool = HostPool(8 * PAGE, page_bytes=PAGE, pin_memory=False)
     alloc = pool.allocate(2 * PAGE + 100)
-    assert alloc is not None and alloc.runs == [(0, 3)] and alloc.contiguous and alloc.pages == 3
+    assert alloc is not None and alloc.runs == ((0, 3),) and alloc.contiguous and alloc.pages == 3
     assert pool.used_bytes == 3 * PAGE
     whole = alloc.view()
     assert whole.numel() == 2 * PAGE + 100 and whole.dtype == torch.uint8
@@ -141,14 +141,14 @@ def test_bytes_written_through_one_view_are_seen_through_every_other() -> None:
 def test_a_view_outliving_its_allocation_keeps_the_pages() -> None:
     pool = HostPool(8 * PAGE, page_bytes=PAGE, pin_memory=False)
     alloc = pool.allocate(2 * PAGE)
-    assert alloc is not None and alloc.runs == [(0, 2)]
+    assert alloc is not None and alloc.runs == ((0, 2),)
     view = alloc.view()[PAGE // 2 :]  # a slice of a view holds the pages too
     view.fill_(0x5A)
     del alloc
     gc.collect()
     assert pool.used_bytes == 2 * PAGE, "the pages went back while a view of them was alive"
     other = pool.allocate(2 * PAGE)
-    assert other is not None and other.runs == [(2, 2)], "a new allocation got pages a view still shows"
+    assert other is not None and other.runs == ((2, 2),), "a new allocation got pages a view still shows"
     other.view().fill_(0xFF)
     assert view.tolist() == [0x5A] * (PAGE + PAGE // 2)
     del view
@@ -156,7 +156,7 @@ def test_a_view_outliving_its_allocation_keeps_the_pages() -> None:
     assert pool.used_bytes == 2 * PAGE  # only `other`
     assert pool.free_runs() == [(0, 2), (4, 4)]
     again = pool.allocate(PAGE + 1)
-    assert again is not None and again.runs == [(0, 2)]  # the freed pages, reused lowest address first
+    assert again is not None and again.runs == ((0, 2),)  # the freed pages, reused lowest address first
     del other, again
     gc.collect()
     assert pool.used_bytes == 0 and pool.free_runs() == [(0, 8)]
@@ -185,7 +185,7 @@ def test_multi_run_allocation_has_no_single_view_and_its_pieces_cover_the_bytes_
     assert pool.free_runs() == [(0, 1), (2, 1), (4, 1), (6, 1)]
     nbytes = 3 * PAGE - 10
     alloc = pool.allocate(nbytes)
-    assert alloc is not None and alloc.runs == [(0, 1), (2, 1), (4, 1)] and not alloc.contiguous
+    assert alloc is not None and alloc.runs == ((0, 1), (2, 1), (4, 1)) and not alloc.contiguous
     with pytest.raises(ValueError, match="3 runs"):
         alloc.view()
     with pytest.raises(ValueError, match="2 runs"):

@@ -86,6 +86,7 @@ class PredictivePrefetcher:
         self._busy = False
         self._closed = False
         self._cv = threading.Condition()
+        memory.activity.watch()  # guesses wait for room between requests: count them
         self._worker = threading.Thread(target=self._loop, name="kvmem-predictive-prefetch", daemon=True)
         self._worker.start()
 

@@ -29,7 +29,9 @@ capability                  tiers here           without it
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import itertools
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -40,6 +42,7 @@ from kvmem.blob import EncodedBlob
 from kvmem.stores.readers import BlobReader
 
 __all__ = [
+    "lru_keys",
     "StorageTier",
     "TierBase",
     "Capabilities",
@@ -101,7 +104,11 @@ class StorageTier(Protocol):
         ...
 
     def keys(self) -> Iterator[str]:
-        """Stored keys, least recently used first."""
+        """Stored keys, least recently used first.
+
+        Reading only the first few must cost only those: making room for a put reads keys
+        until enough bytes are freed (see :func:`lru_keys`).
+        """
         ...
 
     def usage(self) -> int:
@@ -230,6 +237,28 @@ class TierBase:
 
     def close(self) -> None:
         return None
+
+
+def lru_keys(entries: Collection[str], lock: AbstractContextManager[object]) -> Iterator[str]:
+    """The keys of ``entries`` (an ordered mapping guarded by ``lock``, least recently used first), as a
+    snapshot taken in two steps: the oldest :data:`_FIRST_KEYS` when reading starts, every other key only
+    if the reader goes past them. A key removed meanwhile may still be yielded (as from any snapshot).
+
+    NOTE: a full tier makes room on every put, reading keys until enough bytes are freed (one or two,
+    usually); one snapshot of every key made that O(entries): 2.4 ms a put with 20,000 entries here.
+    """
+    with lock:
+        head = list(itertools.islice(entries, _FIRST_KEYS))
+        more = len(entries) > len(head)
+    yield from head
+    if more:
+        with lock:
+            rest = list(entries)
+        seen = set(head)
+        yield from (key for key in rest if key not in seen)
+
+
+_FIRST_KEYS = 64
 
 
 @dataclass(frozen=True)

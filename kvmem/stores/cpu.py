@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from kvmem import blob as blobfmt
-from kvmem.blob import EncodedBlob, Piece
+from kvmem.blob import EncodedBlob, Piece, PlainTensor
 from kvmem.codecs.serialization import plain_tensor
 from kvmem.errors import CapacityError, IntegrityError
 from kvmem.pool import Allocation, HostPool
@@ -35,23 +35,22 @@ __all__ = ["CpuTier"]
 _ZEROS = np.zeros(blobfmt.PAGE, dtype=np.uint8)
 
 
-class _Plain(NamedTuple):
-    """An entry that is one tensor stored as it is, its bytes in one run of pages: what a load copies."""
-
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    address: int
-    nbytes: int
-
-
 class _Entry(NamedTuple):
     """One stored blob: its pages, the blob they hold (head and payload are views of the pages), where
-    its CRC segments end (payload offsets), and where its tensor lies if it is one plain tensor."""
+    its CRC segments end (payload offsets), and, when it is one tensor stored as it is in one run of
+    pages, that tensor (``plain``, payload-relative) and the host address of the payload (``payload``).
+
+    NOTE: few objects per entry: every one that outlives a store is scanned by each full
+    garbage collection, which with torch loaded costs ~0.5 us per object on this VM; so
+    ``ends`` is a tuple of ints (the collector stops tracking it) and ``plain`` is the
+    encoder's shared description of the shape, not a per-entry one.
+    """
 
     alloc: Allocation
     blob: EncodedBlob
-    ends: list[int]
-    plain: _Plain | None
+    ends: tuple[int, ...]
+    plain: PlainTensor | None
+    payload: int
 
     @property
     def nbytes(self) -> int:
@@ -131,8 +130,10 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
         )
         if self.checks_crc:
             pooled.seal()  # NOTE: verified loads need CRCs taken as the bytes came in, not when first needed
-        plain = _known(blob, header, start, base, key) if blob.plain is not None else _plain(header, start, alloc, key)
-        return _Entry(alloc, pooled, [int(end) for end, _crc in header["segments"]], plain)
+        plain = _known(blob, header, key) if blob.plain is not None else _plain(header, key)
+        payload = alloc.address(start, start + plain.offset + plain.nbytes) if plain is not None else None
+        ends = tuple([int(end) for end, _crc in header["segments"]])
+        return _Entry(alloc, pooled, ends, plain if payload is not None else None, payload or 0)
 
     # -- reads -----------------------------------------------------------------
     def lookup(self, key: str) -> _Entry | None:
@@ -185,7 +186,7 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
         entry = None if self.checks_crc else self.lookup(key)
         if entry is None or entry.plain is None:
             return None
-        plain = entry.plain
+        plain, address = entry.plain, entry.payload + entry.plain.offset
         if out is None:
             out = (
                 torch.empty(plain.shape, dtype=plain.dtype)
@@ -196,11 +197,9 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
             return None
         to = flat_address(out) if plain.nbytes < TORCH_COPY_FROM else None
         if to is not None:
-            memmove(to, plain.address, plain.nbytes)
+            memmove(to, address, plain.nbytes)
         else:  # large, strided or on a device: torch's copy (threads, strides, transfers)
-            out.copy_(
-                torch.from_numpy(self.pool.array(plain.address, plain.nbytes)).view(plain.dtype).view(plain.shape)
-            )
+            out.copy_(torch.from_numpy(self.pool.array(address, plain.nbytes)).view(plain.dtype).view(plain.shape))
         return out, entry.blob.header or {}
 
     def read_range(self, key: str, start: int, stop: int) -> torch.Tensor | None:
@@ -295,28 +294,26 @@ class _PoolReader(BlobReader):
         return out
 
 
-def _plain(header: dict[str, Any], start: int, alloc: Allocation, key: str) -> _Plain | None:
-    """Where ``key``'s tensor lies in ``alloc`` when its blob holds one tensor stored as it is, in one run of
-    pages, and names ``key`` as its owner (checked here, once)."""
+def _plain(header: dict[str, Any], key: str) -> PlainTensor | None:
+    """The tensor of a blob that holds one tensor stored as it is and names ``key`` as its owner (checked
+    here, once), found by walking its header (a blob that came from a file or Redis)."""
     found = plain_tensor(header)
     info = header.get("info")
     if found is None or not isinstance(info, dict) or info.get("storage_key") != key:
         return None
     leaf, part = found
-    lo = start + int(part["off"])
-    address = alloc.address(lo, lo + int(part["n"]))
     dtype = getattr(torch, str(leaf["dtype"]), None)
-    if address is None or not isinstance(dtype, torch.dtype):
+    if not isinstance(dtype, torch.dtype):
         return None
-    return _Plain(dtype, tuple(int(n) for n in leaf["shape"]), address, int(part["n"]))
+    return PlainTensor(dtype, tuple(int(n) for n in leaf["shape"]), int(part["off"]), int(part["n"]))
 
 
-def _known(blob: EncodedBlob, header: dict[str, Any], start: int, base: int | None, key: str) -> _Plain | None:
+def _known(blob: EncodedBlob, header: dict[str, Any], key: str) -> PlainTensor | None:
     """:func:`_plain` of a blob whose encoder said where its tensor lies (``blob.plain``): no header walk."""
-    tensor, info = blob.plain, header.get("info")
-    if tensor is None or base is None or not isinstance(info, dict) or info.get("storage_key") != key:
+    info = header.get("info")
+    if not isinstance(info, dict) or info.get("storage_key") != key:
         return None
-    return _Plain(tensor.dtype, tensor.shape, base + start + tensor.offset, tensor.nbytes)
+    return blob.plain
 
 
 def _page_bytes(capacity: int) -> int:

@@ -48,6 +48,7 @@ from kvmem.stores.base import (
     Quarantine,
     TierBase,
     VerifiedReads,
+    lru_keys,
 )
 from kvmem.stores.readers import BlobReader, FileReader
 
@@ -344,9 +345,7 @@ class DiskTier(TierBase, VerifiedReads, OpensBlobs, AdvisesReads, Quarantine, Du
         self._forget(key)
 
     def keys(self) -> Iterator[str]:
-        with self._lock:
-            snapshot = list(self._index)
-        return iter(snapshot)
+        return lru_keys(self._index, self._lock)
 
     def usage(self) -> int:
         return self._bytes

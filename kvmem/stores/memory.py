@@ -17,7 +17,7 @@ import torch
 
 from kvmem.blob import EncodedBlob
 from kvmem.errors import CapacityError, ConfigError
-from kvmem.stores.base import OpensBlobs, TierBase, Trusted
+from kvmem.stores.base import OpensBlobs, TierBase, Trusted, lru_keys
 from kvmem.stores.paged import PagedBuffer
 from kvmem.stores.readers import BlobReader, open_by_ranges
 
@@ -50,9 +50,7 @@ class LruTier(TierBase, Generic[E]):
             return old is not None
 
     def keys(self) -> Iterator[str]:
-        with self._lock:
-            snapshot = list(self._entries)
-        return iter(snapshot)
+        return lru_keys(self._entries, self._lock)
 
     def usage(self) -> int:
         return self._bytes

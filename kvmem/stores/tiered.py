@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -593,7 +594,7 @@ class TieredStore:
             return
         lower = self.tiers[self.tiers.index(tier) + 1 :]
         guesses = self.guesses.oldest() if tier is self.guess_tier else []
-        for victim in ([] if spare_guesses else guesses) + list(tier.keys()):
+        for victim in itertools.chain([] if spare_guesses else guesses, tier.keys()):  # NOTE: read lazily
             if tier.usage() <= limit:
                 break
             if spare_guesses and victim in self.guesses:

@@ -183,6 +183,9 @@ def test_a_guess_waits_at_most_max_wait(make_memory: MemoryFactory) -> None:
 
 
 def test_memory_requests_count_as_in_flight_while_they_run(memory: kvmem.Memory) -> None:
+    assert not memory.activity.watched  # no prefetcher: requests are not counted
+    PredictivePrefetcher(memory).close()
+    assert memory.activity.watched
     seen: list[int] = []
 
     def regenerate() -> torch.Tensor:  # runs inside load: the load is in flight
