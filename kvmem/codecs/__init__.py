@@ -56,6 +56,9 @@ class CodecSpec:
         return tensor_codec(self.tensor).lossless
 
 
+_LOSSLESS = CodecSpec("none", False)
+
+
 def parse_codec(spec: str | None, field_name: str = "codec") -> CodecSpec:
     """Parse ``"int8+lz4"``, ``"fp16"``, ``"lz4"``, ``None`` (= ``"none"``).
 
@@ -64,7 +67,7 @@ def parse_codec(spec: str | None, field_name: str = "codec") -> CodecSpec:
             naming the spec and the accepted forms.
     """
     if spec is None:
-        return CodecSpec("none", False)
+        return _LOSSLESS
     err = ConfigError if field_name == "compression" else CodecError
     if not isinstance(spec, str):
         raise err(f"{field_name}={spec!r}: expected a string such as 'int8+lz4'")
