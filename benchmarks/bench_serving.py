@@ -7,8 +7,8 @@ evicts a document before its next question comes. Rows, measured one after anoth
 ``--repeat N`` all of them N times in turn, each time on fresh stores, then the median of every column):
 
 - ``vLLM, prefix cache off``; ``vLLM prefix cache``;
-- ``vLLM OffloadingConnector`` (vLLM's built-in CPU offloading, given the host memory kvmem's CPU tier
-  gets): reported as not running where its worker needs CUDA;
+- ``vLLM OffloadingConnector`` and ``vLLM SimpleCPUOffloadConnector`` (vLLM's built-in CPU offloading, given
+  the host memory kvmem's CPU tier gets): reported as not running where their workers need CUDA;
 - ``vLLM + kvmem (CPU tier)``: a fresh store; ``kvmem after restart (disk)``: a new server on that store;
 - ``kvmem 2nd instance (Redis)``: a server with empty local tiers over the Redis a first instance filled.
 
@@ -169,6 +169,9 @@ def main() -> None:
     p.add_argument("--cpu-bytes", default="2GiB", help="host memory of kvmem's CPU tier and of the offloading row")
     p.add_argument("--quick", action="store_true", help="8 documents x 2 questions, 24 blocks of KV space")
     p.add_argument("--repeat", type=int, default=1, help="runs of every row (each on fresh stores); medians")
+    p.add_argument(
+        "--only", default="", help="run only the rows whose name contains this (the restart row needs the row before)"
+    )
     args = p.parse_args()
     if args.quick:
         args.docs, args.questions, args.kv_blocks = 8, 2, 24
@@ -197,6 +200,8 @@ def main() -> None:
             for i, (name, extra, store) in enumerate(
                 _rows(rep_dir, redis.url.rsplit("/", 1)[0] + f"/{rep}", cpu_bytes)
             ):
+                if args.only not in name:
+                    continue
                 result, note = _row(rep_dir, i, name, model, common + extra, env, args, kv_space, store)
                 label = name if args.repeat == 1 else f"{name} (run {rep + 1})"
                 print(_line(label, result), flush=True)
@@ -242,6 +247,11 @@ def _rows(work: Path, redis_url: str, cpu_bytes: int) -> list[tuple[str, list[st
         ("vLLM, prefix cache off", ["--no-enable-prefix-caching"], None),
         ("vLLM prefix cache", [], None),
         ("vLLM OffloadingConnector", ["--kv-transfer-config", json.dumps(_offloading(cpu_bytes))], None),
+        (
+            "vLLM SimpleCPUOffloadConnector",
+            ["--kv-transfer-config", json.dumps(_offloading(cpu_bytes, "SimpleCPUOffloadConnector"))],
+            None,
+        ),
         ("vLLM + kvmem (CPU tier)", kvmem_config(work / "kv", cpu_bytes=cpu_bytes), work / "kv"),
         ("kvmem after restart (disk)", kvmem_config(work / "kv", cpu_bytes=cpu_bytes), work / "kv"),
         ("kvmem 1st instance (Redis)", kvmem_config(work / "kv-a", remote_url=redis_url), work / "kv-a"),
@@ -299,9 +309,10 @@ def _row(
     return result, found[-1] if found else None
 
 
-def _offloading(cpu_bytes: int) -> dict[str, Any]:
+def _offloading(cpu_bytes: int, connector: str = "OffloadingConnector") -> dict[str, Any]:
+    """vLLM's own CPU offloading (``connector``), given ``cpu_bytes`` of host memory."""
     return {
-        "kv_connector": "OffloadingConnector",
+        "kv_connector": connector,
         "kv_role": "kv_both",
         "kv_connector_extra_config": {"cpu_bytes_to_use": cpu_bytes},
     }

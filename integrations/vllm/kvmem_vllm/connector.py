@@ -68,7 +68,6 @@ class KVMemConnector(KVConnectorBase_V1):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         transfer = self._kv_transfer_config
         settings = memory_settings(transfer.kv_connector_extra_config or {})
-        block_size = vllm_config.cache_config.block_size
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
@@ -83,6 +82,23 @@ class KVMemConnector(KVConnectorBase_V1):
                 )
         else:
             memory = Memory(**settings)
+        try:
+            self._open_side(vllm_config, kv_cache_config, role, memory)
+        except BaseException:  # NOTE: a refused layout must not leave the Memory's threads and files open
+            memory.close()
+            raise
+        self._memory = memory
+
+    def _open_side(
+        self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, role: KVConnectorRole, memory: Memory
+    ) -> None:
+        """The scheduler's or the worker's half, on ``memory``.
+
+        Raises:
+            ConfigError: an unsupported engine layout.
+        """
+        transfer = self._kv_transfer_config
+        block_size = vllm_config.cache_config.block_size
         codec = str(parse_codec(memory.config.compression))
         chunk_tokens = memory.config.block_size
         ns = namespace(
@@ -105,7 +121,6 @@ class KVMemConnector(KVConnectorBase_V1):
                 )
         else:
             self._worker = WorkerSide(memory, ns, kv_cache_config.num_blocks, codec)
-        self._memory = memory
 
     @property
     def requires_kv_delivery(self) -> bool:

@@ -51,3 +51,31 @@ def test_more_than_one_kv_cache_group_is_refused(engine_config: Any) -> None:
         attention_backend(engine_config, kv_cache_config(groups=2))
     with pytest.raises(ConfigError, match="2 KV cache groups"):
         namespace(engine_config, kv_cache_config(groups=2), "none", 256, "CPU_ATTN")
+
+
+def test_a_refused_layout_leaves_no_memory_open(tiny_llama: Path, tmp_path: Path) -> None:
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+    from vllm.engine.arg_utils import EngineArgs
+
+    from kvmem.catalog.catalog import _LIVE
+    from kvmem_vllm import KVMemConnector
+
+    transfer = KVTransferConfig(
+        kv_connector="KVMemConnector",
+        kv_connector_module_path="kvmem_vllm",
+        kv_role="kv_both",
+        kv_connector_extra_config={"path": str(tmp_path / "kv")},
+    )
+    args = EngineArgs(
+        model=str(tiny_llama),
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        dtype="float32",
+        kv_transfer_config=transfer,
+    )
+    config = args.create_engine_config()
+    for role in (KVConnectorRole.WORKER, KVConnectorRole.SCHEDULER):
+        with pytest.raises(ConfigError, match="2 KV cache groups"):
+            KVMemConnector(config, role, kv_cache_config(groups=2))
+    assert not [c for c in _LIVE if not c._closed and str(tmp_path) in c.url]  # both Memories were closed
