@@ -49,6 +49,7 @@ The LMCache venv comes from ``../shared/peers/lmcache_env.sh`` (built on first u
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -308,7 +309,9 @@ def machine_state() -> str:
     return (
         f"{os.cpu_count()} vCPUs, torch {torch.__version__} on {torch.get_num_threads()} threads, "
         f"THP {thp.read_text().strip() if thp.exists() else 'n/a'} (AnonHugePages {huge} kB now), "
-        f"kvmem {kvmem.__version__ if hasattr(kvmem, '__version__') else ''}"
+        f"kvmem {kvmem.__version__ if hasattr(kvmem, '__version__') else ''}, "
+        # NOTE: a full garbage collection scans every one; small-item stores pay for it in proportion
+        f"{len(gc.get_objects()):,} Python objects tracked by the garbage collector"
     )
 
 

@@ -177,6 +177,7 @@ def _predictive_prefetch(s: Snapshot, t: Thresholds) -> list[Finding]:
         "warmed_bytes": warmed,
         "used_bytes": used,
         "wasted_bytes": wasted,
+        "cpu_seconds": round(s.live.predictive_cpu_seconds, 6),
     }
     if counts.get("used", 0) + counts.get("wasted", 0) < t.min_samples or not used + wasted:
         return [Finding("prefetch", "info", "predictive prefetch: too few guesses settled to judge", numbers)]

@@ -62,6 +62,7 @@ class LiveMetrics:
     tier_errors: dict[str, int] = field(default_factory=dict)
     predictive: dict[str, int] = field(default_factory=dict)  # predictive prefetch decisions, by outcome
     predictive_bytes: dict[str, int] = field(default_factory=dict)  # warmed | used | wasted
+    predictive_cpu_seconds: float = 0.0  # the prefetcher's model and copies
 
 
 @dataclass(frozen=True)
@@ -207,15 +208,22 @@ def _live(m: Metrics) -> LiveMetrics:
         tier_errors=_by_label(m, "kvmem_tier_errors_total", "tier"),
         predictive=_by_label(m, "kvmem_predictive_prefetch_total", "outcome"),
         predictive_bytes=_by_label(m, "kvmem_predictive_prefetch_bytes_total", "outcome"),
+        predictive_cpu_seconds=sum(_by_label_float(m, "kvmem_predictive_prefetch_cpu_seconds_total").values()),
     )
 
 
 def _by_label(m: Metrics, sample: str, label: str) -> dict[str, int]:
-    out: dict[str, int] = {}
+    return {k: int(v) for k, v in _by_label_float(m, sample, label).items()}
+
+
+def _by_label_float(m: Metrics, sample: str, label: str | None = None) -> dict[str, float]:
+    """``sample``'s non-zero values summed by ``label`` (``None``: one unlabelled value, under ``""``)."""
+    out: dict[str, float] = {}
     for family in m.registry.collect():
         for s in family.samples:
             if s.name == sample and s.value:
-                out[s.labels[label]] = out.get(s.labels[label], 0) + int(s.value)
+                at = s.labels[label] if label is not None else ""
+                out[at] = out.get(at, 0.0) + s.value
     return out
 
 

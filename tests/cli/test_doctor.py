@@ -148,6 +148,7 @@ def test_predictive_prefetch_line_from_a_live_memory(tmp_path: Path) -> None:
         assert memory.load("b/0", namespace="docs") is not None
         line = of(diagnose(memory, Thresholds(min_samples=1)), "prefetch")[-1]
         assert line.severity == "ok" and line.numbers["warmed"] == 1 and line.numbers["wasted_share"] == 0.0
+        assert 0 < float(line.numbers["cpu_seconds"]) < 60  # the prefetcher's model and copy, not zero
         assert "predictive prefetch" in render_findings([line])
 
 
