@@ -83,8 +83,9 @@ def load_model(args: argparse.Namespace) -> LlamaForCausalLM:
     if not (path / "config.json").exists():
         print(f"no model at {path}: training one for {args.minutes:g} min (train_tiny_lm.py)")
         train_ids, _, _ = tiny.load_corpus(20)
-        model = tiny.build_model(max(2048, args.train_len))
+        model = tiny.build_model(max(2048, args.train_len), args.layers)
         settings = {"minutes": args.minutes, "lr": 2e-3, "seed": 0, "seq_len": args.train_len, "batch": 1}
+        settings["layers"] = args.layers
         tiny.train(model, train_ids, argparse.Namespace(**settings))
         model.save_pretrained(path)
         (path / "training.json").write_text(json.dumps(settings, indent=1))
@@ -194,7 +195,10 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="benchmarks/results/tiny-lm", help="a saved train_tiny_lm.py model")
     p.add_argument("--minutes", type=float, default=25.0, help="training time when --model is absent")
-    p.add_argument("--train-len", type=int, default=2048, help="training sequence length when --model is absent")
+    p.add_argument(
+        "--train-len", type=int, default=4352, help="training sequence length when --model is absent (>= the prompt)"
+    )
+    p.add_argument("--layers", type=int, default=4, help="decoder layers when --model is absent (deeper: width 128)")
     p.add_argument("--docs", type=int, default=4)
     p.add_argument("--doc-len", type=int, default=1024)
     p.add_argument("--cue", type=int, default=32, help="bytes before the answer given in the question")

@@ -101,14 +101,17 @@ def load_corpus(holdout: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     return torch.from_numpy(np.concatenate(train)), torch.from_numpy(np.concatenate(held)), held_names
 
 
-def build_model(max_positions: int) -> LlamaForCausalLM:
+def build_model(max_positions: int, layers: int = 4) -> LlamaForCausalLM:
+    """The byte-level Llama: 4 layers of width 256, or ``layers`` deeper ones of width 128 (about the same
+    compute per token: what depth changes is the share of one layer, e.g. BlendCache's full first layer)."""
+    wide = layers <= 4
     config = LlamaConfig(
         vocab_size=VOCAB,
-        hidden_size=256,
-        num_hidden_layers=4,
+        hidden_size=256 if wide else 128,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        intermediate_size=688,
+        intermediate_size=688 if wide else 344,
         max_position_embeddings=max_positions,
         bos_token_id=BOS,
         eos_token_id=EOS,
