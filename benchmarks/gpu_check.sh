@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# GPU check of kvmem's device path (issue 9), one prepared run, under 5 minutes on an H200:
+# GPU check of kvmem's device path (issue 9), one prepared run, under 5 minutes on an H200 (12 with step 6):
 #   1. the cuda-marked tests: every Triton kernel bit-for-bit against its torch reference;
 #   2. H2D / D2H GB/s of kvmem's staged page copies, and of GpuTier put/get, vs a plain pinned copy_ of the
 #      same bytes (goal >= 0.8);
 #   3. kernel times vs their torch references (gather, scatter, int8/int4 quantize, fused dequantize+scatter);
 #   4. TTFT kvmem / oracle with the model on the GPU (chunks in the CPU tier, oracle: prefix cache on the GPU);
-#   5. bench_store.py --quick and bench_ttft.py --quick (the CPU-side tables, for the record).
+#   5. bench_store.py --quick and bench_ttft.py --quick (the CPU-side tables, for the record);
+#   6. bench_serving.py --quick on CUDA vLLM, when the python given has it (up to 7 more minutes).
 # Usage (repository root): bash benchmarks/gpu_check.sh [python]
 set -euo pipefail
 PY="${1:-python}"
@@ -170,4 +171,10 @@ EOF
 echo "== 5. bench_store.py --quick, bench_ttft.py --quick =="
 timeout 60 "$PY" benchmarks/bench_store.py --quick
 timeout 120 "$PY" benchmarks/bench_ttft.py --quick --plot /tmp/kvmem-gpu-check-ttft.png
+echo "== 6. bench_serving.py --quick with CUDA vLLM (issue 18), where this python has it =="
+if "$PY" -c "import torch, vllm, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    timeout 420 "$PY" benchmarks/bench_serving.py --quick --device cuda || echo "bench_serving: failed or timed out"
+else
+    echo "no CUDA build of vLLM importable by $PY: the serving benchmark was not run on the GPU"
+fi
 echo "gpu_check: done"
