@@ -14,9 +14,11 @@ a live :class:`~kvmem.Memory`:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prometheus_client.samples import Sample
 from sqlalchemy import case, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -208,23 +210,20 @@ def _live(m: Metrics) -> LiveMetrics:
         tier_errors=_by_label(m, "kvmem_tier_errors_total", "tier"),
         predictive=_by_label(m, "kvmem_predictive_prefetch_total", "outcome"),
         predictive_bytes=_by_label(m, "kvmem_predictive_prefetch_bytes_total", "outcome"),
-        predictive_cpu_seconds=sum(_by_label_float(m, "kvmem_predictive_prefetch_cpu_seconds_total").values()),
+        predictive_cpu_seconds=sum(s.value for s in _samples(m, "kvmem_predictive_prefetch_cpu_seconds_total")),
     )
 
 
 def _by_label(m: Metrics, sample: str, label: str) -> dict[str, int]:
-    return {k: int(v) for k, v in _by_label_float(m, sample, label).items()}
-
-
-def _by_label_float(m: Metrics, sample: str, label: str | None = None) -> dict[str, float]:
-    """``sample``'s non-zero values summed by ``label`` (``None``: one unlabelled value, under ``""``)."""
-    out: dict[str, float] = {}
-    for family in m.registry.collect():
-        for s in family.samples:
-            if s.name == sample and s.value:
-                at = s.labels[label] if label is not None else ""
-                out[at] = out.get(at, 0.0) + s.value
+    out: dict[str, int] = {}
+    for s in _samples(m, sample):
+        out[s.labels[label]] = out.get(s.labels[label], 0) + int(s.value)
     return out
+
+
+def _samples(m: Metrics, sample: str) -> Iterator[Sample]:
+    """The non-zero samples named ``sample``."""
+    return (s for family in m.registry.collect() for s in family.samples if s.name == sample and s.value)
 
 
 def _histogram(m: Metrics, name: str) -> HistogramSummary:

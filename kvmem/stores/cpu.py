@@ -130,7 +130,7 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
         )
         if self.checks_crc:
             pooled.seal()  # NOTE: verified loads need CRCs taken as the bytes came in, not when first needed
-        plain = _known(blob, header, key) if blob.plain is not None else _plain(header, key)
+        plain = _plain(blob, header, key)
         payload = alloc.address(start, start + plain.offset + plain.nbytes) if plain is not None else None
         ends = tuple([int(end) for end, _crc in header["segments"]])
         return _Entry(alloc, pooled, ends, plain if payload is not None else None, payload or 0)
@@ -294,26 +294,23 @@ class _PoolReader(BlobReader):
         return out
 
 
-def _plain(header: dict[str, Any], key: str) -> PlainTensor | None:
+def _plain(blob: EncodedBlob, header: dict[str, Any], key: str) -> PlainTensor | None:
     """The tensor of a blob that holds one tensor stored as it is and names ``key`` as its owner (checked
-    here, once), found by walking its header (a blob that came from a file or Redis)."""
-    found = plain_tensor(header)
+    here, once): as its encoder said (``blob.plain``), else found by walking its header (a blob that came
+    from a file or Redis)."""
     info = header.get("info")
-    if found is None or not isinstance(info, dict) or info.get("storage_key") != key:
+    if not isinstance(info, dict) or info.get("storage_key") != key:
+        return None
+    if blob.plain is not None:
+        return blob.plain
+    found = plain_tensor(header)
+    if found is None:
         return None
     leaf, part = found
     dtype = getattr(torch, str(leaf["dtype"]), None)
     if not isinstance(dtype, torch.dtype):
         return None
     return PlainTensor(dtype, tuple(int(n) for n in leaf["shape"]), int(part["off"]), int(part["n"]))
-
-
-def _known(blob: EncodedBlob, header: dict[str, Any], key: str) -> PlainTensor | None:
-    """:func:`_plain` of a blob whose encoder said where its tensor lies (``blob.plain``): no header walk."""
-    info = header.get("info")
-    if not isinstance(info, dict) or info.get("storage_key") != key:
-        return None
-    return blob.plain
 
 
 def _page_bytes(capacity: int) -> int:
