@@ -48,6 +48,7 @@ from kvmem.codecs import parse_codec
 from kvmem.errors import ConfigError, InvalidKeyError, UnsupportedModelError
 from kvmem.keys import content_hash
 from kvmem.kv.background import WriteBehind
+from kvmem.kv.blend_mask import attention_mask
 from kvmem.kv.fingerprint import model_fingerprint
 from kvmem.kv.layout import ChunkValue, cache_argument, chunk_value, install_prefix, new_cache, trim_sliding_layers
 
@@ -109,11 +110,6 @@ def _check_ratio(ratio: float) -> float:
     return float(ratio)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class _BlendKV:
     """The cache the decoder layers see: each layer's K/V for the whole prompt, in ``[1, H, N, D]`` buffers.
 
@@ -135,6 +131,25 @@ class _BlendKV:
             self.keys[layer_idx].index_copy_(2, self.index, key_states.to(self.keys[layer_idx].dtype))
             self.values[layer_idx].index_copy_(2, self.index, value_states.to(self.values[layer_idx].dtype))
         return self.keys[layer_idx], self.values[layer_idx]
+
+
+@dataclass
+class _Pass:
+    """What every layer from here up needs about the computed positions, made once per prefill.
+
+    Attributes:
+        total: the prompt's length.
+        positions: the computed positions, ``[1, q]`` (sorted).
+        index: the same as ``[q]``; ``None`` when every position is computed, in order.
+        rope: the rotary ``(cos, sin)`` at those positions.
+        masks: per sliding window (``None``: full attention), the attention mask (:meth:`BlendCache._mask`).
+    """
+
+    total: int
+    positions: torch.Tensor
+    index: torch.Tensor | None
+    rope: tuple[torch.Tensor, torch.Tensor]
+    masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
 
 
 class BlendCache:
@@ -253,7 +268,8 @@ class BlendCache:
         self, segments: list[Segment]
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor], int, int]:
         """The prompt's ids, which positions hold reused KV, each layer's ``[1, H, N, D]`` K/V buffers
-        (reused segments' K/V rotated into place, zeros elsewhere), and segments loaded and stored."""
+        (reused segments' K/V rotated into place; the other positions unset: every layer computes them), and
+        segments loaded and stored."""
         if not isinstance(segments, (list, tuple)) or not segments or not all(isinstance(s, Segment) for s in segments):
             raise InvalidKeyError(f"segments={segments!r:.80}: expected a non-empty list of kvmem.kv.Segment")
         ids = torch.cat([s.tokens for s in segments]).to(self._device)[None]
@@ -266,15 +282,16 @@ class BlendCache:
         for leaf in first or [{}] * len(self._base.layers):
             # NOTE: without any reused segment every token is computed: the buffers are replaced, never read
             k = leaf.get("k", torch.empty(1, 1, 0, 1, device=ids.device))
-            keys.append(k.new_zeros(1, k.shape[1], total, k.shape[3]))
-            values.append(k.new_zeros(1, k.shape[1], total, leaf["v"].shape[3]) if leaf else k)
+            keys.append(k.new_empty(1, k.shape[1], total, k.shape[3]))
+            values.append(k.new_empty(1, k.shape[1], total, leaf["v"].shape[3]) if leaf else k)
         pos = 0
         for seg, value in zip(segments, found):
             n = seg.tokens.numel()
             if value is not None:
                 known[pos : pos + n] = True
+                turn = self._turn(pos, ids.device)
                 for layer, leaf in enumerate(value):
-                    keys[layer][:, :, pos : pos + n] = self._rotated(leaf["k"], pos)
+                    _rotate_into(keys[layer][:, :, pos : pos + n], leaf["k"], turn)
                     values[layer][:, :, pos : pos + n] = leaf["v"]
             pos += n
         return ids, known, keys, values, loaded, stored
@@ -310,19 +327,18 @@ class BlendCache:
     def _store(self, key: str, value: ChunkValue) -> None:
         self.memory.store(key, value, namespace=self.namespace, compression=self.codec)
 
-    def _rotated(self, keys: torch.Tensor, delta: int) -> torch.Tensor:
-        """``keys`` (``[B, H, T, D]``, rotated for positions ``t``) rotated for positions ``t + delta``.
+    def _turn(self, delta: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The model's rotary ``(cos, sin)`` (``[1, 1, 1, D]``, fp32) for position ``delta``: the rotation that
+        moves keys from positions ``t`` to ``t + delta`` (``None``: none, ``delta == 0``).
 
-        NOTE: in fp32: the angle ``delta x inv_freq`` is what the model's own rotary module
-        computes for position ``delta``; rotations compose, so this equals the keys computed at
-        ``t + delta`` up to float rounding (for the supported ``rope_type`` values only).
+        NOTE: rotations compose, so keys rotated by this equal the keys computed at ``t + delta`` up to
+        float rounding, for the supported ``rope_type`` values only (angle ``position x inv_freq``).
         """
         if delta == 0:
-            return keys
-        probe = keys.new_empty(0, dtype=torch.float32)
-        cos, sin = self._base.rotary_emb(probe, position_ids=torch.full((1, 1), delta, device=keys.device))
-        k = keys.float()
-        return (k * cos[:, None] + _rotate_half(k) * sin[:, None]).to(keys.dtype)
+            return None
+        probe = torch.empty(0, dtype=torch.float32, device=device)
+        cos, sin = self._base.rotary_emb(probe, position_ids=torch.full((1, 1), delta, device=device))
+        return cos[:, None], sin[:, None]
 
     def _run_layers(
         self, ids: torch.Tensor, kv: _BlendKV, forced: torch.Tensor, picks: int
@@ -334,19 +350,15 @@ class BlendCache:
         """
         total = ids.shape[1]
         candidates = int((~forced).sum())
-        everyone = torch.arange(total, device=ids.device)
-        active = everyone if picks else forced.nonzero()[:, 0]
+        active = torch.arange(total, device=ids.device) if picks else forced.nonzero()[:, 0]
         hidden = self._base.embed_tokens(ids[:, active])
-        masks: dict[int | None, torch.Tensor | None] = {}  # by window, for the current ``active``
+        now = self._pass(active, total, hidden)
         for i, layer in enumerate(self._base.layers):
             if i == self.check_layer and 0 < picks < candidates:
                 active = self._select(layer, hidden, kv.values[i], forced, picks)
                 hidden = hidden[:, active]
-                masks.clear()
-            window = self._windows[i]
-            if window not in masks:  # NOTE: one mask per window, not per layer (~4 ms each at 4k tokens here)
-                masks[window] = self._mask(i, active, total, active.numel() == total, hidden.dtype)
-            hidden = self._layer(layer, i, hidden, active, kv, total, masks[window])
+                now = self._pass(active, total, hidden)
+            hidden = self._layer(layer, i, hidden, now, kv)
         return hidden, active
 
     def _select(
@@ -361,45 +373,35 @@ class BlendCache:
         chosen = deviation.topk(picks).indices
         return torch.cat([forced.nonzero()[:, 0], chosen]).sort().values
 
-    def _layer(
-        self,
-        layer: torch.nn.Module,
-        idx: int,
-        hidden: torch.Tensor,
-        active: torch.Tensor,
-        kv: _BlendKV,
-        total: int,
-        mask: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """Decoder layer ``idx`` on the ``active`` positions' ``hidden`` states, attending to the whole prompt
-        through ``mask`` (:meth:`_mask`)."""
-        full = active.numel() == total
-        kv.index = None if full else active
+    def _pass(self, active: torch.Tensor, total: int, hidden: torch.Tensor) -> _Pass:
         positions = active[None]
+        rope = self._base.rotary_emb(hidden, position_ids=positions)
+        return _Pass(total, positions, None if active.numel() == total else active, rope)
+
+    def _layer(self, layer: torch.nn.Module, idx: int, hidden: torch.Tensor, now: _Pass, kv: _BlendKV) -> torch.Tensor:
+        """Decoder layer ``idx`` on the computed positions' ``hidden`` states, attending to the whole prompt."""
+        window = self._windows[idx]
+        if window not in now.masks:  # NOTE: one mask per window, not per layer (~2 ms each at 4k tokens here)
+            now.masks[window] = self._mask(now, window, hidden.dtype)
+        kv.index = now.index
         out = layer(
             hidden,
-            attention_mask=mask,
-            position_ids=positions,
-            position_embeddings=self._base.rotary_emb(hidden, position_ids=positions),
+            attention_mask=now.masks[window],
+            position_ids=now.positions,
+            position_embeddings=now.rope,
             use_cache=True,
             **{self._layer_cache_arg: kv},
         )
         return out[0] if isinstance(out, tuple) else out
 
-    def _mask(self, idx: int, active: torch.Tensor, total: int, full: bool, dtype: torch.dtype) -> torch.Tensor | None:
-        """Additive mask ``[1, 1, q, total]``: query at position ``p`` sees keys ``<= p`` (and within its window).
-
-        ``None`` (SDPA's causal kernel) when every token is computed in order by full attention.
-        """
-        window = self._windows[idx]
-        if full and window is None and self._sdpa:
+    def _mask(self, now: _Pass, window: int | None, dtype: torch.dtype) -> torch.Tensor | None:
+        """The computed positions' attention mask over the prompt (:func:`attention_mask`): SDPA computes it
+        in runs of queries, each over the keys it can see. ``None`` (SDPA's causal kernel) when every token
+        is computed in order by full attention."""
+        if now.index is None and window is None and self._sdpa:
             return None
-        keys = torch.arange(total, device=active.device)
-        allowed = keys[None, :] <= active[:, None]
-        if window is not None:
-            allowed &= keys[None, :] > active[:, None] - window
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=active.device)
-        return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+        mask = attention_mask(now.positions[0], now.total, window, dtype)
+        return mask if self._sdpa else mask.as_subclass(torch.Tensor)
 
     def _to_cache(self, kv: _BlendKV) -> DynamicCache:
         cache = new_cache(self.model)
@@ -414,6 +416,25 @@ class BlendCache:
         m.kv_tokens.labels(kind="reused").inc(reused)
         m.kv_tokens.labels(kind="computed").inc(total - reused)
         m.ttft_seconds.observe(time.perf_counter() - start)
+
+
+def _rotate_into(out: torch.Tensor, keys: torch.Tensor, turn: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+    """Write ``keys`` (``[B, H, T, D]``) rotated by ``turn`` (:meth:`BlendCache._turn`) into ``out``, in fp32.
+
+    NOTE: in place (no ``rotate_half`` copy): ``k * cos`` plus each half's partner times ``sin``.
+    """
+    if turn is None:
+        out.copy_(keys)
+        return
+    cos, sin = turn
+    k = keys.float()
+    half = k.shape[-1] // 2
+    rot = out if out.dtype == torch.float32 else torch.empty_like(k)
+    torch.mul(k, cos, out=rot)
+    rot[..., :half].addcmul_(k[..., half:], sin[..., :half], value=-1)
+    rot[..., half:].addcmul_(k[..., :half], sin[..., half:])
+    if rot is not out:
+        out.copy_(rot)
 
 
 def _decoder(model: torch.nn.Module) -> Any:

@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 import kvmem
 from kvmem.errors import ConfigError, InvalidKeyError, UnsupportedModelError
 from kvmem.kv import BlendCache, BlendResult, Segment
+from kvmem.kv.blend_mask import GroupedMask
 from kvmem.kv.layout import held, kept_range, kv_layer
 from tests.kv.conftest import MemoryFactory
 from tests.kv.workers import build_model, prompt
@@ -171,6 +172,23 @@ def test_rerotated_keys_equal_keys_computed_at_their_position(
     assert (k1[:, :, moved] - k1_ref[:, :, moved]).abs().max().item() > 1e-3
 
 
+def test_bf16_keys_are_rotated_in_fp32_then_stored_in_bf16(
+    make_memory: MemoryFactory, blend_cache: BlendFactory
+) -> None:
+    """A bf16 model's loaded keys are turned in fp32 and written back as bf16: within bf16 rounding of the
+    keys the full forward computes at their positions."""
+    model = _model("llama").to(torch.bfloat16)
+    bc = blend_cache(model, make_memory())
+    segments = [Segment(DOC_A, reusable=False), Segment(DOC_B), Segment(QUESTION, reusable=False)]
+    bc.store_segment(segments[1])
+    result = _blend(bc, segments, 0.0)
+    k, _, _ = _layer_kv(result.cache, 0)
+    k_ref, _, _ = _layer_kv(_full(model, segments)[1], 0)
+    moved = slice(DOC_A.shape[1], DOC_A.shape[1] + DOC_B.shape[1])
+    assert k.dtype == torch.bfloat16 and result.loaded_segments == 1
+    assert (k[:, :, moved].float() - k_ref[:, :, moved].float()).abs().max().item() < 0.02 * k_ref.abs().max().item()
+
+
 # -- reuse by content, any position, any tier -------------------------------------------------------------------
 
 
@@ -219,6 +237,42 @@ def test_recompute_ratio_sets_how_many_reused_tokens_are_recomputed(
     assert result.recomputed_tokens == computed + -(-docs // 4)
     assert result.reused_tokens + result.recomputed_tokens == docs + computed
     assert result.cache.get_seq_length() == docs + computed
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("ratio", [0.0, 0.3])
+def test_attention_in_runs_of_queries_changes_nothing(
+    arch: str,
+    ratio: float,
+    models: Callable[..., PreTrainedModel],
+    make_memory: MemoryFactory,
+    blend_cache: BlendFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SDPA computes the selected tokens' attention in runs of queries, each over the keys up to its last
+    position (Mistral: only those in its window): the same logits and K/V as one run over the whole prompt."""
+    segments = _rag(DOC_A, DOC_B, DOC_C)
+    bc = blend_cache(models(arch), make_memory())
+    _blend(bc, segments, ratio)  # stores the documents
+    monkeypatch.setattr("kvmem.kv.blend_mask.GROUP_QUERIES", 10_000)
+    whole = _blend(bc, segments, ratio, keep=QUESTION.shape[1])
+    monkeypatch.setattr("kvmem.kv.blend_mask.GROUP_QUERIES", 3)
+    attend, runs = GroupedMask._attend, []
+
+    def counted(mask: GroupedMask, *args: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        runs.append(len(mask.runs))
+        return attend(mask, *args, **kwargs)
+
+    monkeypatch.setattr(GroupedMask, "_attend", counted)
+    grouped = _blend(bc, segments, ratio, keep=QUESTION.shape[1])
+    assert len(runs) >= LAYERS - 1 and min(runs) > 3  # transformers' SDPA call went through the runs
+    assert grouped.recomputed_tokens == whole.recomputed_tokens > 3 * 3
+    assert (grouped.logits - whole.logits).abs().max().item() < EXACT
+    for layer in range(LAYERS):
+        k, v, first = _layer_kv(grouped.cache, layer)
+        k_ref, v_ref, first_ref = _layer_kv(whole.cache, layer)
+        assert first == first_ref
+        assert (k - k_ref).abs().max().item() < EXACT and (v - v_ref).abs().max().item() < EXACT
 
 
 # -- refusals ----------------------------------------------------------------------------------------------------
