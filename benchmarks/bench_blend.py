@@ -193,12 +193,16 @@ def print_table(rows: list[Row]) -> None:
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="benchmarks/results/tiny-lm", help="a saved train_tiny_lm.py model")
+    p.add_argument(
+        "--model", default=None, help="a saved model (default: benchmarks/results/blend-lm-<layers>; trained if absent)"
+    )
     p.add_argument("--minutes", type=float, default=25.0, help="training time when --model is absent")
     p.add_argument(
         "--train-len", type=int, default=4352, help="training sequence length when --model is absent (>= the prompt)"
     )
-    p.add_argument("--layers", type=int, default=4, help="decoder layers when --model is absent (deeper: width 128)")
+    p.add_argument(
+        "--layers", type=int, default=12, help="decoder layers of a model trained here (4: width 256, more: width 128)"
+    )
     p.add_argument("--docs", type=int, default=4)
     p.add_argument("--doc-len", type=int, default=1024)
     p.add_argument("--cue", type=int, default=32, help="bytes before the answer given in the question")
@@ -211,6 +215,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args()
     args.ratios = [float(r) for r in args.ratios.split(",") if r.strip()]
+    args.model = args.model or f"benchmarks/results/blend-lm-{args.layers}"
     return args
 
 
@@ -221,7 +226,8 @@ def main() -> None:
     trials = make_trials(args)
     print(
         f"{args.trials} trials: {args.docs} documents x {args.doc_len} bytes, {args.cue}-byte cue, "
-        f"{args.answer} answer bytes scored; torch {torch.__version__}, {args.threads} threads, "
+        f"{args.answer} answer bytes scored; {model.config.num_hidden_layers}-layer model at {args.model}; "
+        f"torch {torch.__version__}, {args.threads} threads, "
         f"load {load_average()}"
     )
     rows = run(model, trials, args)
