@@ -140,16 +140,19 @@ class _Pass:
     Attributes:
         total: the prompt's length.
         positions: the computed positions, ``[1, q]`` (sorted).
-        index: the same as ``[q]``; ``None`` when every position is computed, in order.
         rope: the rotary ``(cos, sin)`` at those positions.
         masks: per sliding window (``None``: full attention), the attention mask (:meth:`BlendCache._mask`).
     """
 
     total: int
     positions: torch.Tensor
-    index: torch.Tensor | None
     rope: tuple[torch.Tensor, torch.Tensor]
     masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
+
+    @property
+    def index(self) -> torch.Tensor | None:
+        """The computed positions as ``[q]``; ``None`` when every position is computed, in order."""
+        return None if self.positions.shape[1] == self.total else self.positions[0]
 
 
 class BlendCache:
@@ -375,8 +378,7 @@ class BlendCache:
 
     def _pass(self, active: torch.Tensor, total: int, hidden: torch.Tensor) -> _Pass:
         positions = active[None]
-        rope = self._base.rotary_emb(hidden, position_ids=positions)
-        return _Pass(total, positions, None if active.numel() == total else active, rope)
+        return _Pass(total, positions, self._base.rotary_emb(hidden, position_ids=positions))
 
     def _layer(self, layer: torch.nn.Module, idx: int, hidden: torch.Tensor, now: _Pass, kv: _BlendKV) -> torch.Tensor:
         """Decoder layer ``idx`` on the computed positions' ``hidden`` states, attending to the whole prompt."""
@@ -400,8 +402,7 @@ class BlendCache:
         is computed in order by full attention."""
         if now.index is None and window is None and self._sdpa:
             return None
-        mask = attention_mask(now.positions[0], now.total, window, dtype)
-        return mask if self._sdpa else mask.as_subclass(torch.Tensor)
+        return attention_mask(now.positions[0], now.total, window, dtype, grouped=self._sdpa)
 
     def _to_cache(self, kv: _BlendKV) -> DynamicCache:
         cache = new_cache(self.model)

@@ -49,13 +49,11 @@ class GroupedMask(torch.Tensor):
         mask = kwargs.get("attn_mask")
         with torch._C.DisableTorchFunctionSubclass():
             if func is F.scaled_dot_product_attention and isinstance(mask, GroupedMask) and len(args) == 3:
-                return mask._attend(*args, **kwargs)
+                return mask._attend(*args, **{k: v for k, v in kwargs.items() if k != "attn_mask"})
             return func(*args, **kwargs)
 
-    def _attend(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, attn_mask: torch.Tensor, **options: Any
-    ) -> torch.Tensor:
-        plain = attn_mask.as_subclass(torch.Tensor)
+    def _attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **options: Any) -> torch.Tensor:
+        plain = self.as_subclass(torch.Tensor)
         return torch.cat(
             [
                 F.scaled_dot_product_attention(
@@ -71,10 +69,12 @@ class GroupedMask(torch.Tensor):
         )
 
 
-def attention_mask(queries: torch.Tensor, total: int, window: int | None, dtype: torch.dtype) -> torch.Tensor:
+def attention_mask(
+    queries: torch.Tensor, total: int, window: int | None, dtype: torch.dtype, *, grouped: bool = True
+) -> torch.Tensor:
     """The additive mask ``[1, 1, q, total]`` of ``queries`` (sorted positions) over a prompt of ``total``
-    tokens: a query at ``p`` sees keys ``<= p`` (and ``> p - window``); a :class:`GroupedMask` when it
-    has more than one run of :data:`GROUP_QUERIES`."""
+    tokens: a query at ``p`` sees keys ``<= p`` (and ``> p - window``); a :class:`GroupedMask` when
+    ``grouped`` (for SDPA) and it has more than one run of :data:`GROUP_QUERIES`."""
     keys = torch.arange(total, device=queries.device)
     allowed = keys[None, :] <= queries[:, None]
     if window is not None:
@@ -83,13 +83,14 @@ def attention_mask(queries: torch.Tensor, total: int, window: int | None, dtype:
     mask = mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
     count = queries.numel()
     size = max(GROUP_QUERIES, -(-count // MAX_GROUPS))
-    if count <= size:
+    if not grouped or count <= size:
         return mask
+    at = queries.tolist()  # NOTE: one device sync, not two per run
     runs = []
     for start in range(0, count, size):
-        first, last = int(queries[start]), int(queries[min(start + size, count) - 1])
+        first, last = at[start], at[min(start + size, count) - 1]
         lo = 0 if window is None else max(0, first - window + 1)
         runs.append((slice(start, start + size), slice(lo, last + 1)))
-    grouped = mask.as_subclass(GroupedMask)
-    grouped.runs = tuple(runs)
-    return grouped
+    split = mask.as_subclass(GroupedMask)
+    split.runs = tuple(runs)
+    return split
