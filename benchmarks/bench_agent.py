@@ -127,9 +127,9 @@ class Runner:
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, cache: DynamicCache | None = None) -> tuple[torch.Tensor, DynamicCache]:
         """(last position's logits in fp32, the cache) of ``ids`` after ``cache`` (none: from scratch)."""
-        extra = {self.arg: cache} if cache is not None else {}
-        out = self.model(ids.unsqueeze(0), use_cache=True, logits_to_keep=1, **extra)
-        return out.logits[0, -1].float(), out.cache
+        cache = DynamicCache(config=self.model.config) if cache is None else cache
+        out = self.model(ids.unsqueeze(0), use_cache=True, logits_to_keep=1, **{self.arg: cache})
+        return out.logits[0, -1].float(), cache  # NOTE: not out.cache: 5.19's output names it past_key_values
 
 
 def run_session(

@@ -136,7 +136,9 @@ class Forward:
 
     @torch.no_grad()
     def cache_of(self, ids: torch.Tensor) -> DynamicCache:
-        return self.model(ids, use_cache=True, logits_to_keep=1).cache
+        cache = DynamicCache(config=self.model.config)  # NOTE: passed in: the output names it per version
+        self.model(ids, use_cache=True, logits_to_keep=1, **{self.arg: cache})
+        return cache
 
 
 def prefill(pc: PrefixCache, ids: torch.Tensor, expect_reused: int | None = None) -> torch.Tensor:

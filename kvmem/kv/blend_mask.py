@@ -30,6 +30,11 @@ GROUP_QUERIES = 64
 """Fewest queries in a run of :class:`GroupedMask` (smaller runs cost more in calls than they save)."""
 MAX_GROUPS = 16
 """Most runs of :class:`GroupedMask`."""
+_KEY_ALIGN = 16
+# NOTE: a run's first key is a multiple of this: CUDA's memory-efficient SDPA kernel reads the mask in
+# 16-byte vectors and fails with "misaligned address" on a view that starts between them (seen on an H200;
+# PyTorch pads a mask whose row stride is unaligned, but does not check where a view starts). The keys
+# this adds before the window are masked out.
 
 
 class GroupedMask(torch.Tensor):
@@ -89,7 +94,7 @@ def attention_mask(
     runs = []
     for start in range(0, count, size):
         first, last = at[start], at[min(start + size, count) - 1]
-        lo = 0 if window is None else max(0, first - window + 1)
+        lo = 0 if window is None else max(0, first - window + 1) // _KEY_ALIGN * _KEY_ALIGN
         runs.append((slice(start, start + size), slice(lo, last + 1)))
     split = mask.as_subclass(GroupedMask)
     split.runs = tuple(runs)

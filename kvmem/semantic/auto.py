@@ -10,7 +10,7 @@ from collections.abc import Collection, Sequence
 import numpy as np
 
 from kvmem.recovery import OnRecovered
-from kvmem.semantic.hnsw import HnswIndex
+from kvmem.semantic.hnsw import HNSW_AVAILABLE, HnswIndex
 from kvmem.semantic.index import ExactIndex, checked_rows
 
 __all__ = ["AutoIndex"]
@@ -94,6 +94,7 @@ class AutoIndex:
         self.version = 0  # bumped by every change; owners compare it to skip saving an unchanged graph
         self._index: ExactIndex | HnswIndex = ExactIndex(dim)
         self._build: _Build | None = None
+        self._told_exact = False  # warned once that faiss is missing and search stays exact
 
     @property
     def kind(self) -> str:
@@ -167,6 +168,11 @@ class AutoIndex:
             due, live = len(index) > self.hnsw_from, index
         else:
             due, live = index.tombstones > self.rebuild_at * (len(index) + index.tombstones), index.live
+        if due and not HNSW_AVAILABLE:
+            if not self._told_exact:
+                log.warning("kvmem: %d vectors searched exactly; install faiss (kvmem[semantic])", len(index))
+                self._told_exact = True
+            return
         if due:
             self._build = _Build(live.copy(), self.m, self.ef_construction, self.ef_search)
             if not self.background:
@@ -225,7 +231,8 @@ class AutoIndex:
         """
         vectors = np.asarray(vectors, dtype=np.float32)
         index = cls(vectors.shape[1], hnsw_from, **options)  # type: ignore[arg-type]
-        saved = HnswIndex.load(path, ids, vectors, on_recovered) if len(ids) >= hnsw_from // 2 else None
+        big = len(ids) >= hnsw_from // 2 and HNSW_AVAILABLE
+        saved = HnswIndex.load(path, ids, vectors, on_recovered) if big else None
         if saved is None:
             index.add(ids, vectors)
             return index

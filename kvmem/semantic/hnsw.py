@@ -9,14 +9,22 @@ from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import faiss
 import numpy as np
 
+from kvmem.errors import ConfigError
 from kvmem.fsutil import write_atomic
 from kvmem.recovery import Damaged, OnRecovered, set_aside
 from kvmem.semantic.index import ExactIndex, checked_rows
 
-__all__ = ["HnswIndex", "content_digest"]
+try:
+    import faiss
+except ImportError:  # NOTE: faiss is the optional extra kvmem[semantic]; without it AutoIndex stays exact
+    faiss = None  # type: ignore[assignment]
+
+__all__ = ["HNSW_AVAILABLE", "HnswIndex", "content_digest"]
+
+HNSW_AVAILABLE = faiss is not None
+"""Whether faiss is installed, so that an :class:`HnswIndex` can be made."""
 
 _FORMAT = 1  # NOTE: sidecar format version; a sidecar of another version is stale
 _EXACT_SUBSET = 4096  # an `allowed` set this small is scored exactly, not through the graph
@@ -66,6 +74,8 @@ class HnswIndex:
     def __init__(
         self, dim: int, m: int = 32, ef_construction: int = 200, ef_search: int = 64, rebuild_at: float | None = 0.25
     ) -> None:
+        if not HNSW_AVAILABLE:
+            raise ConfigError("HnswIndex needs faiss, which is not installed: pip install 'kvmem[semantic]'")
         for name, value in (("dim", dim), ("m", m), ("ef_construction", ef_construction), ("ef_search", ef_search)):
             if value < (2 if name == "m" else 1):
                 raise ValueError(f"{name}={value}: expected an int >= {2 if name == 'm' else 1}")

@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 import kvmem
 from kvmem.errors import ConfigError, InvalidKeyError, UnsupportedModelError
 from kvmem.kv import BlendCache, BlendResult, Segment
-from kvmem.kv.blend_mask import GroupedMask
+from kvmem.kv.blend_mask import GroupedMask, attention_mask
 from kvmem.kv.layout import held, kept_range, kv_layer
 from tests.kv.conftest import MemoryFactory
 from tests.kv.workers import build_model, prompt
@@ -318,3 +318,16 @@ def test_bad_segments_and_options_are_refused(
     total = SYSTEM.shape[1] + DOC_A.shape[1] + QUESTION.shape[1]
     with pytest.raises(ConfigError, match=rf"logits_to_keep=0: expected an int from 1 to {total}"):
         bc.prefill(_rag(DOC_A), logits_to_keep=0)
+
+
+def test_runs_start_at_keys_aligned_for_cuda_kernels() -> None:
+    """A sliding window's run starts its keys at a multiple of 16 (CUDA's memory-efficient SDPA reads the
+    mask in 16-byte vectors); the keys added before the window stay masked out."""
+    queries = torch.arange(101, 1000, 3)
+    mask = attention_mask(queries, 1000, 37, torch.float32)
+    assert isinstance(mask, GroupedMask) and len(mask.runs) > 1
+    plain = mask.as_subclass(torch.Tensor)[0, 0]
+    for rows, keys in mask.runs:
+        first = int(queries[rows][0])
+        assert keys.start % 16 == 0 and first - 37 - 16 < keys.start <= first - 36
+        assert (plain[rows, keys.start : first - 36] == torch.finfo(torch.float32).min).all()

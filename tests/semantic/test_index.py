@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -342,3 +344,36 @@ def test_bad_arguments_name_the_value() -> None:
         AutoIndex(DIM, hnsw_from=1)
     assert HnswIndex(DIM).search(np.zeros(DIM, dtype=np.float32), 3) == []
     assert ExactIndex(DIM).search(np.zeros(DIM, dtype=np.float32), 0) == []
+
+
+def test_without_faiss_memory_works_and_auto_index_stays_exact(tmp_path: Path) -> None:
+    """faiss is the optional extra kvmem[semantic]: without it (an import that fails, as when it is not
+    installed) ``Memory.delete`` works, ``AutoIndex`` searches exactly past ``hnsw_from`` and says so once,
+    and ``HnswIndex`` refuses with the extra to install."""
+    code = """
+import logging, sys
+sys.modules["faiss"] = None  # `import faiss` now raises ImportError
+import numpy as np
+import kvmem
+from kvmem.errors import ConfigError
+from kvmem.semantic import AutoIndex, HnswIndex
+m = kvmem.Memory(sys.argv[1]); m.store("k", 1); assert m.delete("k"); m.close()
+warned = []
+class Told(logging.Handler):
+    def emit(self, record):
+        warned.append(record.getMessage())
+logging.getLogger("kvmem.semantic.auto").addHandler(Told())
+x = np.eye(8, dtype=np.float32)
+index = AutoIndex(8, hnsw_from=2, background=False)
+index.add([f"v{i}" for i in range(8)], x)
+index.add(["w"], x[:1])
+assert index.kind == "exact" and index.search(x[3], 1)[0][0] == "v3", index.search(x[3], 1)
+assert len(warned) == 1 and "kvmem[semantic]" in warned[0], warned
+try:
+    HnswIndex(8)
+except ConfigError as exc:
+    assert "pip install 'kvmem[semantic]'" in str(exc)
+else:
+    raise AssertionError("HnswIndex was made without faiss")
+"""
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, timeout=120)
