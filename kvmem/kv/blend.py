@@ -397,12 +397,18 @@ class BlendCache:
         return out[0] if isinstance(out, tuple) else out
 
     def _mask(self, now: _Pass, window: int | None, dtype: torch.dtype) -> torch.Tensor | None:
-        """The computed positions' attention mask over the prompt (:func:`attention_mask`): SDPA computes it
-        in runs of queries, each over the keys it can see. ``None`` (SDPA's causal kernel) when every token
-        is computed in order by full attention."""
+        """The computed positions' attention mask over the prompt (:func:`attention_mask`): SDPA on the CPU
+        computes it in runs of queries, each over the keys it can see. ``None`` (SDPA's causal kernel) when
+        every token is computed in order by full attention.
+
+        NOTE: in runs on the CPU only, where attention is bound by arithmetic. On a GPU it is bound by
+        kernel launches, and one masked call is faster (H200, 250m bf16 model, 4 documents, 15 %: 22 ms in
+        one call against 30 ms in runs at 4x1,024 tokens, 78 against 112 ms at 4x8,192).
+        """
         if now.index is None and window is None and self._sdpa:
             return None
-        return attention_mask(now.positions[0], now.total, window, dtype, grouped=self._sdpa)
+        positions = now.positions[0]
+        return attention_mask(positions, now.total, window, dtype, grouped=self._sdpa and positions.is_cpu)
 
     def _to_cache(self, kv: _BlendKV) -> DynamicCache:
         cache = new_cache(self.model)

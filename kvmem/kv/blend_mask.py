@@ -10,6 +10,9 @@ consecutive positions and attends each run to the keys it can see only (up to it
 position, and within a sliding window), through views of itself: the same result for
 about ``(1 + 1/G) / 2`` of the work with ``G`` runs.
 
+``BlendCache`` uses it on the CPU, where attention is bound by arithmetic; on a GPU, where
+it is bound by kernel launches, one masked call is faster (see ``BlendCache._mask``).
+
 NOTE: it works through ``__torch_function__``, PyTorch's documented hook for tensor
 subclasses, so transformers' SDPA attention needs no change and a model is never modified;
 every other operation on the mask (eager attention adds it to its scores) sees the plain

@@ -1,7 +1,8 @@
 """On a GPU: ``GroupedMask`` under CUDA's SDPA kernels, and ``BlendCache`` with the model on the device.
 
 On CUDA, SDPA with a mask runs the memory-efficient (or cuDNN) kernel, which may pad or copy
-the strided views that ``GroupedMask`` hands it: the runs must still give the one-call result.
+the strided views that ``GroupedMask`` hands it: the runs must still give the one-call result
+(``BlendCache`` itself attends in runs on the CPU only; the mask works on any device).
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ def test_grouped_mask_under_cuda_sdpa_equals_one_call(dtype: torch.dtype, window
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_blend_cache_on_the_device(tmp_path: Path, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A Llama on the GPU: full recompute is the full prefill; a 30 % recompute in runs of queries gives the
-    logits of one run; the documents come back from the CPU tier onto the device."""
+    """A Llama on the GPU: full recompute is the full prefill; the documents come back from the CPU tier
+    onto the device; a 30 % recompute attends in one masked SDPA call (runs of queries are for the CPU)."""
     model = build_model("llama", num_hidden_layers=3, max_position_embeddings=4096).to("cuda", dtype)
     docs = [prompt(301 + i, 400) for i in range(3)]
     segments = [Segment(prompt(300, 20)[0], reusable=False), *(Segment(d[0]) for d in docs)]
@@ -56,6 +57,9 @@ def test_blend_cache_on_the_device(tmp_path: Path, dtype: torch.dtype, monkeypat
     ids = torch.cat([s.tokens for s in segments])[None].cuda()
     with torch.no_grad():
         full = model(ids).logits[:, -1:].float()
+    runs: list[int] = []
+    attend = GroupedMask._attend
+    monkeypatch.setattr(GroupedMask, "_attend", lambda mask, *a, **k: runs.append(1) or attend(mask, *a, **k))
     with kvmem.Memory(tmp_path, cpu_bytes="256MiB", disk_bytes="256MiB") as memory:
         bc = BlendCache(model, memory, compression="none")
         first = bc.prefill(segments, recompute_ratio=1.0)
@@ -65,9 +69,6 @@ def test_blend_cache_on_the_device(tmp_path: Path, dtype: torch.dtype, monkeypat
         assert again.logits.is_cuda and again.logits.dtype == dtype
         tol = 1e-3 if dtype == torch.float32 else 0.1 * full.abs().max().item()
         assert (again.logits.float() - full).abs().max().item() < tol
-        grouped = bc.prefill(segments, recompute_ratio=0.3)
-        monkeypatch.setattr("kvmem.kv.blend_mask.GROUP_QUERIES", 100_000)
-        whole = bc.prefill(segments, recompute_ratio=0.3)
-        assert grouped.recomputed_tokens == whole.recomputed_tokens > 300
-        assert (grouped.logits.float() - whole.logits.float()).abs().max().item() < tol
+        partial = bc.prefill(segments, recompute_ratio=0.3)
+        assert partial.recomputed_tokens > 300 and partial.logits.is_cuda and not runs
         bc.close()
