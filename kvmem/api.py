@@ -48,6 +48,11 @@ __all__ = ["Memory", "Loaded", "EntryInfo", "TierStats", "Stats"]
 log = logging.getLogger(__name__)
 V = TypeVar("V")
 _CATALOG_FLUSH_SECONDS = 1.0
+_THREADED_READ_BYTES = 1 << 20
+# NOTE: load_many reads misses on kvmem's I/O threads only when a value is at least this large. A small
+# value's read is mostly Python (parse, check, promote) holding the GIL: four threads taking turns at it,
+# each waiting to get the GIL back after every system call, made the slowest loads several times slower
+# (bench_prefetch.py) than reading them one after another on the caller's thread.
 
 
 class Memory:
@@ -504,7 +509,8 @@ class Memory:
         device: torch.device | str | None = None,
     ) -> list[Any]:
         """:meth:`load` for several keys: those in memory copied on this thread, the others read from their
-        files several at a time (kvmem's I/O threads).
+        files on this thread too when they are small (under 1 MiB), else several at a time (kvmem's I/O
+        threads).
 
         Args:
             keys: the keys given to :meth:`store`.
@@ -536,8 +542,12 @@ class Memory:
         values: list[Any] = [None] * len(skeys)
         for i in near:
             values[i] = one(i)
-        for i, value in zip(far, io_pool().map(one, far) if len(far) > 1 else map(one, far)):
-            values[i] = value
+        if far:  # NOTE: the first on this thread: its size says whether the others are worth threads
+            values[far[0]] = one(far[0])
+            rest = far[1:]
+            pool = len(rest) > 1 and not _small(values[far[0]])
+            for i, value in zip(rest, io_pool().map(one, rest) if pool else map(one, rest)):
+                values[i] = value
         self.metrics.load_seconds.observe(time.perf_counter() - start)
         return values
 
@@ -800,6 +810,11 @@ class _Job(NamedTuple):
     raw: int
     encoded: EncodedBlob
     metadata: dict[str, Any]
+
+
+def _small(value: Any) -> bool:
+    """Whether ``value`` (a loaded value, or ``None``: a miss) is a tensor under :data:`_THREADED_READ_BYTES`."""
+    return isinstance(value, torch.Tensor) and value.numel() * value.element_size() < _THREADED_READ_BYTES
 
 
 def _crc_of(blob: EncodedBlob) -> int | Callable[[], int | None]:

@@ -8,6 +8,7 @@ bigger tensor filled with a sentinel, so a write outside it shows.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -226,6 +227,31 @@ def test_load_many_fills_hits_and_gives_none_for_misses(make_memory: MemoryFacto
             assert g is None
             assert as_bytes(outs[i]) == as_bytes(torch.full_like(outs[i], SENTINEL)), f"{k}: a miss wrote out"
     assert mem.metrics.total("kvmem_misses_total") == 4
+
+
+@pytest.mark.parametrize(("elements", "threaded"), [(16 << 10, False), (1 << 20, True)])
+def test_load_many_reads_small_values_on_the_callers_thread(
+    make_memory: MemoryFactory, monkeypatch: pytest.MonkeyPatch, elements: int, threaded: bool
+) -> None:
+    """Values under 1 MiB are read one after another on the caller's thread (their reads are mostly Python,
+    which threads only take turns at); from 1 MiB on, all but the first on kvmem's I/O threads."""
+    mem = make_memory(stack="disk", disk_bytes="64MiB")
+    values = {f"c{i}": value_of(torch.bfloat16, 1, seed=i).new_full((elements,), float(i)) for i in range(4)}
+    for k, v in values.items():
+        mem.store(k, v)
+    readers: list[str] = []
+    read = DiskTier.read_verified
+
+    def spied(tier: DiskTier, key: str) -> object:
+        readers.append(threading.current_thread().name)
+        return read(tier, key)
+
+    monkeypatch.setattr(DiskTier, "read_verified", spied)
+    got = mem.load_many(list(values))
+    assert all(torch.equal(g, values[k]) for k, g in zip(values, got))
+    here = threading.current_thread().name
+    assert len(readers) == 4 and readers[0] == here
+    assert all(r.startswith("kvmem-io") for r in readers[1:]) if threaded else set(readers) == {here}
 
 
 def test_load_many_refuses_an_out_of_the_wrong_length(make_memory: MemoryFactory) -> None:
