@@ -381,7 +381,8 @@ class TieredStore:
 
     def speculate(self, key: str) -> tuple[str, int]:
         """Copy ``key`` into :attr:`guess_tier` on a guess, only into room no entry uses: nothing is evicted,
-        demoted or shed for it (a guess is dropped first when a put needs the room later).
+        demoted or shed for it (a guess is dropped first when a put needs the room later). Entries over the
+        offload threshold (used guesses count as entries) are moved down first, as a put would.
 
         Returns:
             ``(outcome, bytes copied)``; the outcome is ``warmed``, ``resident`` (a memory tier holds it
@@ -393,6 +394,9 @@ class TieredStore:
         below = self.tiers.index(target) + 1
         if any(self._call(t, t.contains, key) for t in self.tiers[:below]):
             return "resident", 0
+        # NOTE: a used guess became an entry, over the threshold: move entries down here, between requests,
+        # as the next put would on a request's path (it made misses slower by a demotion each)
+        self._offload(target)
         if self._free_for_guesses(target) <= 0:
             return "no_room", 0  # NOTE: checked before the read too, so a full tier costs no I/O
         got, _i, _corrupt = self._find(key, below)
@@ -593,12 +597,16 @@ class TieredStore:
         if self._caps[tier.name].self_evicting or tier.usage() <= limit:
             return
         lower = self.tiers[self.tiers.index(tier) + 1 :]
-        guesses = self.guesses.oldest() if tier is self.guess_tier else []
-        for victim in itertools.chain([] if spare_guesses else guesses, tier.keys()):  # NOTE: read lazily
+        victims = tier.keys()  # NOTE: read lazily
+        if tier is self.guess_tier and spare_guesses:
+            # NOTE: skipped in one generator: unused guesses age to the front of the LRU order, and a
+            # loop turn for each (usage read, membership test) made a promotion twice as slow
+            victims = (key for key in victims if key not in self.guesses)
+        elif tier is self.guess_tier:
+            victims = itertools.chain(self.guesses.oldest(), victims)
+        for victim in victims:
             if tier.usage() <= limit:
                 break
-            if spare_guesses and victim in self.guesses:
-                continue
             if self._demote(victim, tier, lower):
                 continue
             elsewhere = any(self._call(t, t.contains, victim) for t in self.tiers if t is not tier)

@@ -130,6 +130,25 @@ def test_guesses_sit_outside_the_threshold_and_go_first_when_a_put_needs_room(ma
     assert wasted >= 1  # the oldest guess made room for the put first
 
 
+def test_used_guesses_over_the_threshold_are_moved_down_before_the_next_guess(make_memory: MemoryFactory) -> None:
+    """A used guess is an entry: past the threshold, the prefetcher moves the oldest entries down before its
+    next copy (between requests), not the next request's put."""
+    memory = on_disk_only(make_memory, ["a", "b", "c"], cpu_bytes="600KiB", offload_threshold=0.5)
+    for i in range(4):  # real entries at the threshold: 4 x 64 KiB of 300 KiB
+        memory.store(f"hot/{i}", chunk(100 + i), namespace=NS, compression="none")
+    prefetcher = PredictivePrefetcher(memory)
+    train(prefetcher, "a", "b", "c")
+    after(prefetcher, "a")
+    assert cpu_keys(memory, "b") == [True, True] and memory.metrics.total("kvmem_demotions_total") == 0
+    assert all(v is not None for v in memory.load_many(doc("b"), namespace=NS))  # used: b is an entry now
+    after(prefetcher, "b")  # c is next: b's two chunks over the threshold go down first, oldest entries first
+    store = memory.chunk_store()
+    assert memory.metrics.total("kvmem_demotions_total") == 2
+    assert [store.locate(memory.storage_key(f"hot/{i}", NS)) for i in range(4)] == ["disk", "disk", "cpu", "cpu"]
+    assert cpu_keys(memory, "b") == [True, True] and cpu_keys(memory, "c") == [True, True]
+    prefetcher.close()
+
+
 def test_overwriting_or_deleting_a_guess_counts_it_wasted(make_memory: MemoryFactory) -> None:
     memory = on_disk_only(make_memory, ["a", "b"], cpu_bytes="4MiB")
     prefetcher = PredictivePrefetcher(memory)
