@@ -501,15 +501,16 @@ def same_scores(a: PassResult, b: PassResult) -> bool:
 def render_passes(passes: Sequence[PassResult]) -> str:
     """The per-pass table: wall time and its split, encoder work, hit rate, serving tiers, speed-up over pass 1."""
     head = (
-        f"{'pass':<11} {'wall':>7} {'encode':>7} {'store':>7} {'load':>7} {'encoder calls':>13} "
+        f"{'pass':<11} {'wall':>10} {'encode':>10} {'store':>10} {'load':>10} {'encoder calls':>13} "
         f"{'items encoded':>13} {'users encoded':>13} {'hit rate':>8}  {'served by':<10} {'speed-up':>8}"
     )
     lines = [head, "-" * len(head)]
     for p in passes:
         tiers = ", ".join(f"{t} {n}" for t, n in sorted(p.tiers.items())) or "-"
-        split = " ".join(f"{p.phase_seconds[phase]:>5.2f} s" for phase in ("encode", "store", "load"))
+        # NOTE: milliseconds: a warm pass can take less than the 5 ms that "0.00 s" would hide
+        split = " ".join(f"{p.phase_seconds[phase] * 1e3:>7.1f} ms" for phase in ("encode", "store", "load"))
         lines.append(
-            f"{p.name:<11} {p.seconds:>5.2f} s {split} {p.encoder_calls:>13} {len(p.encoded_items):>13} "
+            f"{p.name:<11} {p.seconds * 1e3:>7.1f} ms {split} {p.encoder_calls:>13} {len(p.encoded_items):>13} "
             f"{len(p.encoded_users):>13} {p.hit_rate:>8.1%}  {tiers:<10} "
             f"{passes[0].seconds / p.seconds:>7.1f}x"
         )

@@ -16,9 +16,9 @@ import torch
 import kvmem
 from tests.examples_loader import load_example
 
-# pass, wall, encode, store, load, encoder calls, items encoded, users encoded, hit rate, served by, speed-up
+# pass, wall, encode, store, load (ms), encoder calls, items encoded, users encoded, hit rate, served by, speed-up
 _ROW = re.compile(
-    r"^(\d \w+)\s+([\d.]+) s\s+([\d.]+) s\s+([\d.]+) s\s+([\d.]+) s\s+(\d+)\s+(\d+)\s+(\d+)\s+"
+    r"^(\d \w+)\s+([\d.]+) ms\s+([\d.]+) ms\s+([\d.]+) ms\s+([\d.]+) ms\s+(\d+)\s+(\d+)\s+(\d+)\s+"
     r"([\d.]+)%\s+(.+?)\s+([\d.]+)x$",
     re.M,
 )
@@ -42,9 +42,9 @@ def test_main_runs_cold_warm_and_reopened_passes(
     rows = {r[0]: r for r in _ROW.findall(out)}
     assert list(rows) == ["1 cold", "2 warm", "3 reopened"], out
     cold, warm, reopened = rows.values()
-    assert sum(float(r[1]) for r in rows.values()) <= elapsed
-    for row in rows.values():  # the wall time holds its encode, store and load parts (each rounded to 0.01 s)
-        assert float(row[1]) + 0.02 >= float(row[2]) + float(row[3]) + float(row[4]), row
+    assert sum(float(r[1]) for r in rows.values()) <= elapsed * 1e3
+    for row in rows.values():  # the wall time holds its encode, store and load parts (each rounded to 0.1 ms)
+        assert float(row[1]) + 0.2 >= float(row[2]) + float(row[3]) + float(row[4]), row
     assert int(cold[5]) >= 1 and int(cold[6]) > 100 and int(cold[7]) == 12 and float(cold[8]) == 0.0
     assert float(cold[2]) > 0 and float(cold[3]) > 0 and cold[9] == "-" and float(cold[10]) == 1.0
     for row, tier in ((warm, "cpu"), (reopened, "disk")):
