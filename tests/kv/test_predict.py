@@ -191,6 +191,28 @@ def test_a_guess_is_copied_only_once_no_request_is_in_flight(make_memory: Memory
     prefetcher.close()
 
 
+def test_the_models_time_is_counted_a_millisecond_at_a_time_and_all_of_it_by_flush(
+    make_memory: MemoryFactory,
+) -> None:
+    memory = make_memory()
+    prefetcher = PredictivePrefetcher(memory)
+
+    def counted() -> float:
+        return memory.metrics.total("kvmem_predictive_prefetch_cpu_seconds_total")
+
+    prefetcher.observe(doc("a"), namespace=NS, stream="bob")  # ~10 us: not counted yet
+    assert counted() == 0.0
+    start = time.perf_counter()
+    while time.perf_counter() - start < 0.05:  # far more than a millisecond of the model's time
+        prefetcher.observe(doc(f"d{int((time.perf_counter() - start) * 1e5)}"), namespace=NS, stream="bob")
+    assert 0.0 < counted() <= time.perf_counter() - start
+    prefetcher.flush()
+    after_flush = counted()
+    assert after_flush > 0.0
+    prefetcher.close()
+    assert counted() == after_flush  # nothing left to count
+
+
 def test_a_guess_waits_at_most_max_wait(make_memory: MemoryFactory) -> None:
     memory = on_disk_only(make_memory, ["a", "b"], cpu_bytes="4MiB")
     prefetcher = PredictivePrefetcher(memory, max_wait=0.0)
