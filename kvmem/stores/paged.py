@@ -223,11 +223,14 @@ class PagedBuffer:
 
     def read(self, blocks: Sequence[int]) -> torch.Tensor:
         """A new ``[rows, len(blocks) * cols]`` tensor: the pages in table order."""
-        return gather_pages(self.pages, self._ids(blocks))
+        return gather_pages(self.pages, self.ids(blocks))
 
-    def write(self, blocks: Sequence[int], src: torch.Tensor) -> None:
-        """Write ``src`` (``[rows, len(blocks) * cols]``, on this device) into the pages, in table order."""
-        scatter_pages(self.pages, self._ids(blocks), src)
+    def write(self, blocks: Sequence[int] | torch.Tensor, src: torch.Tensor) -> None:
+        """Write ``src`` (``[rows, len(blocks) * cols]``, on this device) into the pages, in table order
+        (``blocks`` may be :meth:`ids` already: a writer in several parts makes them once)."""
+        ids = blocks if isinstance(blocks, torch.Tensor) else self.ids(blocks)
+        scatter_pages(self.pages, ids, src)
 
-    def _ids(self, blocks: Sequence[int]) -> torch.Tensor:
+    def ids(self, blocks: Sequence[int]) -> torch.Tensor:
+        """``blocks`` as the index tensor the page kernels take, on this buffer's device."""
         return torch.tensor(list(blocks), dtype=torch.int64, device=self.device)

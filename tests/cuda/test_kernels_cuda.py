@@ -9,7 +9,7 @@ from kvmem import cuda
 from kvmem.codecs.quant import QuantCodec
 from kvmem.cuda import reference
 from kvmem.cuda.kvquant import quantize_kv
-from kvmem.stores import GpuTier
+from kvmem.stores import CpuTier, GpuTier
 from kvmem.stores.paged import PagedBuffer
 from tests.stores.blobs import blob_of
 from tests.stores.test_gpu_tier import key, raw
@@ -63,3 +63,21 @@ def test_paged_buffer_and_gpu_tier_on_the_device() -> None:
     tier.put(key(0), enc)
     got = tier.get(key(0))
     assert got is not None and got.is_cuda and got.cpu().numpy().tobytes() == raw(enc)
+
+
+def test_gpu_tier_takes_pinned_cpu_tier_pages_as_they_are() -> None:
+    """A blob lent by the CPU tier (pinned pages when CUDA is present) goes to the device without the host
+    staging copy; the put has finished with the pages when it returns, so their reuse changes nothing."""
+    cpu = CpuTier(64 << 20)
+    assert cpu.pool.pinned
+    enc = blob_of(bytes(range(256)) * 20_000)  # ~5 MB: several 1 MiB runs
+    cpu.put(key(1), enc)
+    lent = cpu.blob(key(1))
+    assert lent is not None and all(torch.from_numpy(p).is_pinned() for p in lent.parts)
+    tier = GpuTier(32 << 20)
+    tier.put(key(1), lent)
+    del lent
+    assert cpu.delete(key(1))
+    cpu.put(key(2), blob_of(b"\xff" * 5_000_000))  # takes the pages just freed
+    got = tier.get(key(1))
+    assert got is not None and got.cpu().numpy().tobytes() == raw(enc)
