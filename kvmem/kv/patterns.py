@@ -38,6 +38,16 @@ Cost: ``observe`` and ``predict`` are O(``max_successors`` + ``popular``); memor
 bounded by ``max_heads`` heads per namespace (least recently requested forgotten
 first), ``max_successors`` successors per head and ``max_streams`` streams.
 No I/O and no clock: ages are counted in requests, so the model is deterministic.
+
+Each count is kept as a *weight* on its clock's current scale (forward decay): a
+tick multiplies the clock's scale by ``1 / factor``, an event adds the scale to
+its count, and a count is its weight over the scale. Counts on one clock compare
+and divide as their weights, so neither call raises a factor to a power, and a
+count is one float (``observe`` and ``predict`` run right after a request's I/O,
+when little of the model is in the CPU's caches: the fewer objects and operations
+they touch, the less they cost). When a scale passes ``2**_RESCALE_BITS`` its
+clock's weights are divided by it and it starts again at 1 (every few thousand
+ticks: O(heads) for a namespace, O(``max_successors``) for a head).
 """
 
 from __future__ import annotations
@@ -49,6 +59,9 @@ from dataclasses import dataclass, field
 from kvmem.errors import ConfigError
 
 __all__ = ["Prediction", "RequestPatterns"]
+
+_RESCALE_BITS = 256
+_RESCALE_AT = 2.0**_RESCALE_BITS  # a scale past it is brought back to 1 (a weight stays below ~2**266)
 
 
 @dataclass(frozen=True)
@@ -66,47 +79,58 @@ class Prediction:
     probability: float
 
 
-class _Decayed:
-    """A count that halves every ``half_life`` ticks of some clock, kept as ``(value, as of when)``."""
-
-    __slots__ = ("value", "at")
-
-    def __init__(self) -> None:
-        self.value = 0.0
-        self.at = 0
-
-    def now(self, clock: int, factor: float) -> float:
-        """The count at tick ``clock`` (``factor``: the decay per tick)."""
-        return self.value * factor ** (clock - self.at)
-
-    def add(self, clock: int, factor: float, amount: float = 1.0) -> None:
-        self.value = self.value * factor ** (clock - self.at) + amount  # NOTE: now(), inlined: the hot path
-        self.at = clock
-
-
-@dataclass
 class _Head:
-    keys: tuple[str, ...]
-    seen: _Decayed = field(default_factory=_Decayed)  # on the namespace's clock
-    departures: int = 0  # the clock of ``out`` and ``successors``: transitions out of this head so far
-    out: _Decayed = field(default_factory=_Decayed)  # transitions out of this head
-    successors: dict[str, _Decayed] = field(default_factory=dict)
-    likeliest: str | None = None  # the successor seen most (decayed; of equals, the latest)
+    """One head: its keys, its popularity (on the namespace's clock), and what followed it (on its own)."""
+
+    __slots__ = ("keys", "seen", "scale", "out", "successors", "likeliest")
+
+    def __init__(self, keys: tuple[str, ...]) -> None:
+        self.keys = keys
+        self.seen = 0.0  # requests with this head, a weight on the namespace's scale
+        self.scale = 1.0  # of this head's clock: it ticks once per transition out of it
+        self.out = 0.0  # transitions out of this head, a weight on its scale
+        self.successors: dict[str, float] = {}  # head -> transitions to it, weights on this head's scale
+        self.likeliest: str | None = None  # the successor seen most (decayed; of equals, the latest)
+
+    def tick(self, growth: float) -> None:
+        """One more transition out of this head: its clock ticks (its weights rescaled when due)."""
+        if self.scale > _RESCALE_AT:
+            self.out /= self.scale
+            for successor in self.successors:
+                self.successors[successor] /= self.scale
+            self.scale = 1.0
+        self.scale *= growth
 
 
-@dataclass
+@dataclass(slots=True)
 class _Space:
-    """One namespace's model."""
+    """One namespace's model; ``total`` ... ``peak`` are weights on its clock's ``scale``."""
 
-    clock: int = 0
-    total: _Decayed = field(default_factory=_Decayed)
-    tries: _Decayed = field(default_factory=_Decayed)  # transitions out of a head with a successor already
-    foreseen: _Decayed = field(default_factory=_Decayed)  # ... to its likeliest successor
+    scale: float = 1.0  # of the namespace's clock: it ticks once per request
+    total: float = 0.0  # requests
+    tries: float = 0.0  # transitions out of a head with a successor already
+    foreseen: float = 0.0  # ... to its likeliest successor
+    floor: float = 0.0  # at most the least popular head's count, once full
+    peak: float = 0.0  # at least the most requested head's count
     heads: OrderedDict[str, _Head] = field(default_factory=OrderedDict)  # least recently requested first
     popular: set[str] = field(default_factory=set)
-    floor: _Decayed = field(default_factory=_Decayed)  # at most the least popular head's count, once full
-    peak: _Decayed = field(default_factory=_Decayed)  # at least the most requested head's count
     last: OrderedDict[str, str] = field(default_factory=OrderedDict)  # stream -> its last head
+
+    def tick(self, growth: float) -> None:
+        """One more request: the clock ticks (its weights rescaled when due)."""
+        if self.scale > _RESCALE_AT:
+            s = self.scale
+            self.total, self.tries, self.foreseen, self.floor, self.peak = (
+                self.total / s,
+                self.tries / s,
+                self.foreseen / s,
+                self.floor / s,
+                self.peak / s,
+            )
+            for node in self.heads.values():
+                node.seen /= s
+            self.scale = 1.0
+        self.scale *= growth
 
 
 class RequestPatterns:
@@ -140,10 +164,10 @@ class RequestPatterns:
         popular: int = 8,
         max_streams: int = 4096,
     ) -> None:
-        if not half_life > 0:
-            raise ConfigError(f"half_life={half_life!r}: accepted a number of requests > 0")
-        if not successor_half_life > 0:
-            raise ConfigError(f"successor_half_life={successor_half_life!r}: accepted a number of transitions > 0")
+        if not half_life >= 1:
+            raise ConfigError(f"half_life={half_life!r}: accepted a number of requests >= 1")
+        if not successor_half_life >= 1:
+            raise ConfigError(f"successor_half_life={successor_half_life!r}: accepted a number of transitions >= 1")
         if not 0.0 < min_probability <= 1.0:
             raise ConfigError(f"min_probability={min_probability!r}: accepted a probability in (0, 1]")
         if not prior > 0:
@@ -154,8 +178,8 @@ class RequestPatterns:
         for name, value in (("popular", popular), ("max_streams", max_streams)):
             if value < 0:
                 raise ConfigError(f"{name}={value!r}: accepted an integer >= 0")
-        self.factor = 0.5 ** (1.0 / half_life)
-        self.successor_factor = 0.5 ** (1.0 / successor_half_life)
+        self.growth = 2.0 ** (1.0 / half_life)  # a tick of a namespace's clock multiplies its scale by this
+        self.successor_growth = 2.0 ** (1.0 / successor_half_life)  # ... of a head's clock
         self.min_probability = min_probability
         self.prior = prior
         self.max_heads = max_heads
@@ -174,19 +198,22 @@ class RequestPatterns:
         space = self._spaces.get(namespace)
         if space is None:  # NOTE: not setdefault, which would build a _Space on every request
             space = self._spaces[namespace] = _Space()
-        space.clock += 1
+        space.tick(self.growth)
         head = keys[0]
         node = self._head(space, head, tuple(keys))
-        node.seen.add(space.clock, self.factor)
-        space.total.add(space.clock, self.factor)
-        space.peak.value, space.peak.at = max(space.peak.now(space.clock, self.factor), node.seen.value), space.clock
+        node.seen += space.scale
+        space.total += space.scale
+        if node.seen > space.peak:
+            space.peak = node.seen
         previous = space.last.get(stream)
         space.last[stream] = head
         space.last.move_to_end(stream)
         if len(space.last) > self.max_streams:
             space.last.popitem(last=False)
-        if previous is not None and previous != head and previous in space.heads:
-            self._transition(space, space.heads[previous], head)
+        if previous is not None and previous != head:
+            source = space.heads.get(previous)
+            if source is not None:
+                self._transition(space, source, head)
         self._rank(space, head, node)
 
     def predict(self, namespace: str, stream: str = "", limit: int = 4) -> list[Prediction]:
@@ -203,30 +230,28 @@ class RequestPatterns:
         space = self._spaces.get(namespace)
         if space is None:
             return []
-        clock, f = space.clock, self.factor
-        total = space.total.now(clock, f)
-        peak = space.peak.now(clock, f) / total if total else 0.0  # no head has a larger share of requests
+        total = space.total
+        peak = space.peak / total if total else 0.0  # no head has a larger share of requests
         # a head that is only popular scores at most its share of requests, so at most the peak's share
         popular = space.popular if peak >= self.min_probability else set()
         last = space.heads.get(space.last.get(stream, ""))
         if last is None or last.likeliest is None:
             out, after, likeliest, weight, foresight = 0.0, {}, None, 0.0, 0.0
         else:
-            sf = self.successor_factor
-            out, likeliest = last.out.now(last.departures, sf), last.likeliest
-            weight = out / (out + self.prior)
-            foresight = space.foreseen.now(clock, f) / (space.tries.now(clock, f) + self.prior)
-            best = last.successors[likeliest].now(last.departures, sf) / out
+            out, likeliest, after = last.out, last.likeliest, last.successors
+            transitions = out / last.scale
+            weight = transitions / (transitions + self.prior)
+            foresight = space.foreseen / (space.tries + self.prior * space.scale)
+            best = after[likeliest] / out
             if not popular and weight * best + (1.0 - weight) * max(foresight, peak) < self.min_probability:
                 return []  # NOTE: no successor can score more: the common case where nothing can be learnt
-            after = {h: c.now(last.departures, sf) for h, c in last.successors.items()}
         scored = []
         for head in popular | after.keys():
             node = space.heads.get(head)
             if node is None:
                 continue
             p_next = after.get(head, 0.0) / out if out else 0.0
-            p_pop = node.seen.now(clock, f) / total if total else 0.0
+            p_pop = node.seen / total if total else 0.0
             base = max(foresight, p_pop) if head == likeliest else p_pop
             p = weight * p_next + (1.0 - weight) * base
             if p >= self.min_probability:
@@ -253,40 +278,37 @@ class RequestPatterns:
         """Count ``source -> head`` (and whether the likeliest successor foresaw it); past ``max_successors``,
         the least likely successor is forgotten."""
         if source.likeliest is not None:
-            space.tries.add(space.clock, self.factor)
+            space.tries += space.scale
             if head == source.likeliest:
-                space.foreseen.add(space.clock, self.factor)
-        source.departures += 1
-        clock, f = source.departures, self.successor_factor
-        source.out.add(clock, f)
-        count = source.successors.get(head)
+                space.foreseen += space.scale
+        source.tick(self.successor_growth)
+        source.out += source.scale
+        successors = source.successors
+        count = successors.get(head)
         if count is None:
-            if len(source.successors) >= self.max_successors:
-                weakest = min(source.successors, key=lambda s: source.successors[s].now(clock, f))
-                del source.successors[weakest]
+            if len(successors) >= self.max_successors:
+                weakest = min(successors, key=successors.__getitem__)
+                del successors[weakest]
                 if weakest == source.likeliest:  # all were equal: the new one is the latest
                     source.likeliest = None
-            count = source.successors[head] = _Decayed()
-        count.add(clock, f)
+            count = 0.0
+        count = successors[head] = count + source.scale
         # every successor decays alike: only the one just counted can overtake the likeliest
-        best = source.successors.get(source.likeliest) if source.likeliest is not None else None
-        if best is None or count.value >= best.now(clock, f):
+        if source.likeliest is None or count >= successors.get(source.likeliest, 0.0):
             source.likeliest = head
 
     def _rank(self, space: _Space, head: str, node: _Head) -> None:
         """Keep ``space.popular`` the ``popular`` heads requested most (decayed), ``head`` just requested."""
         if head in space.popular or not self.max_popular:
             return
-        clock, f = space.clock, self.factor
         if len(space.popular) >= self.max_popular:
-            count = node.seen.now(clock, f)
-            if count <= space.floor.now(clock, f):  # NOTE: the common case, decided without looking at each
+            if node.seen <= space.floor:  # NOTE: the common case, decided without looking at each
                 return
-            weakest = min(space.popular, key=lambda h: space.heads[h].seen.now(clock, f))
-            if count <= space.heads[weakest].seen.now(clock, f):
-                space.floor.value, space.floor.at = space.heads[weakest].seen.now(clock, f), clock
+            weakest = min(space.popular, key=lambda h: space.heads[h].seen)
+            if node.seen <= space.heads[weakest].seen:
+                space.floor = space.heads[weakest].seen
                 return
             space.popular.discard(weakest)
         space.popular.add(head)
         if len(space.popular) >= self.max_popular:  # every count only grows against the common decay
-            space.floor.value, space.floor.at = min(space.heads[h].seen.now(clock, f) for h in space.popular), clock
+            space.floor = min(space.heads[h].seen for h in space.popular)

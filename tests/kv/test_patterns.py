@@ -138,6 +138,23 @@ def test_memory_is_bounded() -> None:
     assert space.popular <= set(space.heads)
 
 
+def test_counts_stay_exact_over_many_half_lives() -> None:
+    """Counts are weights on a growing scale, brought back to 1 now and then: after 5,000 half-lives
+    (20 rescales) the probabilities are still the closed forms of the decayed counts."""
+    model = RequestPatterns(half_life=1.0, successor_half_life=1.0, popular=2)
+    for _ in range(2500):  # a, b, a, b, ...: every count halves per tick of its clock
+        model.observe("ns", keys("a"), "s")
+        model.observe("ns", keys("b"), "s")
+    # popularity after ..., a, b: b 1 + 1/4 + ... = 4/3 of 1 + 1/2 + ... = 2 requests; a the other third
+    predicted = [(p.head, round(p.probability, 9)) for p in model.predict("ns", "new")]
+    assert predicted == [("b", 0.666666667), ("a", 0.333333333)]
+    # after b, a: 2 transitions out of b (all to a), weight 2 / (2 + prior 4) = 1/3; a is b's likeliest successor
+    # and foresight (2 foreseen of 2 tries, + prior 4) 1/3 = a's popularity 1/3: 1/3 * 1 + 2/3 * 1/3 = 5/9
+    model.observe("ns", keys("a"), "s")
+    model.observe("ns", keys("b"), "s")
+    assert round(model.predict("ns", "s")[0].probability, 9) == round(5 / 9, 9)
+
+
 def test_a_request_shorter_than_a_chunk_teaches_nothing() -> None:
     model = RequestPatterns()
     model.observe("ns", [], "s")
@@ -147,8 +164,8 @@ def test_a_request_shorter_than_a_chunk_teaches_nothing() -> None:
 @pytest.mark.parametrize(
     ("option", "value", "accepted"),
     [
-        ("half_life", 0, "> 0"),
-        ("successor_half_life", 0, "> 0"),
+        ("half_life", 0.5, ">= 1"),
+        ("successor_half_life", 0, ">= 1"),
         ("min_probability", 1.5, "(0, 1]"),
         ("prior", -1, "> 0"),
         ("max_heads", 0, ">= 1"),
