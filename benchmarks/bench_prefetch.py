@@ -210,7 +210,7 @@ def main() -> None:
     parser.add_argument("--gap-ms", type=float, default=1.0)
     parser.add_argument("--warmup", type=float, default=0.2)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--cost-pairs", type=int, default=8, help="structureless runs of each mode")
+    parser.add_argument("--cost-pairs", type=int, default=16, help="structureless runs of each mode")
     parser.add_argument("--cost-requests", type=int, default=1000, help="requests of one structureless run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="600 requests, 2 repetitions, 2 cost pairs")

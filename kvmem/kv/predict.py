@@ -4,9 +4,15 @@
 :class:`~kvmem.kv.patterns.RequestPatterns` model and copies the chunks of the
 heads it predicts from disk or the remote tier into the last memory tier (the
 CPU tier). :meth:`PredictivePrefetcher.observe` updates the model and predicts on
-the caller's thread (bounded work: tens of microseconds), and hands the copies,
+the caller's thread (bounded work: ~10 microseconds), and hands the copies,
 when there are any, to one background thread: a request stream with nothing to
-learn costs no thread wake-up (that hand-off cost more CPU than the model). Each
+learn costs no thread wake-up (that hand-off cost more CPU than the model).
+Once ``_QUIET_AFTER`` requests in a row predicted nothing, the model learns in
+batches of ``_QUIET_BATCH`` requests (and predicts after each batch's last one)
+until a prediction comes again: right after a request's I/O little of the model
+is in the CPU's caches, and one request alone cost it ~12 us where one in a
+batch cost ~6 us (``benchmarks/bench_prefetch.py``'s trace with no structure);
+where a pattern starts it is seen a batch late at most. Each
 guess is copied while no request is in flight, and only if the copy (its usual
 time) should end before the next request usually comes (``Memory.activity``, see
 :mod:`kvmem.activity`): on a host with few cores a copy running beside a request
@@ -40,6 +46,8 @@ __all__ = ["PredictivePrefetcher"]
 
 log = logging.getLogger(__name__)
 
+_QUIET_AFTER = 64
+_QUIET_BATCH = 16
 _PUBLISH_SECONDS = 0.001
 # NOTE: the model's time is added to kvmem_predictive_prefetch_cpu_seconds_total once a millisecond of it
 # has gathered (and by flush and close), not per request: the counter's lock and update cost ~2 us a call
@@ -88,6 +96,8 @@ class PredictivePrefetcher:
         self._unpublished = 0.0  # the model's seconds not yet added to its counter (see _PUBLISH_SECONDS)
         self._max_pending = max_pending
         self._model = threading.Lock()  # the model is not thread-safe; requests may come from many threads
+        self._unlearnt: list[tuple[str, tuple[str, ...], str]] = []  # (namespace, keys, stream), oldest first
+        self._quiet = 0  # requests in a row after which nothing was predicted
         self._queue: OrderedDict[tuple[str, str], list[Prediction]] = OrderedDict()  # (namespace, stream): oldest first
         self._busy = False
         self._closed = False
@@ -99,7 +109,8 @@ class PredictivePrefetcher:
     def observe(self, keys: Sequence[str], *, namespace: str = "", stream: str = "") -> None:
         """Learn from one request and predict what follows it (on this thread), and queue the warming.
 
-        Call it once the request is served: it takes tens of microseconds, and never waits on I/O.
+        Call it once the request is served: it takes about ten microseconds (a few while quiet), and never waits
+        on I/O.
 
         Args:
             keys: the request's chunk keys, first chunk first (as given to ``Memory.store``).
@@ -110,41 +121,63 @@ class PredictivePrefetcher:
             return
         start = time.perf_counter()  # NOTE: not thread_time: a system call, ~4 us after a request's I/O here
         with self._model:
-            self.patterns.observe(namespace, tuple(keys), stream)
-            predictions = self.patterns.predict(namespace, stream, self.limit)
+            self._unlearnt.append((namespace, tuple(keys), stream))
+            quiet = self._quiet >= _QUIET_AFTER
+            learnt = self._learn() if not quiet or len(self._unlearnt) >= _QUIET_BATCH else None
             self._unpublished += time.perf_counter() - start
             spent = self._unpublished if self._unpublished >= _PUBLISH_SECONDS else 0.0
             self._unpublished -= spent
-        if predictions:
-            with self._cv:
-                self._queue.pop((namespace, stream), None)
-                if len(self._queue) >= self._max_pending:
-                    self._queue.popitem(last=False)
-                self._queue[namespace, stream] = predictions
-                self._cv.notify_all()
+        if learnt is not None and learnt[2]:
+            self._enqueue(*learnt)
         if spent:
             self.memory.metrics.predictive_cpu.inc(spent)
 
+    def _learn(self) -> tuple[str, str, list[Prediction]]:
+        """Feed the requests not learnt yet (at least one) to the model; what follows the last of them:
+        its namespace, its stream and the predictions."""
+        for namespace, keys, stream in self._unlearnt:
+            self.patterns.observe(namespace, keys, stream)
+        predictions = self.patterns.predict(namespace, stream, self.limit)
+        self._quiet = 0 if predictions else self._quiet + len(self._unlearnt)
+        self._unlearnt.clear()
+        return namespace, stream, predictions
+
+    def _enqueue(self, namespace: str, stream: str, predictions: list[Prediction]) -> None:
+        """Queue the warming of a stream's predictions (replacing its older ones, now stale)."""
+        with self._cv:
+            self._queue.pop((namespace, stream), None)
+            if len(self._queue) >= self._max_pending:
+                self._queue.popitem(last=False)
+            self._queue[namespace, stream] = predictions
+            self._cv.notify_all()
+
     def _publish(self) -> None:
-        """Count the model's time not counted yet."""
+        """Learn what waits in a batch, and count the model's time not counted yet."""
         with self._model:
+            learnt = None
+            if self._unlearnt:
+                start = time.perf_counter()
+                learnt = self._learn()
+                self._unpublished += time.perf_counter() - start
             spent, self._unpublished = self._unpublished, 0.0
+        if learnt is not None and learnt[2]:
+            self._enqueue(*learnt)
         self.memory.metrics.predictive_cpu.inc(spent)
 
     def flush(self) -> None:
-        """Wait until the warming queued so far is done (and count the model's time so far)."""
+        """Learn every request observed so far, wait until the warming queued is done, count the model's time."""
+        self._publish()
         with self._cv:
             while (self._queue or self._busy) and self._worker.is_alive():
                 self._cv.wait(timeout=0.1)
-        self._publish()
 
     def close(self) -> None:
-        """Finish the queued work and stop the worker."""
+        """Learn what waits in a batch, finish the queued work and stop the worker."""
+        self._publish()
         with self._cv:
             self._closed = True
             self._cv.notify_all()
         self._worker.join()
-        self._publish()
 
     # -- worker --------------------------------------------------------------------
     def _loop(self) -> None:

@@ -213,6 +213,25 @@ def test_the_models_time_is_counted_a_millisecond_at_a_time_and_all_of_it_by_flu
     assert counted() == after_flush  # nothing left to count
 
 
+def test_after_a_quiet_stretch_requests_are_learnt_in_batches_until_a_prediction_comes(
+    make_memory: MemoryFactory,
+) -> None:
+    memory = on_disk_only(make_memory, ["a", "b"], cpu_bytes="4MiB")
+    prefetcher = PredictivePrefetcher(memory)
+    train(prefetcher, "a", "b")  # in the model: a -> b -> a
+    for i in range(200):  # documents seen once each: nothing to predict (a and b soon not popular either)
+        prefetcher.observe(doc(f"once{i}"), namespace=NS, stream="carol")
+    prefetcher.flush()  # learns what waits in a batch
+    prefetcher.observe(doc("a"), namespace=NS, stream="bob")
+    assert prefetcher.patterns.predict(NS, "bob") == []  # quiet: bob's request waits for its batch
+    prefetcher.flush()
+    assert [p.head for p in prefetcher.patterns.predict(NS, "bob")] == ["b/0"]
+    assert cpu_keys(memory, "b") == [True, True]  # the batch's last request predicted b: warmed
+    prefetcher.observe(doc("b"), namespace=NS, stream="dave")  # no longer quiet: learnt at once
+    assert [p.head for p in prefetcher.patterns.predict(NS, "dave")] == ["a/0"]
+    prefetcher.close()
+
+
 def test_a_guess_waits_at_most_max_wait(make_memory: MemoryFactory) -> None:
     memory = on_disk_only(make_memory, ["a", "b"], cpu_bytes="4MiB")
     prefetcher = PredictivePrefetcher(memory, max_wait=0.0)
