@@ -18,6 +18,7 @@ what they need beyond ``Memory``'s public operations is one of these.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from contextlib import AbstractContextManager
 from typing import Protocol
 
@@ -87,15 +88,16 @@ class ChunkStore:
         """Make sure ``skey`` sits in the top tier (promoted from below, CRC-checked); whether it exists."""
         return self._store.warm(skey)
 
-    def speculate(self, skey: str) -> tuple[str, int]:
-        """Copy ``skey`` into the last memory tier on a guess, only into room no entry uses (nothing is evicted
-        for it; it is dropped first when a put needs the room).
+    def speculate(self, skey: str, keep: Collection[str] = ()) -> tuple[str, int]:
+        """Copy ``skey`` into the last memory tier on a guess, only into room no entry uses (no entry is evicted
+        for it; it is dropped first when a put needs the room, or when a newer guess does and it is not in
+        that guess's ``keep``).
 
         Returns:
             ``(outcome, bytes copied)``: ``warmed``, ``resident`` (a memory tier holds it), ``no_room`` or
             ``missing`` (not stored below).
         """
-        return self._store.speculate(skey)
+        return self._store.speculate(skey, keep)
 
     def _tier(self, name: str) -> StorageTier:
         tier = self._by_name.get(name)

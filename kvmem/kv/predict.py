@@ -19,7 +19,10 @@ time) should end before the next request usually comes (``Memory.activity``, see
 slows it, and such requests made the latency tail.
 
 A guess only takes room no entry uses and is dropped first when a put needs the
-room (:mod:`kvmem.stores.guesses`): it never evicts data a request used. Every
+room (:mod:`kvmem.stores.guesses`): it never evicts data a request used. It may take
+the room of older guesses (oldest first), not of the same request's: a guess left
+unused since an earlier request is less likely to be used than one for the latest,
+and a document warmed in part is read from below for the rest anyway. Every
 decision is counted in ``kvmem_predictive_prefetch_total{outcome}`` (``predicted``,
 ``warmed``, ``resident``, ``no_room``, ``missing``, ``used``, ``wasted``) and
 ``kvmem_predictive_prefetch_bytes_total{outcome}``; ``kvmem doctor`` reads them. What
@@ -217,6 +220,7 @@ class PredictivePrefetcher:
         store = self.memory.chunk_store()
         count = self.memory.metrics.count_guess
         moved = 0
+        keep: set[str] = set()  # this request's guesses: a later one of them does not take their room
         for prediction in predictions:
             for key in prediction.keys:
                 if moved >= self.budget:
@@ -224,7 +228,9 @@ class PredictivePrefetcher:
                 count("predicted")
                 self.memory.activity.wait_for_room(self._copy_seconds, self.max_wait)
                 start = time.perf_counter()
-                outcome, nbytes = store.speculate(self.memory.storage_key(key, namespace))
+                skey = self.memory.storage_key(key, namespace)
+                outcome, nbytes = store.speculate(skey, keep)
+                keep.add(skey)
                 if outcome == "warmed":
                     took = time.perf_counter() - start
                     self._copy_seconds += 0.1 * (took - self._copy_seconds) if self._copy_seconds else took

@@ -1,9 +1,10 @@
 """Entries a memory tier holds on a guess (a predictive prefetch), until they are used or leave it.
 
-A guess lives only in the room the tier would leave idle: the tiered store counts
-guesses outside ``offload_threshold`` (real entries are shed to the threshold as
-if no guess were there) and drops guesses, oldest first, before any real entry
-when a put needs room. So a guess never pushes out data a request used.
+A guess lives only in the room the tier would leave idle (less 1/16 of the tier,
+kept for a request's misses): the tiered store counts guesses outside
+``offload_threshold`` (real entries are shed to the threshold as if no guess were
+there) and drops guesses, oldest first, before any real entry when a put needs
+room, and when a newer guess does. So a guess never pushes out data a request used.
 
 Each guess ends one way, counted in ``kvmem_predictive_prefetch_total{outcome}``
 and ``kvmem_predictive_prefetch_bytes_total{outcome}``:
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 
 from kvmem.metrics import Metrics
 
@@ -36,6 +38,8 @@ class Guesses:
         self._held: OrderedDict[str, int] = OrderedDict()  # key -> blob bytes; order: oldest first
         self._bytes = 0
         self._lock = threading.Lock()
+        self.holds: Callable[[object], bool] = self._held.__contains__
+        """``key in guesses`` as a C-level callable (for ``filter`` over a tier's keys)."""
 
     @property
     def nbytes(self) -> int:

@@ -12,7 +12,8 @@ Invariants:
   used entries to the next tier down; the last tier drops them (an eviction).
 - The last memory tier may also hold guesses (:meth:`TieredStore.speculate`, see
   :mod:`kvmem.stores.guesses`): only in room no entry uses, outside the threshold,
-  and dropped before any real entry when a put needs room.
+  and dropped before any real entry when a put needs room (or, oldest first, when
+  a newer guess needs it).
 - A tier whose operation raises ``OSError`` or ``TierUnavailable`` is skipped for
   ``retry_seconds`` and counted; the caller never sees that error (a reader from
   ``open_blob`` raises ``TierUnavailable`` instead: it was counted already).
@@ -30,7 +31,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple, TypeVar, TypeVarTuple
 
 import torch
@@ -78,6 +79,9 @@ class _Health:
 
     def usable(self) -> bool:
         return time.monotonic() >= self.down_until
+
+
+_GUESS_HEADROOM = 16  # 1/16 of the guess tier's capacity is kept free of guesses (see _free_for_guesses)
 
 
 class TieredStore:
@@ -379,9 +383,12 @@ class TieredStore:
         fetched, _ = self.get(key)
         return fetched is not None
 
-    def speculate(self, key: str) -> tuple[str, int]:
-        """Copy ``key`` into :attr:`guess_tier` on a guess, only into room no entry uses: nothing is evicted,
-        demoted or shed for it (a guess is dropped first when a put needs the room later). Entries over the
+    def speculate(self, key: str, keep: Collection[str] = ()) -> tuple[str, int]:
+        """Copy ``key`` into :attr:`guess_tier` on a guess, only into room no entry uses: no entry is evicted,
+        demoted or shed for it (a guess is dropped first when a put needs the room later). Older guesses
+        are, oldest first, when the room is short, except those in ``keep`` (the same request's other
+        guesses, say): a guess made for the latest request is likelier to be used than one left unused since
+        an earlier one, and a document warmed in part still reads the rest from below. Entries over the
         offload threshold (used guesses count as entries) are moved down first, as a put would.
 
         Returns:
@@ -397,13 +404,18 @@ class TieredStore:
         # NOTE: a used guess became an entry, over the threshold: move entries down here, between requests,
         # as the next put would on a request's path (it made misses slower by a demotion each)
         self._offload(target)
-        if self._free_for_guesses(target) <= 0:
+        if self._free_for_guesses(target) <= 0 and all(k in keep for k in self.guesses.oldest()):
             return "no_room", 0  # NOTE: checked before the read too, so a full tier costs no I/O
         got, _i, _corrupt = self._find(key, below)
         if got is None:
             return "missing", 0
         encoded = EncodedBlob.from_buffer(got.buf, got.head)
         with self._room_lock:
+            for older in self.guesses.oldest():
+                if encoded.nbytes <= self._free_for_guesses(target):
+                    break
+                if older not in keep:
+                    self._demote(older, target, self.tiers[below:])  # below holds it: a drop
             if encoded.nbytes > self._free_for_guesses(target):
                 return "no_room", 0
             try:
@@ -416,8 +428,13 @@ class TieredStore:
         return "warmed", encoded.nbytes
 
     def _free_for_guesses(self, tier: StorageTier) -> int:
-        """Bytes of ``tier`` that neither its entries nor a put's headroom would use: a guess may take them."""
-        return tier.capacity - tier.usage() if self.healthy(tier) else 0
+        """Bytes of ``tier`` that neither its entries nor a put's headroom (1/16 of its capacity) would use: a
+        guess may take them.
+
+        NOTE: the headroom lets a request's misses land without dropping a guess on the request's path (a
+        second removal besides the entry the threshold moves down): the prefetcher's next guess drops the
+        oldest, between requests."""
+        return tier.capacity - tier.capacity // _GUESS_HEADROOM - tier.usage() if self.healthy(tier) else 0
 
     def note_hits(self, keys: Sequence[str], tier: str) -> None:
         """Loads of ``keys`` were served by tier ``tier``: guesses among them count as used."""
@@ -599,9 +616,9 @@ class TieredStore:
         lower = self.tiers[self.tiers.index(tier) + 1 :]
         victims = tier.keys()  # NOTE: read lazily
         if tier is self.guess_tier and spare_guesses:
-            # NOTE: skipped in one generator: unused guesses age to the front of the LRU order, and a
+            # NOTE: skipped by a C-level filter: unused guesses age to the front of the LRU order, and a
             # loop turn for each (usage read, membership test) made a promotion twice as slow
-            victims = (key for key in victims if key not in self.guesses)
+            victims = itertools.filterfalse(self.guesses.holds, victims)
         elif tier is self.guess_tier:
             victims = itertools.chain(self.guesses.oldest(), victims)
         for victim in victims:

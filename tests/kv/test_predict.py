@@ -149,6 +149,38 @@ def test_used_guesses_over_the_threshold_are_moved_down_before_the_next_guess(ma
     prefetcher.close()
 
 
+def test_a_newer_guess_takes_the_room_of_the_oldest_unused_guesses_never_an_entrys(make_memory: MemoryFactory) -> None:
+    # real entries up to 300 KiB; guesses get the rest less 1/16 of the tier: room for 4 chunks
+    memory = on_disk_only(make_memory, ["a", "b", "c"], cpu_bytes="600KiB", offload_threshold=0.5)
+    for i in range(4):
+        memory.store(f"hot/{i}", chunk(100 + i), namespace=NS, compression="none")
+    prefetcher = PredictivePrefetcher(memory)
+    train(prefetcher, "a", "b", "c")
+    after(prefetcher, "a")  # b warmed
+    after(prefetcher, "b")  # c warmed: the room is full
+    assert cpu_keys(memory, "b") == [True, True] and cpu_keys(memory, "c") == [True, True]
+    after(prefetcher, "c")  # a is next: b's guesses, the oldest, make room for it
+    assert cpu_keys(memory, "a") == [True, True] and cpu_keys(memory, "c") == [True, True]
+    assert cpu_keys(memory, "b") == [False, False] and count(memory, "wasted") == 2
+    store = memory.chunk_store()
+    assert all(store.locate(memory.storage_key(f"hot/{i}", NS)) == "cpu" for i in range(4))
+    prefetcher.close()
+
+
+def test_a_guess_never_takes_the_room_of_the_guesses_it_is_told_to_keep(make_memory: MemoryFactory) -> None:
+    memory = on_disk_only(make_memory, ["a", "b", "c"], cpu_bytes="600KiB", offload_threshold=0.5)
+    for i in range(4):
+        memory.store(f"hot/{i}", chunk(100 + i), namespace=NS, compression="none")
+    store = memory.chunk_store()
+    held = [memory.storage_key(k, NS) for k in doc("a") + doc("b")]
+    assert [store.speculate(k, keep=held)[0] for k in held] == ["warmed"] * 4  # the guesses' room: 4 chunks
+    c0 = memory.storage_key(doc("c")[0], NS)
+    assert store.speculate(c0, keep=held)[0] == "no_room"  # the room is full of guesses it keeps
+    assert store.speculate(c0)[0] == "warmed"  # told nothing to keep: the oldest guess goes
+    assert cpu_keys(memory, "a") == [False, True] and count(memory, "wasted") == 1
+    memory.close()
+
+
 def test_overwriting_or_deleting_a_guess_counts_it_wasted(make_memory: MemoryFactory) -> None:
     memory = on_disk_only(make_memory, ["a", "b"], cpu_bytes="4MiB")
     prefetcher = PredictivePrefetcher(memory)
@@ -195,7 +227,7 @@ def test_the_models_time_is_counted_a_millisecond_at_a_time_and_all_of_it_by_flu
     make_memory: MemoryFactory,
 ) -> None:
     memory = make_memory()
-    prefetcher = PredictivePrefetcher(memory)
+    prefetcher = PredictivePrefetcher(memory, patterns=RequestPatterns(popular=0))  # nothing predicted: no worker
 
     def counted() -> float:
         return memory.metrics.total("kvmem_predictive_prefetch_cpu_seconds_total")
