@@ -150,6 +150,9 @@ class PlainTensor(NamedTuple):
     nbytes: int
 
 
+_SEALING = threading.Lock()  # fills a blob's CRC slots (one lock for all blobs: sealing is short)
+
+
 class EncodedBlob:
     """A blob ready to be copied or written once: its head (prefix, header, padding) and its payload pieces.
 
@@ -190,7 +193,6 @@ class EncodedBlob:
         self.plain = plain
         self._crc_at = crc_at  # offsets in head of each segment's 10-digit CRC slot
         self._sealed = sealed
-        self._lock = threading.Lock()
 
     @classmethod
     def from_buffer(cls, buf: torch.Tensor, parsed: tuple[Header, int] | None = None) -> EncodedBlob:
@@ -239,16 +241,20 @@ class EncodedBlob:
         Args:
             crcs: the segments' CRCs as a writer computed them in its own pass over the bytes.
         """
-        with self._lock:
+        if self._sealed:
+            return
+        assert self.header is not None
+        if crcs is None:  # NOTE: outside the lock: blobs are sealed in parallel (two sealers of one compute twice)
+            crcs = [chain_crc(self.segment_rows(i)) for i in range(len(self._crc_at))]
+        with _SEALING:
             if self._sealed:
                 return
-            assert self.header is not None
-            if crcs is None:
-                crcs = [chain_crc(self.segment_rows(i)) for i in range(len(self._crc_at))]
             head = self.head.data
-            for i, (at, crc) in enumerate(zip(self._crc_at, crcs)):
+            for at, crc in zip(self._crc_at, crcs):
                 head[at : at + _CRC_WIDTH] = f"{crc:{_CRC_WIDTH}d}".encode()
-                self.header["segments"][i][1] = crc
+            # NOTE: a tuple of (end, crc) tuples of ints: the garbage collector stops tracking it (see
+            # kvmem.stores.cpu._Entry), where a list of lists was 2 objects more per stored entry
+            self.header["segments"] = tuple([(end, crc) for (end, _zero), crc in zip(self.header["segments"], crcs)])
             head[_CRC_AT : _PREFIX.size] = _header_crc(self.head).to_bytes(4, "little")
             self._sealed = True
 
@@ -397,7 +403,7 @@ class Frame(NamedTuple):
         flags = self.align.bit_length() - 1 if self.blob_format == 2 else 0
         _PREFIX.pack_into(head, 0, MAGIC, self.blob_format, flags, len(hjson), 0, 0)
         head[_PREFIX.size : _PREFIX.size + len(hjson)] = hjson
-        parsed = {**header, "payload_nbytes": self.payload_nbytes, "segments": [[end, 0] for end in self.ends]}
+        parsed = {**header, "payload_nbytes": self.payload_nbytes, "segments": tuple([(end, 0) for end in self.ends])}
         pieces = tuple([Piece(start + at, seg, pad) for at, seg, pad in zip(self.offsets, segments, self.pads)])
         slots = tuple([_PREFIX.size + len(text) + at for at in self.slots])
         head_arr = np.frombuffer(head, np.uint8)
@@ -477,7 +483,8 @@ def _parse_head(arr: np.ndarray) -> tuple[Header, int]:
         raise IntegrityError(f"header CRC32C mismatch: stored {stored:#010x}, computed {actual:#010x}")
     try:
         header = json.loads(arr[_PREFIX.size : _PREFIX.size + hlen].tobytes())
-        table = header["segments"]
+        # as a sealed blob holds it: (end, crc) tuples, which the garbage collector stops tracking
+        table = header["segments"] = tuple([(end, crc) for end, crc in header["segments"]])
         ends = [int(end) for end, _crc in table]
         if (
             ends != sorted(ends)

@@ -68,13 +68,13 @@ def test_seal_fills_the_slots_in_place_and_is_idempotent() -> None:
     header = json.loads(text)
     for at, (_end, crc) in zip(enc.crc_slots(), header["segments"]):
         assert enc.head[at : at + 10].tobytes() == f"{crc:10d}".encode()
-    assert header["segments"] == enc.header["segments"]  # type: ignore[index]
+    assert [tuple(seg) for seg in header["segments"]] == list(enc.header["segments"])  # type: ignore[index]
     enc.seal()
     enc.seal([1, 2, 3])  # sealed already: CRCs given now change nothing
     assert enc.head.tobytes() == sealed_head
     buf = enc.to_tensor()
     parsed, pstart = blobfmt.verify(buf)
-    assert pstart == start and parsed["segments"] == header["segments"]
+    assert pstart == start and parsed["segments"] == enc.header["segments"]  # type: ignore[index]
     # each segment CRC covers its bytes, leading padding included, computed here independently
     payload = buf.numpy()[start:]
     prev = 0

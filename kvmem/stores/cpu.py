@@ -116,7 +116,7 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
         if header is None:  # a whole blob wrapped from bytes (a promotion): its head is parsed once, here
             header, start = blobfmt.parse_head(torch.from_numpy(spans[0][: min(blob.nbytes, blob.start)]))
         else:
-            header = {**header, "segments": [list(seg) for seg in header["segments"]]}
+            header = {**header}  # NOTE: its own: sealing the pooled blob replaces its "segments"
         # NOTE: plain views of the pages: the blob's owner (the allocation) keeps them while anyone holds the blob
         if len(spans) == 1:
             pieces = [Piece(start, spans[0][start : blob.nbytes])] if blob.nbytes > start else []

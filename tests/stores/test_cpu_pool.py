@@ -361,7 +361,8 @@ def test_lru_keys_copies_only_the_oldest_keys_for_a_reader_that_stops_early() ->
 
 def test_an_entry_leaves_few_objects_for_the_garbage_collector(opened: Callable[..., kvmem.Memory]) -> None:
     """Each object a stored entry keeps is scanned by every full collection (~0.5 us each on this VM, with
-    torch's ~200,000 objects around): a stream of stores pays for them (it was 17 per entry, 12 once flushed)."""
+    torch's ~200,000 objects around): a stream of stores pays for them (it was 17 per entry, then 9 once
+    flushed; 6 since the sealed segment table is a tuple of int tuples and blobs share one sealing lock)."""
     mem = opened(cpu_bytes=64 * MiB, disk_bytes=0)
     values = [torch.full((16384,), float(i)) for i in range(300)]
     for i, v in enumerate(values[:100]):
@@ -374,4 +375,4 @@ def test_an_entry_leaves_few_objects_for_the_garbage_collector(opened: Callable[
     mem.flush()
     gc.collect()
     per_entry = (len(gc.get_objects()) - before) / 200
-    assert per_entry <= 10, f"{per_entry:.1f} tracked objects per CPU-tier entry"
+    assert per_entry <= 7, f"{per_entry:.1f} tracked objects per CPU-tier entry"
