@@ -33,6 +33,7 @@ written, so tensor bytes are never concatenated just to be written out.
 
 from __future__ import annotations
 
+import bisect
 import json
 import struct
 import threading
@@ -667,10 +668,12 @@ def covering_range(header: Header, leaves: list[dict[str, Any]]) -> tuple[int, i
         for p in (leaf["parts"].values() if "parts" in leaf else [leaf["data"]])
     ]
     first, last = min(a for a, _ in spans), max(b for _, b in spans)
-    ends = [end for end, _crc in header["segments"]]
-    lo = max((e for e in ends if e <= first), default=0)
-    hi = min(e for e in ends if e >= last)
-    return lo, hi
+    ends = [end for end, _crc in header["segments"]]  # ascending
+    below = bisect.bisect_right(ends, first)
+    above = bisect.bisect_left(ends, last)
+    if above == len(ends):
+        raise IntegrityError(f"blob header: leaf bytes end at {last}, past the last CRC segment ({ends[-1:]})")
+    return (ends[below - 1] if below else 0), ends[above]
 
 
 def verify_range(header: Header, data: torch.Tensor, lo: int, check: bool = True) -> None:

@@ -42,12 +42,11 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from kvmem import blob as blobfmt
-from kvmem.codecs import tensor_codec
-from kvmem.codecs.quant import QuantCodec
 from kvmem.codecs.serialization import check_owner, decode_tensor_range, stored_as_is, tensor_parts_range
 from kvmem.cuda.kvquant import dequantize_kv_into
 from kvmem.errors import CodecError, IntegrityError, KVMemError, TierUnavailable
 from kvmem.kv.layout import install_prefix, kv_layer
+from kvmem.kv.staging import DeviceStaging, quantized_leaf
 from kvmem.ports import ChunkStore
 
 __all__ = ["ChunkSource", "ChunkLoadError", "LayerwiseLoader", "StreamingCache"]
@@ -116,15 +115,6 @@ class _Filled:
 _LayerPrefix = _Pieces | _Filled
 
 
-def _quantized(leaf: dict[str, Any]) -> bool:
-    """Whether a K/V leaf is int8/int4-coded (then the fused op decodes it, straight into the cache).
-
-    Raises:
-        CodecError: the leaf names an unknown codec.
-    """
-    return isinstance(tensor_codec(leaf["codec"]), QuantCodec) and not leaf["meta"].get("raw")
-
-
 def _parts_on(
     device: torch.device, data: torch.Tensor, lo: int, leaves: list[dict[str, Any]]
 ) -> list[dict[str, torch.Tensor]]:
@@ -171,6 +161,7 @@ class _ChunkReader:
             raise self._error(f"gone from tier {source.tier}, or the tier failed", corrupt=False)
         self.blob = reader
         self.header = reader.header
+        self._ranges: dict[int, tuple[int, int]] = {}
         try:
             check_owner(self.header, source.key)
         except IntegrityError as exc:
@@ -181,8 +172,8 @@ class _ChunkReader:
         return ChunkLoadError(self.index, reason, corrupt=corrupt, key=self.source.key, tier=self.source.tier)
 
     @contextlib.contextmanager
-    def _reading(self, layer_idx: int, bad_data: tuple[type[KVMemError], ...] = (IntegrityError,)) -> Iterator[None]:
-        """Turn a failed read of layer ``layer_idx`` into a :class:`ChunkLoadError` naming this chunk.
+    def _reading(self, what: str, bad_data: tuple[type[KVMemError], ...] = (IntegrityError,)) -> Iterator[None]:
+        """Turn a failed read of ``what`` (``"layer 3"``) into a :class:`ChunkLoadError` naming this chunk.
 
         ``bad_data`` errors mean the copy is corrupt; ``TierUnavailable`` means its tier failed
         (already counted and backed off by the store's handling) or is skipped.
@@ -190,9 +181,9 @@ class _ChunkReader:
         try:
             yield
         except bad_data as exc:
-            raise self._error(f"layer {layer_idx}: {exc}", corrupt=True) from None
+            raise self._error(f"{what}: {exc}", corrupt=True) from None
         except TierUnavailable as exc:
-            raise self._error(f"layer {layer_idx}: {exc}", corrupt=False) from None
+            raise self._error(f"{what}: {exc}", corrupt=False) from None
 
     def shapes(self) -> list[tuple[list[int], str]]:
         """``(shape, dtype)`` of each layer's K, in layer order."""
@@ -200,7 +191,14 @@ class _ChunkReader:
 
     def layer_range(self, layer_idx: int) -> tuple[int, int]:
         """Payload bytes ``[lo, hi)`` of the CRC segments holding layer ``layer_idx``'s K and V."""
-        return blobfmt.covering_range(self.header, self.leaves(layer_idx))
+        if layer_idx not in self._ranges:
+            self._ranges[layer_idx] = blobfmt.covering_range(self.header, self.leaves(layer_idx))
+        return self._ranges[layer_idx]
+
+    def payload(self, lo: int, hi: int) -> torch.Tensor:
+        """Payload bytes ``[lo, hi)`` (whole CRC segments), checked."""
+        with self._reading(f"payload bytes [{lo}, {hi})"):
+            return self.blob.read(lo, hi)
 
     def advise(self, layer_idx: int) -> None:
         """Tell the tier that layer ``layer_idx`` will be read next."""
@@ -217,7 +215,7 @@ class _ChunkReader:
 
     def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer_idx``'s K and V, ``[B, H, T, D]``, checked and decoded."""
-        with self._reading(layer_idx):
+        with self._reading(f"layer {layer_idx}"):
             data, lo = self._checked(layer_idx)
             keys, values = self.leaves(layer_idx)
             return decode_tensor_range(data, lo, keys), decode_tensor_range(data, lo, values)
@@ -233,7 +231,7 @@ class _ChunkReader:
         self, parts: list[dict[str, Any]], keys: torch.Tensor, values: torch.Tensor, layer_idx: int
     ) -> None:
         """Read ``parts`` (see :meth:`direct`) straight into ``keys``/``values`` (slices of the cache buffers)."""
-        with self._reading(layer_idx):
+        with self._reading(f"layer {layer_idx}"):
             self.blob.part_into(parts[0], keys)
             self.blob.part_into(parts[1], values)
 
@@ -247,7 +245,7 @@ class _ChunkReader:
         values there (no float chunk is made).
         """
         # a CodecError here is a header that misdescribes its parts
-        with self._reading(layer_idx, bad_data=(IntegrityError, CodecError)):
+        with self._reading(f"layer {layer_idx}", bad_data=(IntegrityError, CodecError)):
             data, lo = self._checked(layer_idx)
             leaves = self.leaves(layer_idx)
             for dst, leaf, parts in zip((keys, values), leaves, _parts_on(keys.device, data, lo, leaves)):
@@ -305,6 +303,8 @@ class LayerwiseLoader:
         self._filled = [False] * len(cache.layers)
         self._parts: list[_LayerPrefix | None] = [None] * len(cache.layers)
         self._firsts: list[int] = []
+        # NOTE: made here, on the thread that runs the model: its current stream is the one that waits
+        self._staging = DeviceStaging(device) if device.type == "cuda" else None
         for i, (layer, (shape, dtype)) in enumerate(zip(cache.layers, first_reader.shapes())):
             first = 0
             if isinstance(layer, DynamicSlidingWindowLayer):
@@ -333,14 +333,16 @@ class LayerwiseLoader:
                 self._store.advise(source.key, source.tier, 0, head_end)
             for i, source in enumerate(self._sources[1:], 1):
                 readers.append(_ChunkReader(self._store, source, i))
+            staged = self._stage(readers)
             for layer_idx, first in enumerate(self._firsts):
-                if layer_idx + 1 < len(self._firsts):
+                if layer_idx + 1 < len(self._firsts) and not staged:
                     for reader in readers:
                         if self._holds(reader, self._firsts[layer_idx + 1]):
                             reader.advise(layer_idx + 1)
                 # a sliding layer keeps only the prefix's last window: chunks before it are not read
                 needed = [reader for reader in readers if self._holds(reader, first)]
-                self._parts[layer_idx] = self._layer(layer_idx, needed, first)
+                layer = self._staged_layer if staged else self._layer
+                self._parts[layer_idx] = layer(layer_idx, needed, first)
                 self._filled[layer_idx] = True
                 self._done[layer_idx].set()
         except ChunkLoadError as exc:
@@ -348,6 +350,8 @@ class LayerwiseLoader:
         except (OSError, KVMemError) as exc:  # not a tier's (those name their chunk): reuse none of it
             self.error = ChunkLoadError(0, f"{type(exc).__name__}: {exc}", corrupt=False)
         finally:
+            if self._staging is not None:
+                self._staging.finish()  # before the readers let their pages go: copies may still read them
             for reader in readers:
                 reader.close()
             for event in self._done:
@@ -375,7 +379,7 @@ class LayerwiseLoader:
         1.14-1.31), while reading a disk chunk straight into it saves the join's copy (cold
         disk, layer-wise, 1024 + 256: 241 ms against 275 ms with views).
         """
-        if all(_quantized(leaf) for reader in readers for leaf in reader.leaves(layer_idx)):
+        if all(quantized_leaf(leaf) for reader in readers for leaf in reader.leaves(layer_idx)):
             return self._fused_layer(layer_idx, readers, first)
         if any(reader.blob.lends_views for reader in readers):
             keys, values = [], []
@@ -396,6 +400,37 @@ class LayerwiseLoader:
             else:
                 for dst, src in zip(slot, reader.layer(layer_idx)):
                     dst.copy_(src[:, :, skip : skip + count])
+        return prefix
+
+    def _stage(self, readers: list[_ChunkReader]) -> bool:
+        """On a GPU, start copying every chunk's payload to the device (see :mod:`kvmem.kv.staging`).
+
+        Only where every chunk lends views of the CPU tier's memory (a copy is made here
+        anyway) in one layout, with no lz4 part (undone on the host); else the chunks are
+        read layer by layer as on the CPU.
+
+        Returns:
+            Whether the chunks are staged (then :meth:`_staged_layer` places each layer).
+        """
+        layout = readers[0].header["leaves"]
+        if (
+            self._staging is None
+            or not all(reader.blob.lends_views and reader.header["leaves"] == layout for reader in readers)
+            or any("raw" in part for leaf in layout for part in leaf.get("parts", {}).values())
+        ):
+            return False
+        lo, hi = readers[0].layer_range(0)[0], readers[0].layer_range(len(self._firsts) - 1)[1]
+        self._staging.stage([reader.payload(lo, hi) for reader in readers], lo)
+        return True
+
+    def _staged_layer(self, layer_idx: int, readers: list[_ChunkReader], first: int) -> _Filled:
+        """Layer ``layer_idx``'s prefix placed on the device from the staged payloads, in buffers with room."""
+        assert self._staging is not None
+        with torch.cuda.stream(self._staging.consumer):  # NOTE: the model's stream frees them: allocated on it
+            prefix = self._buffers(layer_idx, readers, first)
+        spans = [self._span(reader, first) for reader in readers]
+        chunks = [reader.index for reader in readers]
+        self._staging.place(layer_idx, chunks, spans, readers[0].leaves(layer_idx), [prefix.keys, prefix.values])
         return prefix
 
     def _buffers(self, layer_idx: int, readers: list[_ChunkReader], first: int) -> _Filled:
@@ -442,6 +477,8 @@ class LayerwiseLoader:
             ChunkLoadError: the load failed; no unchecked byte reached the layer.
         """
         self.wait(layer_idx)
+        if self._staging is not None:
+            self._staging.ready(layer_idx)
         parts, self._parts[layer_idx] = self._parts[layer_idx], None
         return parts
 

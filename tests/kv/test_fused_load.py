@@ -198,7 +198,7 @@ def test_prefill_and_generate_are_bit_identical_to_the_decode_path(
     fused = _prefill_and_generate(prefix_cache(model, memory, compression=compression))
     assert (calls.fused, calls.decoded) == (2 * chunk_layers * 2, 0)
 
-    monkeypatch.setattr(kvstream, "_quantized", lambda leaf: False)  # the decode path, as before the fused one
+    monkeypatch.setattr(kvstream, "quantized_leaf", lambda leaf: False)  # the decode path, as before the fused one
     calls.fused = calls.decoded = 0
     decoded = _prefill_and_generate(prefix_cache(model, memory, compression=compression))
     assert (calls.fused, calls.decoded) == (0, 2 * chunk_layers * 2)
