@@ -76,6 +76,10 @@ class DeviceStaging:
         self._held = payloads  # the host bytes stay alive (and their pages held) until the copies are done
         self._lo = lo
 
+    def queueing(self) -> torch.cuda.StreamContext:
+        """The side stream as the current one: :meth:`place` queues its work there."""
+        return torch.cuda.stream(self._stream)
+
     def place(
         self,
         layer_idx: int,
@@ -86,20 +90,20 @@ class DeviceStaging:
     ) -> None:
         """Queue layer ``layer_idx``'s K and V of staged ``chunks`` into ``dst`` (``[B, H, S, D]``) at ``spans``.
 
-        Every chunk has the same ``leaves`` (the caller checked): int8/int4 leaves are
-        dequantized chunk by chunk; bytes stored as they are go in one copy per run of
-        whole chunks; anything else is decoded on the device chunk by chunk.
+        Called inside :meth:`queueing`. Every chunk has the same ``leaves`` (the caller
+        checked): int8/int4 leaves are dequantized chunk by chunk; bytes stored as they
+        are go in one copy per run of whole chunks; anything else is decoded on the
+        device chunk by chunk.
         """
-        with torch.cuda.stream(self._stream):
-            for buffer, leaf in zip(dst, leaves):
-                if quantized_leaf(leaf):
-                    for chunk, (start, skip, count) in zip(chunks, spans):
-                        parts = tensor_parts_range(self._rows[chunk], self._lo, leaf)
-                        dequantize_kv_into(buffer, start, parts, leaf["meta"], skip=skip, count=count)
-                else:
-                    self._copy_leaf(buffer, chunks, spans, leaf)
-            event = torch.cuda.Event()
-            event.record(self._stream)
+        for buffer, leaf in zip(dst, leaves):
+            if quantized_leaf(leaf):
+                for chunk, (start, skip, count) in zip(chunks, spans):
+                    parts = tensor_parts_range(self._rows[chunk], self._lo, leaf)
+                    dequantize_kv_into(buffer, start, parts, leaf["meta"], skip=skip, count=count)
+            else:
+                self._copy_leaf(buffer, chunks, spans, leaf)
+        event = torch.cuda.Event()
+        event.record(self._stream)
         self._events[layer_idx] = event
 
     def _copy_leaf(self, dst: torch.Tensor, chunks: list[int], spans: list[Span], leaf: dict[str, Any]) -> None:

@@ -305,17 +305,18 @@ class LayerwiseLoader:
         self._firsts: list[int] = []
         # NOTE: made here, on the thread that runs the model: its current stream is the one that waits
         self._staging = DeviceStaging(device) if device.type == "cuda" else None
+        zeros: dict[str, torch.Tensor] = {}
         for i, (layer, (shape, dtype)) in enumerate(zip(cache.layers, first_reader.shapes())):
             first = 0
             if isinstance(layer, DynamicSlidingWindowLayer):
                 first = max(0, tokens - (layer.sliding_window - 1))
             b, h, _t, d = shape
-            # placeholders: one element each, expanded to the prefix's shape; never read.
-            k, v = (
-                torch.zeros((), dtype=getattr(torch, dtype), device=device).expand(b, h, tokens - first, d)
-                for _ in range(2)
-            )
-            install_prefix(cache, i, k, v, first=first)
+            # placeholders: one element per dtype (one fill, not one per layer on a GPU), expanded to the
+            # prefix's shape; never read
+            if dtype not in zeros:
+                zeros[dtype] = torch.zeros((), dtype=getattr(torch, dtype), device=device)
+            placeholder = zeros[dtype].expand(b, h, tokens - first, d)
+            install_prefix(cache, i, placeholder, placeholder, first=first)
             self._firsts.append(first)
         self._thread = threading.Thread(
             target=self._run, args=(first_reader,), name="kvmem-layerwise-load", daemon=True
@@ -333,18 +334,16 @@ class LayerwiseLoader:
                 self._store.advise(source.key, source.tier, 0, head_end)
             for i, source in enumerate(self._sources[1:], 1):
                 readers.append(_ChunkReader(self._store, source, i))
-            staged = self._stage(readers)
+            if self._stage(readers):
+                self._place_staged(readers)
             for layer_idx, first in enumerate(self._firsts):
-                if layer_idx + 1 < len(self._firsts) and not staged:
+                if self._filled[layer_idx]:
+                    continue  # placed from the staged payloads
+                if layer_idx + 1 < len(self._firsts):
                     for reader in readers:
                         if self._holds(reader, self._firsts[layer_idx + 1]):
                             reader.advise(layer_idx + 1)
-                # a sliding layer keeps only the prefix's last window: chunks before it are not read
-                needed = [reader for reader in readers if self._holds(reader, first)]
-                layer = self._staged_layer if staged else self._layer
-                self._parts[layer_idx] = layer(layer_idx, needed, first)
-                self._filled[layer_idx] = True
-                self._done[layer_idx].set()
+                self._publish(layer_idx, self._layer(layer_idx, self._needed(readers, first), first))
         except ChunkLoadError as exc:
             self.error = exc
         except (OSError, KVMemError) as exc:  # not a tier's (those name their chunk): reuse none of it
@@ -410,7 +409,7 @@ class LayerwiseLoader:
         read layer by layer as on the CPU.
 
         Returns:
-            Whether the chunks are staged (then :meth:`_staged_layer` places each layer).
+            Whether the chunks are staged (then :meth:`_place_staged` places every layer).
         """
         layout = readers[0].header["leaves"]
         if (
@@ -423,15 +422,33 @@ class LayerwiseLoader:
         self._staging.stage([reader.payload(lo, hi) for reader in readers], lo)
         return True
 
-    def _staged_layer(self, layer_idx: int, readers: list[_ChunkReader], first: int) -> _Filled:
-        """Layer ``layer_idx``'s prefix placed on the device from the staged payloads, in buffers with room."""
+    def _place_staged(self, readers: list[_ChunkReader]) -> None:
+        """Every layer's prefix placed on the device from the staged payloads, in buffers with room.
+
+        The buffers are allocated on the model's stream (which frees them), every copy is queued
+        on the side stream in one pass, and each layer is published as soon as its copies are queued.
+        """
         assert self._staging is not None
-        with torch.cuda.stream(self._staging.consumer):  # NOTE: the model's stream frees them: allocated on it
-            prefix = self._buffers(layer_idx, readers, first)
-        spans = [self._span(reader, first) for reader in readers]
-        chunks = [reader.index for reader in readers]
-        self._staging.place(layer_idx, chunks, spans, readers[0].leaves(layer_idx), [prefix.keys, prefix.values])
-        return prefix
+        layers = [(i, self._needed(readers, first), first) for i, first in enumerate(self._firsts)]
+        with torch.cuda.stream(self._staging.consumer):
+            prefixes = [self._buffers(i, needed, first) for i, needed, first in layers]
+        with self._staging.queueing():
+            for (layer_idx, needed, first), prefix in zip(layers, prefixes):
+                spans = [self._span(reader, first) for reader in needed]
+                chunks = [reader.index for reader in needed]
+                leaves = needed[0].leaves(layer_idx)
+                self._staging.place(layer_idx, chunks, spans, leaves, [prefix.keys, prefix.values])
+                self._publish(layer_idx, prefix)
+
+    def _needed(self, readers: list[_ChunkReader], first: int) -> list[_ChunkReader]:
+        """The chunks a layer whose prefix starts at token ``first`` reads (a sliding layer: its window's)."""
+        return [reader for reader in readers if self._holds(reader, first)]
+
+    def _publish(self, layer_idx: int, prefix: _LayerPrefix) -> None:
+        """Hand layer ``layer_idx``'s prefix to the forward pass waiting for it."""
+        self._parts[layer_idx] = prefix
+        self._filled[layer_idx] = True
+        self._done[layer_idx].set()
 
     def _buffers(self, layer_idx: int, readers: list[_ChunkReader], first: int) -> _Filled:
         """Empty ``[B, H, S + room, D]`` K and V buffers for layer ``layer_idx``'s prefix (room: full-attention
