@@ -37,7 +37,7 @@ from kvmem.metrics import Exporter, Metrics
 from kvmem.ops.maintenance import GcReport, VerifyReport, collect_garbage, register_orphans, verify_entries
 from kvmem.ports import ChunkStore, Database
 from kvmem.stores import CpuTier, DiskTier, Stored, TieredStore, build_tiers
-from kvmem.stores.files import io_pool
+from kvmem.threads import copy_pool, io_pool
 
 if TYPE_CHECKING:  # kvmem.semantic loads only when a text is stored or looked up
     from kvmem.ops.migrate import MigrationReport
@@ -508,9 +508,9 @@ class Memory:
         out: Sequence[torch.Tensor] | None = None,
         device: torch.device | str | None = None,
     ) -> list[Any]:
-        """:meth:`load` for several keys: those in memory copied on this thread, the others read from their
-        files on this thread too when they are small (under 1 MiB), else several at a time (kvmem's I/O
-        threads).
+        """:meth:`load` for several keys: one after another on this thread when they are small (under 1 MiB),
+        else several at a time: those in memory on kvmem's copy threads, the others read from their files on
+        its I/O threads.
 
         Args:
             keys: the keys given to :meth:`store`.
@@ -540,13 +540,13 @@ class Memory:
         near = [i for i, k in enumerate(skeys) if top is not None and not top.persistent and top.contains(k)]
         far = [i for i in range(len(skeys)) if i not in set(near)]
         values: list[Any] = [None] * len(skeys)
-        for i in near:
-            values[i] = one(i)
-        if far:  # NOTE: the first on this thread: its size says whether the others are worth threads
-            values[far[0]] = one(far[0])
-            rest = far[1:]
-            pool = len(rest) > 1 and not _small(values[far[0]])
-            for i, value in zip(rest, io_pool().map(one, rest) if pool else map(one, rest)):
+        for group, pool in ((near, copy_pool), (far, io_pool)):
+            if not group:
+                continue
+            values[group[0]] = one(group[0])  # NOTE: on this thread: its size says whether the others are worth threads
+            rest = group[1:]
+            threaded = len(rest) > 1 and not _small(values[group[0]])
+            for i, value in zip(rest, pool().map(one, rest) if threaded else map(one, rest)):
                 values[i] = value
         self.metrics.load_seconds.observe(time.perf_counter() - start)
         return values

@@ -17,7 +17,7 @@ import torch
 
 import kvmem
 from kvmem.errors import IntegrityError, KVMemError, OutputMismatch
-from kvmem.stores import DiskTier
+from kvmem.stores import CpuTier, DiskTier
 from tests.bounds import assert_bit_exact, error_bound
 from tests.conftest import MemoryFactory
 
@@ -252,6 +252,32 @@ def test_load_many_reads_small_values_on_the_callers_thread(
     here = threading.current_thread().name
     assert len(readers) == 4 and readers[0] == here
     assert all(r.startswith("kvmem-io") for r in readers[1:]) if threaded else set(readers) == {here}
+
+
+@pytest.mark.parametrize(("elements", "threaded"), [(16 << 10, False), (1 << 20, True)])
+def test_load_many_copies_large_values_out_of_ram_on_the_copy_threads(
+    make_memory: MemoryFactory, monkeypatch: pytest.MonkeyPatch, elements: int, threaded: bool
+) -> None:
+    """From the CPU tier as from files: values under 1 MiB one after another on the caller's thread, larger
+    ones (here into the slices of one destination) several at a time, on kvmem's copy threads."""
+    mem = make_memory(stack="cpu+disk")
+    values = {f"c{i}": value_of(torch.bfloat16, 1, seed=i).new_full((2, elements // 2), float(i)) for i in range(4)}
+    mem.store_many(values)
+    copiers: list[str] = []
+    copy_plain = CpuTier.copy_plain
+
+    def spied(tier: CpuTier, key: str, out: torch.Tensor | None) -> object:
+        copiers.append(threading.current_thread().name)
+        return copy_plain(tier, key, out)
+
+    monkeypatch.setattr(CpuTier, "copy_plain", spied)
+    dst = torch.zeros(2, 4 * elements // 2, dtype=torch.bfloat16)
+    outs = [dst[:, i * elements // 2 : (i + 1) * elements // 2] for i in range(4)]
+    got = mem.load_many(list(values), out=outs)
+    assert all(g is o and torch.equal(o, values[k]) for k, g, o in zip(values, got, outs))
+    here = threading.current_thread().name
+    assert len(copiers) == 4 and copiers[0] == here
+    assert all(c.startswith("kvmem-copy") for c in copiers[1:]) if threaded else set(copiers) == {here}
 
 
 def test_load_many_refuses_an_out_of_the_wrong_length(make_memory: MemoryFactory) -> None:

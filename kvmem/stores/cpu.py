@@ -15,6 +15,7 @@ the bytes; see the README's integrity note for its cost).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -26,9 +27,10 @@ from kvmem.codecs.serialization import plain_tensor
 from kvmem.errors import CapacityError, IntegrityError
 from kvmem.pool import Allocation, HostPool
 from kvmem.rows import TORCH_COPY_FROM, byte_rows, copy_rows, flat_address, memmove, nbytes_of, writable_rows
-from kvmem.stores.base import LendsBlobs, OpensBlobs, SharesBuffers, VerifiedReads
+from kvmem.stores.base import BatchWrites, LendsBlobs, OpensBlobs, SharesBuffers, VerifiedReads
 from kvmem.stores.memory import LruTier
 from kvmem.stores.readers import BlobReader, check_size, copy_part
+from kvmem.threads import copy_pool
 
 __all__ = ["CpuTier"]
 
@@ -57,7 +59,7 @@ class _Entry(NamedTuple):
         return self.alloc.nbytes
 
 
-class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBlobs):
+class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBlobs, BatchWrites):
     """Host-memory tier on a :class:`~kvmem.pool.HostPool` (pinned when CUDA is present).
 
     Its loads lend views of its pages (:class:`~kvmem.stores.base.SharesBuffers`); the tiers
@@ -88,12 +90,32 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
 
     # -- writes ----------------------------------------------------------------
     def put(self, key: str, blob: EncodedBlob) -> None:
-        entry = self._copy_in(blob, key)
+        self._insert([(key, self._copy_in(blob, key))])
+
+    def put_many(self, items: Sequence[tuple[str, EncodedBlob]]) -> None:
+        """``put`` for every item; values of 1 MiB and more are copied in several at a time.
+
+        NOTE: measured on 2 vCPUs, sixteen 32 MiB slices of a KV tensor (each a strided view):
+        one after another 49-50 ms, two at a time 41 ms, a plain memcpy of the same bytes
+        41-42 ms. A copy from a strided source does not reach memory speed on one thread.
+
+        Raises:
+            CapacityError: the pool has too few free pages for one of them; then none is put.
+        """
+        big = sum(blob.nbytes >= TORCH_COPY_FROM for _key, blob in items)
+        if big > 1:
+            entries = list(copy_pool().map(lambda item: self._copy_in(item[1], item[0]), items))
+        else:
+            entries = [self._copy_in(blob, key) for key, blob in items]
+        self._insert([(key, entry) for (key, _blob), entry in zip(items, entries)])
+
+    def _insert(self, entries: list[tuple[str, _Entry]]) -> None:
         with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._forget(old)
-            self._entries[key] = entry
+            for key, entry in entries:
+                old = self._entries.pop(key, None)
+                if old is not None:
+                    self._forget(old)
+                self._entries[key] = entry
 
     def _copy_in(self, blob: EncodedBlob, key: str) -> _Entry:
         """``blob``'s bytes copied once into newly allocated pages, as ``key``'s entry.

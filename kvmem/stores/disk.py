@@ -51,6 +51,7 @@ from kvmem.stores.base import (
     lru_keys,
 )
 from kvmem.stores.readers import BlobReader, FileReader
+from kvmem.threads import io_pool
 
 __all__ = ["DiskTier"]
 
@@ -267,7 +268,7 @@ class DiskTier(TierBase, VerifiedReads, OpensBlobs, AdvisesReads, Quarantine, Du
         if len(jobs) == 1:
             tmps = [self._write_tmp(jobs[0][1], jobs[0][0], jobs[0][2])]
         else:
-            futures = [files.io_pool().submit(self._write_tmp, path, key, blob) for key, path, blob in jobs]
+            futures = [io_pool().submit(self._write_tmp, path, key, blob) for key, path, blob in jobs]
             if any(f.exception() is not None for f in futures):  # NOTE: waits for all: a failed batch leaves no tmp
                 for tmp in (f.result() for f in futures if f.exception() is None):
                     tmp.unlink(missing_ok=True)

@@ -6,9 +6,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import crc32c
@@ -22,7 +20,6 @@ __all__ = [
     "IOV_MAX",
     "advance",
     "fsync_dir",
-    "io_pool",
     "open_or_none",
     "pid_alive",
     "preadv_all",
@@ -42,27 +39,6 @@ _READ_STEP = 1 << 20  # verified reads go in 1 MiB steps, each checked while it 
 
 
 _tmp_ids = itertools.count()  # per process: a temporary file is named <key>.<pid>.<n>.tmp
-_IO_THREADS = 4  # enough queue depth for a virtual disk's cold reads; file copies release the GIL
-_io_pool: ThreadPoolExecutor | None = None
-_io_lock = threading.Lock()
-
-
-def io_pool() -> ThreadPoolExecutor:
-    """The process's threads for parallel file I/O (several chunk files at once), made on first use."""
-    global _io_pool
-    with _io_lock:
-        if _io_pool is None:
-            _io_pool = ThreadPoolExecutor(max_workers=_IO_THREADS, thread_name_prefix="kvmem-io")
-        return _io_pool
-
-
-def _forget_pool() -> None:
-    global _io_pool
-    _io_pool = None  # NOTE: a forked child has none of the parent's threads: it makes its own pool
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def pid_alive(pid: int) -> bool:

@@ -542,12 +542,17 @@ class TieredStore:
         """Put ``batch`` into ``tier``: per entry, whether it was written (or the refusal)."""
         batch_writes = self._caps[tier.name].batch_writes
         if len(batch) > 1 and batch_writes is not None:
-            self._make_room(tier, sum(blob.nbytes for _key, blob in batch))
-            try:
-                done = self._ran(tier, batch_writes.put_many, batch)
-            except CapacityError:  # one of them is too large for this tier: one at a time, below
-                pass
-            else:
+            if tier is self.guess_tier:
+                for key, _blob in batch:
+                    self.guesses.wasted(key)  # as in _put_one
+            # NOTE: a memory tier is filled under the room lock, as in _put_one
+            with self._room_lock if self._caps[tier.name].shares_buffers else contextlib.nullcontext():
+                self._make_room(tier, sum(blob.nbytes for _key, blob in batch))
+                try:
+                    done = self._ran(tier, batch_writes.put_many, batch)
+                except CapacityError:  # one of them is too large for this tier: one at a time, below
+                    done = None
+            if done is not None:
                 if done:
                     self._offload(tier)
                 return [done] * len(batch)

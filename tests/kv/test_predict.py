@@ -193,6 +193,19 @@ def test_overwriting_or_deleting_a_guess_counts_it_wasted(make_memory: MemoryFac
     prefetcher.close()
 
 
+def test_overwriting_guesses_in_one_store_many_counts_them_wasted(make_memory: MemoryFactory) -> None:
+    """A batch put into the CPU tier (its ``put_many``) counts overwritten guesses as a single put does."""
+    memory = on_disk_only(make_memory, ["a", "b"], cpu_bytes="4MiB")
+    prefetcher = PredictivePrefetcher(memory)
+    train(prefetcher, "a", "b")
+    after(prefetcher, "a")
+    assert count(memory, "warmed") == 2
+    memory.store_many({key: chunk(99) for key in doc("b")}, namespace=NS, compression="none")
+    assert count(memory, "wasted") == 2 and count(memory, "used") == 0
+    assert memory.load(doc("b")[1], namespace=NS).eq(99).all()
+    prefetcher.close()
+
+
 def test_the_budget_bounds_what_one_request_warms(make_memory: MemoryFactory) -> None:
     memory = on_disk_only(make_memory, ["a", "b"], cpu_bytes="4MiB")
     prefetcher = PredictivePrefetcher(memory, budget=1)

@@ -108,6 +108,45 @@ def test_put_larger_than_the_pool_is_a_capacity_error_and_changes_nothing() -> N
     assert tier.get(key(0)) is not None
 
 
+@pytest.mark.parametrize(("tokens", "threaded"), [(4, False), (256, True)])
+def test_put_many_copies_large_values_on_the_copy_threads(
+    monkeypatch: pytest.MonkeyPatch, tokens: int, threaded: bool
+) -> None:
+    """Values of 1 MiB and more (here strided slices of one KV tensor) are copied in several at a time on
+    kvmem's copy threads; smaller ones one after another on the caller's thread. The bytes are the same."""
+    kv = torch.randn(2, 4, 4 * tokens, 128)  # four chunks of 4 KiB per token: 16 KiB or 1 MiB each
+    chunks = [kv[:, :, i * tokens : (i + 1) * tokens] for i in range(4)]
+    assert not chunks[1].is_contiguous()
+    tier = CpuTier(64 * MiB)
+    copiers: list[str] = []
+    copy_in = CpuTier._copy_in
+
+    def spied(self: CpuTier, blob: blobfmt.EncodedBlob, k: str) -> object:
+        copiers.append(threading.current_thread().name)
+        return copy_in(self, blob, k)
+
+    monkeypatch.setattr(CpuTier, "_copy_in", spied)
+    blobs = [blobfmt.encode({"kind": "tensor"}, [c]) for c in chunks]
+    tier.put_many([(key(i), b) for i, b in enumerate(blobs)])
+    here = threading.current_thread().name
+    assert len(copiers) == 4
+    assert all(name.startswith("kvmem-copy") for name in copiers) if threaded else set(copiers) == {here}
+    for i, b in enumerate(blobs):
+        got = tier.get(key(i))
+        assert got is not None and got.numpy().tobytes() == blob_bytes(b)
+
+
+def test_put_many_that_does_not_fit_puts_none_of_it() -> None:
+    tier = CpuTier(8 * MiB)
+    tier.put(key(0), blob_of(b"kept" * 100))
+    used = tier.usage()
+    batch = [(key(i), blob_of(bytes([i]) * (3 * MiB))) for i in range(1, 5)]  # 12 MiB: over the pool
+    with pytest.raises(CapacityError, match="do not fit in the pool"):
+        tier.put_many(batch)
+    gc.collect()
+    assert list(tier.keys()) == [key(0)] and tier.usage() == used and tier.pool.used_bytes == used
+
+
 def test_views_holding_the_pool_make_puts_refuse_until_they_go() -> None:
     tier = CpuTier(MiB)
     big = blob_of(b"B" * (400 * 1024))
