@@ -19,7 +19,11 @@ How a layer's prefix gets into the cache depends on its chunks' codec:
   (lossless: one ``preadv`` per step, CRC-checked in the same pass) or decoded there;
 - chunks the CPU tier holds arrive as checked views of its pages, concatenated with
   the new tokens' K/V: the prefix is copied once, as the forward pass over a cache
-  already in memory copies it (see :meth:`LayerwiseLoader._layer` for why not earlier).
+  already in memory copies it (see :meth:`LayerwiseLoader._layer` for why not earlier);
+- on a GPU, chunks the CPU tier holds are staged instead: each chunk's payload goes to
+  the device in one asynchronous copy on a side stream and each layer is placed into
+  buffers with room by copy kernels there, the model's stream waiting for the layer's
+  event only (:mod:`kvmem.kv.staging`).
 
 A chunk that cannot be read or fails a check stops the load: the waiting layer
 raises :class:`ChunkLoadError` naming the chunk, and the caller retries with the
