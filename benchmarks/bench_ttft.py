@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import os
 import platform
@@ -593,12 +594,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                 del model
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    plot(results, args.plot, torch.get_num_threads())
+    # NOTE: after a run of minutes the tables above are the result: no traceback for a missing plotting library
+    if importlib.util.find_spec("matplotlib") is None:
+        plotted = "no plot: matplotlib is not installed (pip install -e '.[bench]')"
+    else:
+        plot(results, args.plot, torch.get_num_threads())
+        plotted = f"plot written to {args.plot}"
     elapsed = time.perf_counter() - started
-    print(
-        f"\nplot written to {args.plot}; {elapsed:.0f} s in all; load average {load_start} at start, "
-        f"{load_average()} at end"
-    )
+    print(f"\n{plotted}; {elapsed:.0f} s in all; load average {load_start} at start, {load_average()} at end")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(
