@@ -541,13 +541,15 @@ class TieredStore:
     def _put_into(self, tier: StorageTier, batch: list[tuple[str, EncodedBlob]]) -> list[bool | CapacityError]:
         """Put ``batch`` into ``tier``: per entry, whether it was written (or the refusal)."""
         batch_writes = self._caps[tier.name].batch_writes
-        if len(batch) > 1 and batch_writes is not None:
+        total = sum(blob.nbytes for _key, blob in batch)
+        # NOTE: a batch larger than the tier goes one at a time: room made for all of it would empty the tier
+        if len(batch) > 1 and batch_writes is not None and total <= tier.capacity:
             if tier is self.guess_tier:
                 for key, _blob in batch:
                     self.guesses.wasted(key)  # as in _put_one
             # NOTE: a memory tier is filled under the room lock, as in _put_one
             with self._room_lock if self._caps[tier.name].shares_buffers else contextlib.nullcontext():
-                self._make_room(tier, sum(blob.nbytes for _key, blob in batch))
+                self._make_room(tier, total)
                 try:
                     done = self._ran(tier, batch_writes.put_many, batch)
                 except CapacityError:  # one of them is too large for this tier: one at a time, below

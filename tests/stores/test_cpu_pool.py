@@ -231,6 +231,23 @@ def test_value_larger_than_the_cpu_tier_goes_to_disk(opened: Callable[..., kvmem
     assert info is not None and info.tiers == ["disk"] and info.version == 1
 
 
+def test_a_store_many_larger_than_the_cpu_tier_keeps_its_newest_values_there(
+    opened: Callable[..., kvmem.Memory],
+) -> None:
+    """A batch over the CPU tier's capacity goes in one value at a time: the tier keeps the batch's newest
+    values (and an older entry only if room is left), every value is on disk, none is lost."""
+    mem = opened(cpu_bytes=4 * MiB, disk_bytes=64 * MiB)
+    mem.store("older", torch.zeros(1024))
+    values = {f"v{i}": torch.full((256 * 1024,), float(i)) for i in range(8)}  # 1 MiB each, 8 MiB in all
+    skeys = mem.store_many(values)
+    cpu = cpu_tier(mem)
+    held = [k for k, s in zip(values, skeys) if cpu.contains(s)]
+    assert held and held == list(values)[-len(held) :] and cpu.usage() <= 4 * MiB
+    for k, v in values.items():
+        assert_bit_exact(v, mem.load(k))
+    assert_bit_exact(torch.zeros(1024), mem.load("older"))
+
+
 def test_value_larger_than_a_lone_cpu_tier_is_refused(opened: Callable[..., kvmem.Memory]) -> None:
     mem = opened(cpu_bytes=256 * 1024, disk_bytes=0)
     mem.store("small", torch.ones(16))
