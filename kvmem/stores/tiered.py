@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, NamedTuple, TypeVar, TypeVarTuple
 
 import torch
@@ -544,11 +544,7 @@ class TieredStore:
         total = sum(blob.nbytes for _key, blob in batch)
         # NOTE: a batch larger than the tier goes one at a time: room made for all of it would empty the tier
         if len(batch) > 1 and batch_writes is not None and total <= tier.capacity:
-            if tier is self.guess_tier:
-                for key, _blob in batch:
-                    self.guesses.wasted(key)  # as in _put_one
-            # NOTE: a memory tier is filled under the room lock, as in _put_one
-            with self._room_lock if self._caps[tier.name].shares_buffers else contextlib.nullcontext():
+            with self._filling(tier, [key for key, _blob in batch]):
                 self._make_room(tier, total)
                 try:
                     done = self._ran(tier, batch_writes.put_many, batch)
@@ -560,12 +556,19 @@ class TieredStore:
                 return [done] * len(batch)
         return [self._put_one(tier, key, blob) for key, blob in batch]
 
-    def _put_one(self, tier: StorageTier, key: str, blob: EncodedBlob) -> bool | CapacityError:
-        # NOTE: a memory tier is filled under the room lock: room made for a put is not taken by another
-        # thread's put before it lands (the copy is memory-bound: serialized copies lose nothing)
+    @contextlib.contextmanager
+    def _filling(self, tier: StorageTier, keys: list[str]) -> Iterator[None]:
+        """Around a put of ``keys`` into ``tier``: guesses among them count as wasted (overwritten, or
+        promoted again after they left: either way unused), and a memory tier is filled under the room lock,
+        so that room made for a put is not taken by another thread's put before it lands."""
         if tier is self.guess_tier:
-            self.guesses.wasted(key)  # overwritten, or promoted again after it left: either way unused
+            for key in keys:
+                self.guesses.wasted(key)
         with self._room_lock if self._caps[tier.name].shares_buffers else contextlib.nullcontext():
+            yield
+
+    def _put_one(self, tier: StorageTier, key: str, blob: EncodedBlob) -> bool | CapacityError:
+        with self._filling(tier, [key]):
             for attempt in range(2):
                 self._make_room(tier, blob.nbytes)
                 try:

@@ -181,12 +181,18 @@ def test_a_guess_never_takes_the_room_of_the_guesses_it_is_told_to_keep(make_mem
     memory.close()
 
 
-def test_overwriting_or_deleting_a_guess_counts_it_wasted(make_memory: MemoryFactory) -> None:
+def guessed_b(make_memory: MemoryFactory) -> tuple[kvmem.Memory, PredictivePrefetcher]:
+    """A Memory whose CPU tier holds ``b``'s 2 chunks on a guess (the prefetcher learnt that ``b`` follows ``a``)."""
     memory = on_disk_only(make_memory, ["a", "b"], cpu_bytes="4MiB")
     prefetcher = PredictivePrefetcher(memory)
     train(prefetcher, "a", "b")
     after(prefetcher, "a")
     assert count(memory, "warmed") == 2
+    return memory, prefetcher
+
+
+def test_overwriting_or_deleting_a_guess_counts_it_wasted(make_memory: MemoryFactory) -> None:
+    memory, prefetcher = guessed_b(make_memory)
     memory.store(doc("b")[0], chunk(99), namespace=NS, compression="none")
     memory.delete(doc("b")[1], namespace=NS)
     assert count(memory, "wasted") == 2 and count(memory, "used") == 0
@@ -195,11 +201,7 @@ def test_overwriting_or_deleting_a_guess_counts_it_wasted(make_memory: MemoryFac
 
 def test_overwriting_guesses_in_one_store_many_counts_them_wasted(make_memory: MemoryFactory) -> None:
     """A batch put into the CPU tier (its ``put_many``) counts overwritten guesses as a single put does."""
-    memory = on_disk_only(make_memory, ["a", "b"], cpu_bytes="4MiB")
-    prefetcher = PredictivePrefetcher(memory)
-    train(prefetcher, "a", "b")
-    after(prefetcher, "a")
-    assert count(memory, "warmed") == 2
+    memory, prefetcher = guessed_b(make_memory)
     memory.store_many({key: chunk(99) for key in doc("b")}, namespace=NS, compression="none")
     assert count(memory, "wasted") == 2 and count(memory, "used") == 0
     assert memory.load(doc("b")[1], namespace=NS).eq(99).all()
