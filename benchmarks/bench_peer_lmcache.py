@@ -30,8 +30,10 @@ load, disk, warm         disk-only memory, ``load_many(out=)``      LMCache disk
                                                                     on 4 threads; memcpy
 load, disk, cold         the same after ``POSIX_FADV_DONTNEED``     the same, cold
 durable store            disk-only, ``fsync="always"``              raw write + fsync of the same
-                         ``store_many``                             16 files + one directory fsync,
-                                                                    on 1 and on 4 threads
+                         ``store_many``; each contender starts      16 files + one directory fsync,
+                         with its previous files removed and        on 1 and on 4 threads
+                         synced, in an order rotating per
+                         repetition
 small items (64 KiB)     ``store`` (then with the catalog's        ``np.copyto`` of 64 KiB
                          flush of its rows), ``load``,
                          ``load(out=)`` on the CPU tier, us/call
