@@ -269,11 +269,12 @@ def _encode_plain(
 def _json(obj: dict[str, Any]) -> str:
     """``obj`` as the header's encoder writes it; a dict of strings (``info``) without the encoder's set-up
     (~3 us a call here, for three strings)."""
-    if not obj:
-        return "{}"
-    if all(type(k) is str and type(v) is str for k, v in obj.items()):
-        return "{" + ",".join(f"{_quote(k)}:{_quote(v)}" for k, v in obj.items()) + "}"
-    return blob._ENCODER.encode(obj)
+    parts = []
+    for k, v in obj.items():  # NOTE: a loop, not generator expressions: this runs on every store
+        if type(k) is not str or type(v) is not str:
+            return blob._ENCODER.encode(obj)
+        parts.append(f"{_quote(k)}:{_quote(v)}")
+    return "{" + ",".join(parts) + "}"
 
 
 def _plain_of(t: torch.Tensor, spec: CodecSpec, blob_format: int) -> _Plain | None:

@@ -153,7 +153,12 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
         if self.checks_crc:
             pooled.seal()  # NOTE: verified loads need CRCs taken as the bytes came in, not when first needed
         plain = _plain(blob, header, key)
-        payload = alloc.address(start, start + plain.offset + plain.nbytes) if plain is not None else None
+        if plain is None:
+            payload = None
+        elif base is not None:  # the whole blob lies in one run of pages
+            payload = base + start
+        else:
+            payload = alloc.address(start, start + plain.offset + plain.nbytes)
         ends = tuple([int(end) for end, _crc in header["segments"]])
         return _Entry(alloc, pooled, ends, plain if payload is not None else None, payload or 0)
 

@@ -78,7 +78,7 @@ class _Health:
         self.down_until = 0.0
 
     def usable(self) -> bool:
-        return time.monotonic() >= self.down_until
+        return not self.down_until or time.monotonic() >= self.down_until  # NOTE: no clock read until a failure
 
 
 _GUESS_HEADROOM = 16  # 1/16 of the guess tier's capacity is kept free of guesses (see _free_for_guesses)
@@ -124,7 +124,9 @@ class TieredStore:
         self.guesses = Guesses(metrics)
         """The entries :attr:`guess_tier` holds on a guess."""
         self._health = {t.name: _Health() for t in self.tiers}
+        self._persistent_below = [[t for t in self.tiers[i + 1 :] if t.persistent] for i in range(len(self.tiers))]
         self._caps = {t.name: Capabilities.of(t) for t in self.tiers}
+        self._format_pins = [c.pins_format for c in self._caps.values() if c.pins_format is not None]
         self._room_lock = threading.RLock()
         # NOTE: write-back entries by key; a newer put replaces an older pending one,
         # and a delete drops it, so the writer never resurrects a deleted key.
@@ -202,8 +204,7 @@ class TieredStore:
     def blob_format(self) -> int:
         """The blob format new entries are written in: the disk tier's (a migration may be under way), else
         the newest."""
-        pinned = (self._caps[t.name].pins_format for t in self.tiers)
-        return next((p.blob_format for p in pinned if p is not None), blobfmt.FORMAT_VERSION)
+        return self._format_pins[0].blob_format if self._format_pins else blobfmt.FORMAT_VERSION
 
     def holders(self, key: str) -> list[str]:
         """Names of the usable tiers that hold ``key`` (a failing tier is skipped and counted, never raised)."""
@@ -509,41 +510,45 @@ class TieredStore:
         written: list[list[str]] = [[] for _ in items]
         refused: list[CapacityError | None] = [None] * len(items)
         later: list[list[StorageTier]] = [[] for _ in items]
-        for tier in self.tiers:
+        # NOTE: one item (a plain store) visits its own targets only: the same tiers, in the same order
+        for tier in plans[0] if len(plans) == 1 else self.tiers:
             now = []
             for i, targets in enumerate(plans):
-                if tier in targets and targets[0] is not tier and self.write_back:
+                if tier not in targets:
+                    continue
+                if self.write_back and targets[0] is not tier:
                     later[i].append(tier)
-                elif tier in targets:
+                else:
                     now.append(i)
             if not now:
                 continue
+            lender = self._caps[tier.name].lends_blobs
             for i, done in zip(now, self._put_into(tier, [(items[i][0], sources[i]) for i in now])):
-                if isinstance(done, CapacityError):
-                    refused[i] = done
-                elif done:
+                if done is True:
                     written[i].append(tier.name)
-                    lender = self._caps[tier.name].lends_blobs
-                    if sources[i] is items[i][1] and lender is not None:
+                    if lender is not None and sources[i] is items[i][1]:
                         sources[i] = self._call(tier, lender.blob, items[i][0]) or sources[i]
-        for i, (key, blob) in enumerate(items):
-            if later[i]:
-                self._enqueue(key, sources[i] if sources[i] is not blob else _owned(blob, written[i]), later[i])
+                elif isinstance(done, CapacityError):
+                    refused[i] = done
+        if self.write_back:
+            for i, (key, blob) in enumerate(items):
+                if later[i]:
+                    self._enqueue(key, sources[i] if sources[i] is not blob else _owned(blob, written[i]), later[i])
         return [Stored(w, src, r) for w, src, r in zip(written, sources, refused)]
 
     def _targets(self, blob: EncodedBlob) -> list[StorageTier]:
         """Where a new entry goes: the highest usable tier it fits, then every persistent tier below."""
-        home = next((i for i, t in enumerate(self.tiers) if blob.nbytes <= t.capacity and self.healthy(t)), None)
-        if home is None:
-            return []
-        return [self.tiers[home]] + [t for t in self.tiers[home + 1 :] if t.persistent]
+        for i, tier in enumerate(self.tiers):
+            if blob.nbytes <= tier.capacity and self._health[tier.name].usable():
+                return [tier, *self._persistent_below[i]]
+        return []
 
     def _put_into(self, tier: StorageTier, batch: list[tuple[str, EncodedBlob]]) -> list[bool | CapacityError]:
         """Put ``batch`` into ``tier``: per entry, whether it was written (or the refusal)."""
-        batch_writes = self._caps[tier.name].batch_writes
-        total = sum(blob.nbytes for _key, blob in batch)
+        batch_writes = self._caps[tier.name].batch_writes if len(batch) > 1 else None
+        total = 0 if batch_writes is None else sum(blob.nbytes for _key, blob in batch)
         # NOTE: a batch larger than the tier goes one at a time: room made for all of it would empty the tier
-        if len(batch) > 1 and batch_writes is not None and total <= tier.capacity:
+        if batch_writes is not None and total <= tier.capacity:
             with self._filling(tier, [key for key, _blob in batch]):
                 self._make_room(tier, total)
                 try:
