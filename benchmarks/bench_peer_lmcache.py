@@ -195,32 +195,22 @@ def raw_durable(directory: Path, payloads: list[np.ndarray], pool: ThreadPoolExe
     os.close(fd)
 
 
-def durable_stores(
-    disk: Memory,
-    items: list[tuple[str, torch.Tensor]],
-    raw_dir: Path,
-    payloads: list[np.ndarray],
-    io: ThreadPoolExecutor,
-) -> list[Callable[[], tuple[str, float]]]:
-    """The durable stores of one repetition: each clears what it wrote before, waits for the disk, then is timed."""
+def quiet_then_timed(clear: Callable[[], None], store: Callable[[], object]) -> float:
+    """``store`` timed from a quiet disk: what it wrote before removed by ``clear``, all of it committed first."""
+    clear()
+    os.sync()
+    return timed(store)
 
-    def kvmem() -> tuple[str, float]:
-        for key, _chunk in items:
-            disk.delete(key)
-        disk.flush()
-        os.sync()
-        return "kvmem", timed(lambda: disk.store_many(items))
 
-    def raw(name: str, pool: ThreadPoolExecutor | None) -> Callable[[], tuple[str, float]]:
-        def run() -> tuple[str, float]:
-            for old in raw_dir.iterdir():
-                old.unlink()
-            os.sync()
-            return name, timed(lambda: raw_durable(raw_dir, payloads, pool))
+def clear_files(directory: Path) -> None:
+    for old in directory.iterdir():
+        old.unlink()
 
-        return run
 
-    return [kvmem, raw("raw write+fsync", None), raw("raw write+fsync x4", io)]
+def clear_entries(mem: Memory, keys: list[str]) -> None:
+    for key in keys:
+        mem.delete(key)
+    mem.flush()
 
 
 def rotated(seq: list[T], n: int) -> list[T]:
@@ -308,8 +298,13 @@ def run(args: argparse.Namespace, scratch: Path) -> list[Row]:
         # disk reads just before. kvmem, always first, read 0.37 s in one run and 0.84 s in another.
         cpu.flush()
         verified.flush()
-        for contender in rotated(durable_stores(disk, items, raw_dir, payloads, io), rep):
-            rows["durable store"].add(*contender())
+        contenders = [
+            ("kvmem", lambda: clear_entries(disk, w.keys), lambda: disk.store_many(items)),
+            ("raw write+fsync", lambda: clear_files(raw_dir), lambda: raw_durable(raw_dir, payloads, None)),
+            ("raw write+fsync x4", lambda: clear_files(raw_dir), lambda: raw_durable(raw_dir, payloads, io)),
+        ]
+        for who, clear, store in rotated(contenders, rep):
+            rows["durable store"].add(who, quiet_then_timed(clear, store))
     if peer:
         args.peer_info = peer.info
         peer.close()

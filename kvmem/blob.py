@@ -358,7 +358,6 @@ class Frame(NamedTuple):
         blob_format: the blob format.
         align: the segment alignment.
         zero_crcs: the header's ``segments`` before sealing, ``(end, 0)`` each (shared: a tuple of ints).
-        flags: the prefix's flags field.
     """
 
     offsets: tuple[int, ...]
@@ -370,7 +369,6 @@ class Frame(NamedTuple):
     blob_format: int
     align: int
     zero_crcs: tuple[tuple[int, int], ...]
-    flags: int
 
     @classmethod
     def of(cls, sizes: Sequence[int], blob_format: int = FORMAT_VERSION, align: int = ALIGN) -> Frame:
@@ -393,7 +391,6 @@ class Frame(NamedTuple):
             slots.append(len(tail))
             tail += " " * (_CRC_WIDTH - 1) + "0]" + ("," if i + 1 < len(ends) else "")
         payload = ends[-1] if ends else 0
-        flags = align.bit_length() - 1 if blob_format == 2 else 0
         zero_crcs = tuple([(end, 0) for end in ends])
         return cls(
             tuple(offsets),
@@ -405,7 +402,6 @@ class Frame(NamedTuple):
             blob_format,
             align,
             zero_crcs,
-            flags,
         )
 
     def blob(
@@ -418,7 +414,8 @@ class Frame(NamedTuple):
         hjson = (text + self.tail).encode()
         start = payload_start(len(hjson), self.align)
         head = bytearray(start)
-        _PREFIX.pack_into(head, 0, MAGIC, self.blob_format, self.flags, len(hjson), 0, 0)
+        flags = self.align.bit_length() - 1 if self.blob_format == 2 else 0
+        _PREFIX.pack_into(head, 0, MAGIC, self.blob_format, flags, len(hjson), 0, 0)
         head[_PREFIX.size : _PREFIX.size + len(hjson)] = hjson
         parsed = {**header, "payload_nbytes": self.payload_nbytes, "segments": self.zero_crcs}
         pieces = tuple([Piece(start + at, seg, pad) for at, seg, pad in zip(self.offsets, segments, self.pads)])

@@ -186,7 +186,7 @@ class HostPool:
             runs = self._allocator.allocate(max(1, -(-nbytes // self.page_bytes)))
             if runs is None:
                 return None
-            end = (sum(runs[0]) if len(runs) == 1 else max(first + n for first, n in runs)) * self.page_bytes
+            end = max(first + n for first, n in runs) * self.page_bytes
             if end + _AHEAD // 2 > self._wanted and self._populated < self.nbytes:
                 # the window moves in steps of half of it, not page by page: one thread run per step
                 self._wanted = min(self.nbytes, end + _AHEAD)
