@@ -24,6 +24,8 @@ __all__ = [
     "writable_rows",
     "nbytes_of",
     "copy_rows",
+    "stream_copy",
+    "STREAMING",
     "steps",
     "flat_address",
     "memmove",
@@ -36,6 +38,18 @@ row would cost more than the copy)."""
 TORCH_COPY_FROM = 1 << 20
 """Copies of fewer bytes than this between host buffers go through numpy: torch's ``copy_`` costs
 tens of microseconds before its first byte (it may start its threads); from 1 MiB that pays off."""
+
+STREAM_FROM = 1 << 20
+"""Copies of this many bytes or more between host buffers use streaming stores (:mod:`kvmem._stream`), which
+write the destination without first reading it into the cache; below it the destination is worth caching."""
+
+try:
+    from kvmem import _stream
+except ImportError:  # NOTE: built without a C compiler: large copies go through numpy and torch instead
+    _stream = None  # type: ignore[assignment]
+
+STREAMING = bool(_stream is not None and _stream.STREAMING)
+"""Whether large host copies use streaming stores here (the extension is built, on x86-64)."""
 
 Source = torch.Tensor | np.ndarray
 """Bytes to write or copy: a CPU tensor of any dtype and layout, or a numpy array."""
@@ -155,9 +169,73 @@ def steps(rows: Sequence[np.ndarray], step: int) -> Iterator[list[np.ndarray]]:
 def copy_rows(dst: Iterable[np.ndarray], src: Iterable[np.ndarray]) -> int:
     """Copy the byte stream of ``src`` rows into the byte stream of ``dst`` rows; bytes copied.
 
-    Stops when either runs out. Each row pair is one ``np.copyto`` of their overlap.
+    Stops when either runs out. Each row pair is one copy of their overlap: with streaming stores, all
+    of them in one call without the GIL, when they come to :data:`STREAM_FROM` bytes or more.
     """
+    dst, src = list(dst), list(src)
+    if STREAMING and sum(s.size for s in src) >= STREAM_FROM and _runs(src) and _runs(dst, writeable=True):
+        spans = [(_address(d) + d_at, _address(s) + s_at, n) for d, d_at, s, s_at, n in _overlaps(dst, src)]
+        if _disjoint(spans):
+            _stream.copy(spans)
+            return sum(n for _d, _s, n in spans)
     done = 0
+    for d, d_at, s, s_at, n in _overlaps(dst, src):
+        np.copyto(d[d_at : d_at + n], s[s_at : s_at + n])
+        done += n
+    return done
+
+
+def stream_copy(dst: Source, src: Source) -> bool:
+    """Copy ``src``'s bytes into ``dst`` (host memory, the same number of bytes, each a few contiguous rows)
+    with streaming stores: ``True``; ``False`` with nothing copied where that cannot be done without a
+    staging copy, or the copy is under :data:`STREAM_FROM` bytes, or streaming is not available here.
+    """
+    if not STREAMING or nbytes_of(src) < STREAM_FROM or nbytes_of(dst) != nbytes_of(src):
+        return False
+    dst_rows, src_rows = _view_rows(dst), _view_rows(src)
+    if dst_rows is None or src_rows is None:
+        return False
+    copy_rows(dst_rows, src_rows)
+    return True
+
+
+def _view_rows(x: Source) -> list[np.ndarray] | None:
+    """:func:`byte_rows` of ``x`` as views only, or ``None`` where its bytes are not plainly its values (a
+    negative or conjugate view bit, a quantized dtype) or not rows of :data:`MIN_ROW` bytes in host memory."""
+    if isinstance(x, np.ndarray):
+        return [x] if x.dtype == np.uint8 and x.ndim == 1 and x.strides == (1,) else None
+    if x.dtype not in _PLAIN_DTYPES or x.layout is not torch.strided or x.is_neg() or x.is_conj():
+        return None
+    return writable_rows(x)
+
+
+_Overlap = tuple[np.ndarray, int, np.ndarray, int, int]
+
+
+def _disjoint(spans: list[tuple[int, int, int]]) -> bool:
+    """Whether the destination bytes of ``spans`` lie apart from their source bytes (a streaming copy reads
+    and writes in blocks: it must not overlap itself, as ``memmove`` may)."""
+    if not spans:
+        return True
+    d_lo, d_hi = min(d for d, _s, _n in spans), max(d + n for d, _s, n in spans)
+    s_lo, s_hi = min(s for _d, s, _n in spans), max(s + n for _d, s, n in spans)
+    return d_hi <= s_lo or s_hi <= d_lo
+
+
+def _runs(rows: list[np.ndarray], writeable: bool = False) -> bool:
+    """Whether every row is a run of bytes (one address and a length say it all), writeable if asked."""
+    return all(
+        r.dtype == np.uint8 and r.ndim == 1 and r.strides == (1,) and (r.flags.writeable or not writeable) for r in rows
+    )
+
+
+def _address(row: np.ndarray) -> int:
+    return int(row.__array_interface__["data"][0])
+
+
+def _overlaps(dst: Sequence[np.ndarray], src: Sequence[np.ndarray]) -> Iterator[_Overlap]:
+    """``(dst_row, at, src_row, at, nbytes)`` for each overlap of the two byte streams, in order, until either
+    runs out."""
     out = iter(dst)
     d, d_at = None, 0
     for s in src:
@@ -167,11 +245,9 @@ def copy_rows(dst: Iterable[np.ndarray], src: Iterable[np.ndarray]) -> int:
                 d = next(out, None)
                 d_at = 0
                 if d is None:
-                    return done
+                    return
                 continue
             n = min(s.size - s_at, d.size - d_at)
-            np.copyto(d[d_at : d_at + n], s[s_at : s_at + n])
+            yield d, d_at, s, s_at, n
             s_at += n
             d_at += n
-            done += n
-    return done

@@ -31,7 +31,7 @@ import torch
 
 from kvmem import blob as blobfmt
 from kvmem.errors import IntegrityError
-from kvmem.rows import TORCH_COPY_FROM, copy_rows, steps, writable_rows
+from kvmem.rows import TORCH_COPY_FROM, copy_rows, steps, stream_copy, writable_rows
 from kvmem.stores.files import preadv_all
 
 __all__ = [
@@ -304,7 +304,7 @@ class FileReader(BlobReader):
 
 def copy_part(src: torch.Tensor, dst: torch.Tensor) -> None:
     """Copy the bytes ``src`` (uint8, contiguous) into ``dst`` (any layout and device): one copy."""
-    if not dst.numel():
+    if not dst.numel() or stream_copy(dst, src):
         return
     rows = writable_rows(dst, min_row=0) if src.numel() < TORCH_COPY_FROM and src.is_cpu else None
     if rows is not None:
