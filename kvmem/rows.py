@@ -10,6 +10,7 @@ gathered into a contiguous temporary. That is what this module gives the tiers.
 from __future__ import annotations
 
 import ctypes
+import platform
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -26,6 +27,7 @@ __all__ = [
     "copy_rows",
     "stream_copy",
     "STREAMING",
+    "STREAMABLE",
     "steps",
     "flat_address",
     "memmove",
@@ -50,6 +52,10 @@ except ImportError:  # NOTE: built without a C compiler: large copies go through
 
 STREAMING = bool(_stream is not None and _stream.STREAMING)
 """Whether large host copies use streaming stores here (the extension is built, on x86-64)."""
+
+STREAMABLE = platform.machine().lower() in ("x86_64", "amd64")
+"""Whether this machine has the streaming stores :mod:`kvmem._stream` uses: where it does and :data:`STREAMING` is
+``False``, kvmem was installed without its C module (no compiler at install time)."""
 
 Source = torch.Tensor | np.ndarray
 """Bytes to write or copy: a CPU tensor of any dtype and layout, or a numpy array."""

@@ -8,6 +8,7 @@
 | frequent demotions/evictions, reused set larger than a tier | ``cpu_bytes``, ``disk_bytes``, ``offload_threshold`` |
 | CRC failures, quarantined entries, failing tiers | ``kvmem verify --fix``, the disk itself |
 | damaged metadata files set aside and rebuilt (``*.corrupt-*``) | the disk itself |
+| large copies slower than they could be (``kvmem._stream`` not built) | reinstall kvmem with a C compiler |
 
 In a serving process, ``diagnose(memory)`` also judges this process's live
 counters (latency, chunk hits per tier, evictions). ``kvmem doctor`` runs in a
@@ -49,7 +50,7 @@ class Finding:
     """One conclusion of the doctor.
 
     Attributes:
-        check: the area (``prefetch``, ``block_size``, ``pipeline``, ``capacity``, ``integrity``).
+        check: the area (``prefetch``, ``block_size``, ``pipeline``, ``capacity``, ``integrity``, ``copies``).
         severity: ``ok``, ``info`` (worth knowing) or ``warn`` (act on it).
         title: one line saying what was found.
         numbers: the evidence. Key suffixes give units: ``_bytes``, ``_s`` (seconds), ``_share`` (0..1).
@@ -530,12 +531,32 @@ def _set_aside(s: Snapshot) -> list[Finding]:
     ]
 
 
+# -- (f) copies -----------------------------------------------------------------------------------------------
+def check_copies(s: Snapshot, t: Thresholds) -> list[Finding]:
+    """Large host copies through torch on a machine where kvmem's streaming copies would run: it was installed
+    without a C compiler."""
+    if s.copies != "not built":
+        title = "large host copies use streaming stores" if s.copies == "streaming" else "no streaming stores here"
+        return [Finding("copies", "ok", title)]
+    return [
+        Finding(
+            "copies",
+            "warn",
+            "kvmem._stream is not built: copies of 1 MiB and more go through torch (about 1.4x slower measured)",
+            {},
+            "reinstall kvmem where a C compiler is found (`pip install --force-reinstall --no-deps kvmem`, "
+            "or `pip install -e .` in a checkout)",
+        )
+    ]
+
+
 RULES: tuple[Callable[[Snapshot, Thresholds], list[Finding]], ...] = (
     check_prefetch,
     check_block_size,
     check_pipeline,
     check_capacity,
     check_integrity,
+    check_copies,
 )
 
 

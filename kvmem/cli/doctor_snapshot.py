@@ -17,6 +17,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from prometheus_client.samples import Sample
 from sqlalchemy import case, func, select
@@ -28,6 +29,7 @@ from kvmem.config import Config
 from kvmem.errors import TierUnavailable
 from kvmem.metrics import Metrics
 from kvmem.recovery import set_aside_files
+from kvmem.rows import STREAMABLE, STREAMING
 from kvmem.stores import DiskTier
 from kvmem.stores.areas import AreaState
 
@@ -92,6 +94,11 @@ class KVChunkGroup:
     re_stored: int = 0  # version > 1: computed and stored again while stored
 
 
+Copies = Literal["streaming", "not built", "no streaming stores"]
+"""Large host copies: with streaming stores; through torch because ``kvmem._stream`` was not built; through torch
+because the machine has no streaming stores kvmem uses (not x86-64)."""
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything the doctor's rules read."""
@@ -109,6 +116,7 @@ class Snapshot:
     live: LiveMetrics | None = None
     disk_areas: AreaState | None = None  # the disk tier's areas (a blob-format migration under way?)
     set_aside: tuple[str, ...] = ()  # damaged metadata files moved aside and rebuilt (see kvmem.recovery)
+    copies: Copies = "streaming"  # how this installation copies large host buffers (see kvmem.rows.stream_copy)
 
     def tier(self, name: str) -> TierState | None:
         return next((t for t in self.tiers if t.name == name), None)
@@ -147,6 +155,7 @@ def take_snapshot(memory: Memory, *, live: bool = True) -> Snapshot:
         live=_live(memory.metrics) if live else None,
         disk_areas=disk.areas if disk is not None else None,
         set_aside=tuple(str(p.relative_to(root)) for p in set_aside_files(root)),
+        copies="streaming" if STREAMING else "not built" if STREAMABLE else "no streaming stores",
         **totals,
     )
 

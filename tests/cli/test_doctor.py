@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import kvmem
+from kvmem import rows
 from kvmem.cli.doctor import Finding, Thresholds, check, diagnose, format_number, render_findings
 from kvmem.cli.doctor_snapshot import (
     HistogramSummary,
@@ -63,6 +64,7 @@ def test_a_healthy_snapshot_is_all_ok_except_the_live_only_prefetch_note() -> No
         ("pipeline", "ok"),
         ("capacity", "ok"),
         ("integrity", "ok"),
+        ("copies", "ok"),
     ]
     assert all(not f.recommendation for f in findings)
 
@@ -300,11 +302,21 @@ def test_integrity_warns_on_an_unfinished_migration() -> None:
     assert only(check(snap(disk_areas=AreaState("blobs.f2", 2))), "integrity").severity == "ok"
 
 
+# -- (f) copies ------------------------------------------------------------------------------------------
+def test_copies_warn_only_where_streaming_was_possible_but_not_built(tmp_path: Path) -> None:
+    f = only(check(snap(copies="not built")), "copies")
+    assert f.severity == "warn" and "kvmem._stream" in f.title and "C compiler" in f.recommendation
+    assert only(check(snap(copies="no streaming stores")), "copies").severity == "ok"
+    with kvmem.Memory(str(tmp_path / "m"), fsync="never") as mem:
+        got = take_snapshot(mem).copies
+    assert got == ("streaming" if rows.STREAMING else "not built" if rows.STREAMABLE else "no streaming stores")
+
+
 # -- rendering and the histogram summary -------------------------------------------------------------------
 def test_render_findings_shows_units_and_recommendations() -> None:
     text = render_findings(check(snap(_traffic({"disk": 30, "cpu": 10}, 0.8), config={"fsync": "always"})))
     assert "WARN  prefetch" in text and "from_disk_share 75.0%" in text and "ttft_mean_s 800.0 ms" in text
-    assert "-> fsync: always -> batch" in text and text.endswith("2 warnings, 0 info, 3 ok")
+    assert "-> fsync: always -> batch" in text and text.endswith("2 warnings, 0 info, 4 ok")
     assert format_number("x_bytes", 3 * 1024**2) == "3.0 MiB" and format_number("t_s", 2.5) == "2.50 s"
 
 
@@ -385,7 +397,7 @@ def test_cli_doctor_on_a_clean_directory(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["doctor", "--path", str(tmp_path / "d")]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"kvmem doctor: {tmp_path / 'd'}: 1 entries (0 KV chunks)")
-    assert "OK    integrity" in out and "0 warnings, 1 info, 4 ok" in out
+    assert "OK    integrity" in out and "0 warnings, 1 info, 5 ok" in out
 
 
 def test_cli_doctor_warns_with_numbers_and_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
