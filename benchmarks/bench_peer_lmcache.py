@@ -53,6 +53,7 @@ The LMCache venv comes from ``../shared/peers/lmcache_env.sh`` (built on first u
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import os
@@ -178,15 +179,23 @@ def raw_read(paths: list[Path], buffers: list[np.ndarray], pool: ThreadPoolExecu
     list(pool.map(one, range(len(paths))))
 
 
-def raw_durable(directory: Path, files: list[list[np.ndarray]], pool: ThreadPoolExecutor | None) -> None:
+def raw_durable(
+    directory: Path, files: list[list[np.ndarray]], pool: ThreadPoolExecutor | None, writeback: int = 0
+) -> None:
     """Write + fsync each file (its parts in one ``writev``) as a new file, rename it, then fsync the directory
-    once."""
+    once. ``writeback``: write in pieces of this many bytes instead, starting the writeback of each as it is
+    written (``sync_file_range``), as kvmem's durable writes do."""
 
     def one(i: int) -> None:
         tmp = directory / f"{i}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            if os.writev(fd, files[i]) != sum(part.nbytes for part in files[i]):
+            if writeback:
+                (whole,) = files[i]
+                for at in range(0, whole.nbytes, writeback):
+                    os.pwrite(fd, whole[at : at + writeback], at)
+                    _sync_file_range(fd, at, min(writeback, whole.nbytes - at), 2)  # SYNC_FILE_RANGE_WRITE
+            elif os.writev(fd, files[i]) != sum(part.nbytes for part in files[i]):
                 raise SystemExit(f"raw write: a short write to {tmp}")
             os.fsync(fd)
         finally:
@@ -197,6 +206,10 @@ def raw_durable(directory: Path, files: list[list[np.ndarray]], pool: ThreadPool
     fd = os.open(directory, os.O_RDONLY)
     os.fsync(fd)
     os.close(fd)
+
+
+_sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
+_sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
 
 
 def from_slices(payloads: list[np.ndarray], chunks: list[torch.Tensor]) -> list[list[np.ndarray]]:
@@ -319,7 +332,8 @@ def run(args: argparse.Namespace, scratch: Path) -> list[Row]:
     # NOTE: not so, what came before landed in whichever fsyncs came next: a catalog's timed flush (an
     # SQLite commit), the TRIM of freed files (this filesystem is mounted with ``discard``), the peer's
     # disk reads just before. kvmem, always first, read 0.37 s in one run and 0.84 s in another. With the
-    # worker resident (idle, 3.5 GB), kvmem's durable store read 0.73-0.77 of raw and 0.93 without it.
+    # worker resident (idle, 3.5 GB) the third session measured 0.54-0.73 of raw, 0.84-0.89 without it; on the
+    # fourth session's VM that gap did not reproduce in isolation.
     cpu.flush()
     verified.flush()
     contenders = [
@@ -327,6 +341,11 @@ def run(args: argparse.Namespace, scratch: Path) -> list[Row]:
         ("raw write+fsync", lambda: clear_files(raw_dir), lambda: raw_durable(raw_dir, whole, None)),
         ("raw write+fsync x4", lambda: clear_files(raw_dir), lambda: raw_durable(raw_dir, whole, io)),
         ("raw writev of the slices x4", lambda: clear_files(raw_dir), lambda: raw_durable(raw_dir, sliced, io)),
+        (
+            "raw write+fsync x4, early writeback",
+            lambda: clear_files(raw_dir),
+            lambda: raw_durable(raw_dir, whole, io, 8 << 20),
+        ),
     ]
     for trial in range(DURABLE_TRIALS * args.repeat):
         rows["durable store"].add("memcpy", timed(lambda: np.copyto(memcpy_dst, memcpy_src)))

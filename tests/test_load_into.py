@@ -17,7 +17,7 @@ import torch
 
 import kvmem
 from kvmem.errors import IntegrityError, KVMemError, OutputMismatch
-from kvmem.stores import CpuTier, DiskTier
+from kvmem.stores import CpuTier, DiskTier, files
 from tests.bounds import assert_bit_exact, error_bound
 from tests.conftest import MemoryFactory
 
@@ -409,3 +409,36 @@ def test_a_ram_entry_written_for_another_key_is_never_returned(make_memory: Memo
     cpu.put(mem.storage_key("b"), blob_a)  # a's bytes under b's name
     assert mem.load("b") is None and mem.load("b", out=torch.empty(16)) is None
     assert torch.equal(mem.load("a"), torch.arange(16.0))
+
+
+@pytest.mark.parametrize("stack", ["disk", "cpu+disk"])
+def test_a_durable_store_starts_the_writeback_of_its_payload_as_it_writes(
+    tmp_path: Path, make_memory: MemoryFactory, monkeypatch: pytest.MonkeyPatch, stack: str
+) -> None:
+    """With ``fsync="always"`` each 8 MiB of payload written goes to the disk while the rest is checksummed and
+    written (the fsync then waits for the tail only); with ``fsync="batch"`` the kernel keeps choosing when."""
+    real = files._START_WRITEBACK
+    if real is None:
+        pytest.skip("no sync_file_range here (not Linux)")
+    started: list[tuple[int, int]] = []
+
+    def counted(fd: int, offset: int, nbytes: int) -> object:
+        started.append((offset, nbytes))
+        return real(fd, offset, nbytes)
+
+    monkeypatch.setattr(files, "_START_WRITEBACK", counted)
+    value = torch.randn(2, 4, 2048, 512, generator=torch.Generator().manual_seed(3))[:, :, 512:1792]  # 20 MiB, strided
+    with make_memory(stack=stack, fsync="always") as mem:
+        mem.store("big", value)
+        path = next((tmp_path / "kvmem" / "disk").rglob("*.kvb"))
+        head = path.stat().st_size - value.numel() * 4
+        # 20 MiB: two ranges of 8 MiB and the step (1 MiB, or the piece of a row) that crossed it, in order from
+        # the payload's first byte; the rest is left to the fsync
+        (o1, n1), (o2, n2) = started
+        assert o1 == head and o2 == o1 + n1 and all(8 << 20 <= n < 10 << 20 for n in (n1, n2))
+        assert 0 < value.numel() * 4 - n1 - n2 < 8 << 20
+        assert_bit_exact(value.contiguous(), mem.load("big"))
+    started.clear()
+    with make_memory(stack=stack, fsync="batch") as mem:
+        mem.store("big2", value)
+    assert started == []
