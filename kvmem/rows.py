@@ -79,9 +79,13 @@ def flat_address(t: torch.Tensor) -> int | None:
     NOTE: small copies go through this (a ``memmove`` of a 64 KiB tensor costs ~5 us here, the same copy
     through ``view(uint8).numpy()`` and ``np.copyto`` ~15 us: torch's Python calls cost more than the bytes).
     """
-    if t.dtype not in _PLAIN_DTYPES or t.layout is not torch.strided or not t.is_cpu or not t.is_contiguous():
-        return None
-    return None if t.is_neg() else int(t.data_ptr())
+    return int(t.data_ptr()) if t.is_cpu and t.is_contiguous() and _bytes_are_values(t) else None
+
+
+def _bytes_are_values(t: torch.Tensor) -> bool:
+    """Whether ``t``'s bytes, copied as they are, are its values: a real or integer dtype, strided, without a
+    negative view bit (complex dtypes, which may carry a conjugate bit, are not among them)."""
+    return t.dtype in _PLAIN_DTYPES and t.layout is torch.strided and not t.is_neg()
 
 
 # real and integer dtypes: a complex tensor may carry a conjugate bit, a quantized one is not its bytes
@@ -206,13 +210,11 @@ def stream_copy(dst: Source, src: Source) -> bool:
 
 
 def _view_rows(x: Source) -> list[np.ndarray] | None:
-    """:func:`byte_rows` of ``x`` as views only, or ``None`` where its bytes are not plainly its values (a
-    negative or conjugate view bit, a quantized dtype) or not rows of :data:`MIN_ROW` bytes in host memory."""
+    """:func:`byte_rows` of ``x`` as views only, or ``None`` where its bytes are not plainly its values (see
+    :func:`_bytes_are_values`) or not rows of :data:`MIN_ROW` bytes in host memory."""
     if isinstance(x, np.ndarray):
         return [x] if x.dtype == np.uint8 and x.ndim == 1 and x.strides == (1,) else None
-    if x.dtype not in _PLAIN_DTYPES or x.layout is not torch.strided or x.is_neg() or x.is_conj():
-        return None
-    return writable_rows(x)
+    return writable_rows(x) if _bytes_are_values(x) else None
 
 
 _Overlap = tuple[np.ndarray, int, np.ndarray, int, int]
