@@ -30,7 +30,6 @@ from __future__ import annotations
 import bisect
 import ctypes
 import mmap
-import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 
@@ -38,6 +37,7 @@ import numpy as np
 import torch
 
 from kvmem.errors import ConfigError
+from kvmem.libc import libc_function
 
 __all__ = ["PAGE_BYTES", "Run", "ExtentAllocator", "HostPool", "Allocation"]
 
@@ -319,17 +319,14 @@ def _populate_write() -> Callable[[int, int], bool] | None:
 
     NOTE: through ctypes, which releases the GIL for the call (``mmap.madvise`` does not).
     """
-    try:
-        madvise = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
+    madvise = libc_function("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    if madvise is None:
         return None
-    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    madvise.restype = ctypes.c_int
     return lambda address, length: madvise(address, length, _MADV_POPULATE_WRITE) == 0
 
 
 _MADV_POPULATE_WRITE = 23
-_MADVISE = _populate_write() if sys.platform == "linux" else None
+_MADVISE = _populate_write()
 
 
 def _host_buffer(nbytes: int, pinned: bool) -> torch.Tensor:

@@ -7,7 +7,6 @@ import ctypes
 import itertools
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +15,7 @@ import crc32c
 import numpy as np
 
 from kvmem import blob as blobfmt
+from kvmem.libc import libc_function
 from kvmem.rows import steps
 
 __all__ = [
@@ -48,11 +48,9 @@ def _writeback_starter() -> Callable[[int, int, int], object] | None:
 
     NOTE: through ctypes, which releases the GIL for the call. It promises nothing: the fsync after it does.
     """
-    call = getattr(ctypes.CDLL(None, use_errno=True), "sync_file_range", None) if sys.platform == "linux" else None
+    call = libc_function("sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
     if call is None:
         return None
-    call.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-    call.restype = ctypes.c_int
     return lambda fd, offset, nbytes: call(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
 
 
