@@ -34,7 +34,11 @@ durable store            disk-only, ``fsync="always"``              raw write + 
                          with its previous files removed and        on 1 and on 4 threads from
                          synced, in an order rotating per           whole buffers; on 4 threads
                          trial, two trials per repetition           from the KV tensor's slices
-                                                                    (one ``writev`` per file)
+                                                                    (one ``writev`` per file); on 4
+                                                                    threads with kvmem's early
+                                                                    writeback (8 MiB pieces, each
+                                                                    to ``sync_file_range``); the
+                                                                    fastest is the reference
 small items (64 KiB)     ``store`` (then with the catalog's        ``np.copyto`` of 64 KiB
                          flush of its rows), ``load``,
                          ``load(out=)`` on the CPU tier, us/call
