@@ -16,6 +16,13 @@ was faulted in once, and a load is one copy out of it.
   (:meth:`Allocation.view`). A view can therefore outlive the entry's eviction; its
   pages are reused only after it is gone (Python's reference count is the refcount).
 
+NOTE: finalisers take no locks. An allocation's finaliser can run anywhere a collection
+can, including inside the pool's own critical section (a collection triggered by an
+allocation made under ``_lock``), where taking the non-reentrant lock would deadlock the
+thread. So it only appends its runs to a lock-free queue (``collections.deque``: append
+and popleft are atomic in CPython), which every operation that takes the lock drains
+first: the free and used counts a caller reads are exact.
+
 NOTE: page faults. The buffer is mapped once but faulted in on first touch, which on a
 VM runs at a twentieth of memcpy speed (measured here: 0.5 GB/s, huge pages or not,
 against 9.5 GB/s for a copy into pages already there). So pages are handed out lowest
@@ -31,6 +38,7 @@ import bisect
 import ctypes
 import mmap
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
@@ -166,6 +174,7 @@ class HostPool:
         self._base = self._array.ctypes.data
         self._allocator = ExtentAllocator(pages)
         self._lock = threading.Lock()
+        self._freed: deque[tuple[Run, ...]] = deque()  # runs of dead allocations, given back under _lock
         # pinned memory is resident from the start; a mapping is faulted in ahead of use
         self._populated = self.nbytes if self.pinned or _MADVISE is None else 0
         self._wanted = 0
@@ -174,16 +183,22 @@ class HostPool:
     @property
     def used_bytes(self) -> int:
         """Bytes of pages held by allocations (entries, and views that outlived them)."""
-        return (self._allocator.num_pages - self._allocator.free_pages) * self.page_bytes
+        return (self._allocator.num_pages - self._free_pages()) * self.page_bytes
 
     @property
     def free_bytes(self) -> int:
-        return self._allocator.free_pages * self.page_bytes
+        return self._free_pages() * self.page_bytes
+
+    def _free_pages(self) -> int:
+        """Pages free, counting those of every allocation gone by now."""
+        with self._lock:
+            self._drain()
+            return self._allocator.free_pages
 
     def allocate(self, nbytes: int) -> Allocation | None:
         """Pages for ``nbytes`` (as few runs as the free space allows), or ``None`` when too few are free."""
         with self._lock:
-            runs = self._allocator.allocate(max(1, -(-nbytes // self.page_bytes)))
+            runs = self._take(max(1, -(-nbytes // self.page_bytes)))
             if runs is None:
                 return None
             end = max(first + n for first, n in runs) * self.page_bytes
@@ -193,6 +208,29 @@ class HostPool:
                 self._start_populating()
         # NOTE: a tuple of tuples of ints: the garbage collector stops tracking it (see kvmem.stores.cpu._Entry)
         return Allocation(self, tuple(runs), nbytes)
+
+    def _take(self, pages: int) -> list[Run] | None:
+        """``pages`` pages from the allocator, or ``None`` when too few are free (caller holds ``_lock``).
+
+        NOTE: a collection inside the allocator's call can free allocations (their runs are
+        queued, not given back): when that leaves too few pages, the queue is drained and
+        the allocation tried again, so a caller never sees ``None`` while freed room waits.
+        """
+        while True:
+            self._drain()
+            runs = self._allocator.allocate(pages)
+            if runs is not None or not self._freed:
+                return runs
+
+    def _drain(self) -> None:
+        """Give the allocator the runs of allocations gone since the last drain (caller holds ``_lock``).
+
+        NOTE: only a holder of ``_lock`` pops the queue (finalisers only append), so a
+        non-empty check followed by ``popleft`` cannot find it empty.
+        """
+        freed = self._freed
+        while freed:
+            self._allocator.free(freed.popleft())
 
     def _start_populating(self) -> None:
         """Start the thread that faults pages in ahead of use, unless it runs (caller holds ``_lock``).
@@ -224,11 +262,8 @@ class HostPool:
 
     def free_runs(self) -> list[Run]:
         with self._lock:
+            self._drain()
             return self._allocator.free_runs()
-
-    def _release(self, runs: Iterable[Run]) -> None:
-        with self._lock:
-            self._allocator.free(runs)
 
 
 class Allocation:
@@ -246,7 +281,8 @@ class Allocation:
         self.nbytes = nbytes
 
     def __del__(self) -> None:
-        self.pool._release(self.runs)
+        # NOTE: no lock: this can run inside the pool's critical section (see the module docstring)
+        self.pool._freed.append(self.runs)
 
     @property
     def pages(self) -> int:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import gc
+import threading
+import weakref
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 
 from kvmem.errors import ConfigError
-from kvmem.pool import ExtentAllocator, HostPool
+from kvmem.pool import Allocation, ExtentAllocator, HostPool
 
 PAGE = 4096
 
@@ -208,3 +211,96 @@ def test_multi_run_allocation_has_no_single_view_and_its_pieces_cover_the_bytes_
     assert [p.tolist() for p in straddle] == [pattern[PAGE - 4 : PAGE].tolist(), pattern[PAGE : PAGE + 6].tolist()]
     assert [a.size for a in alloc.array(10, nbytes)] == [PAGE - 10, PAGE, PAGE - 10]
     assert [span for span in alloc.spans(PAGE - 4, PAGE + 6)] == [(PAGE - 4, PAGE - 4, 4), (PAGE, 2 * PAGE, 6)]
+
+
+# =================================================================================================
+# Finalisers take no locks: a collection inside the pool's critical section
+# =================================================================================================
+@pytest.fixture
+def no_automatic_gc() -> Iterator[None]:
+    """Only the collections a test forces: a cycle it makes stays pending until then."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _collect_inside_allocate(pool: HostPool, collected: list[int]) -> None:
+    """Force a collection in ``pool.allocate``'s critical section (under its lock), recording what it freed.
+
+    NOTE: a hook only to choose the moment: when a real collection runs cannot be arranged.
+    """
+    allocate = pool._allocator.allocate
+
+    def collecting(n: int) -> list[tuple[int, int]] | None:
+        collected.append(gc.collect(0))
+        return allocate(n)
+
+    pool._allocator.allocate = collecting  # type: ignore[method-assign]
+
+
+def _pending_in_a_cycle(alloc: Allocation) -> weakref.ref[Allocation]:
+    """Drop ``alloc`` but for a view of it held by a reference cycle: only a collection frees its pages."""
+    cycle: list[object] = [alloc.view()]
+    cycle.append(cycle)
+    return weakref.ref(alloc)
+
+
+def _within(seconds: float, work: Callable[[], None]) -> None:
+    """Run ``work`` in a thread; a deadlock fails the test after ``seconds`` instead of hanging it."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as e:  # handed to the test's thread
+            errors.append(e)
+
+    thread = threading.Thread(target=run, name="kvmem-test-allocate", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"deadlock: the thread did not return within {seconds} s"
+    if errors:
+        raise errors[0]
+
+
+def test_a_view_freed_by_a_collection_inside_allocate_neither_deadlocks_nor_loses_its_pages(
+    no_automatic_gc: None,
+) -> None:
+    pool = HostPool(4 * PAGE, page_bytes=PAGE, pin_memory=False)
+    collected: list[int] = []
+    _collect_inside_allocate(pool, collected)
+
+    def one_round() -> None:
+        alloc = pool.allocate(4 * PAGE)  # the whole pool
+        assert alloc is not None and pool.free_bytes == 0
+        gone = _pending_in_a_cycle(alloc)
+        del alloc
+        assert pool.used_bytes == 4 * PAGE  # the cycle holds the view: the pages are still in use
+        collected.clear()
+        again = pool.allocate(4 * PAGE)  # needs the pages the collection frees, under the lock
+        assert collected[0] > 0 and gone() is None, "the pending view was not freed inside allocate"
+        assert again is not None and again.runs == ((0, 4),), "the pages freed inside allocate were lost"
+        assert pool.used_bytes == 4 * PAGE
+        del again
+        assert pool.used_bytes == 0 and pool.free_runs() == [(0, 4)]
+
+    def rounds() -> None:
+        for _ in range(1000):  # the issue's bar: 1,000 in a row
+            one_round()
+
+    _within(10, rounds)
+
+
+def test_usage_counts_pages_freed_by_a_collection_outside_the_pool(no_automatic_gc: None) -> None:
+    pool = HostPool(4 * PAGE, page_bytes=PAGE, pin_memory=False)
+    alloc = pool.allocate(2 * PAGE)
+    assert alloc is not None
+    _pending_in_a_cycle(alloc)
+    del alloc
+    assert pool.used_bytes == 2 * PAGE and pool.free_bytes == 2 * PAGE
+    assert gc.collect() > 0
+    assert pool.used_bytes == 0 and pool.free_bytes == 4 * PAGE and pool.free_runs() == [(0, 4)]
