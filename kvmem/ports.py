@@ -18,7 +18,7 @@ what they need beyond ``Memory``'s public operations is one of these.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from contextlib import AbstractContextManager
 from typing import Protocol
 
@@ -133,4 +133,16 @@ class Database(Protocol):
 
     def insert(self, table: Table) -> sqlite.Insert | postgresql.Insert:
         """An ``INSERT`` into ``table`` in this dialect, which has ``on_conflict_do_update``."""
+        ...
+
+    def keep_row(self, conn: Connection, table: Table, key: Mapping[str, object]) -> None:
+        """Keep the row of ``table`` named by ``key`` (its key columns' values) recoverable outside the
+        database, as ``conn``'s transaction sees it now: call it in the transaction that changed the row
+        (also one that deleted it), after the change. Only the tables of primary data take it (agent
+        sessions and steps, LangGraph items); see :mod:`kvmem.catalog.mirror`.
+
+        Raises:
+            ConfigError: ``table`` keeps no records, or ``key`` does not name its key columns.
+            TierUnavailable: the record cannot be written (roll the transaction back: the exception does).
+        """
         ...

@@ -21,7 +21,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +33,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 
 from kvmem.catalog.journal import Journal
+from kvmem.catalog.mirror import RowMirror
 from kvmem.catalog.schema import entries
 from kvmem.errors import ConfigError, SchemaError, TierUnavailable
 from kvmem.migrations import upgrade_schema
@@ -203,9 +204,14 @@ class Catalog:
         on_recovered: told ``"catalog"`` when a damaged SQLite database was set aside before opening
             (a fresh one is created; see :mod:`kvmem.recovery`), ``"journal"`` for a damaged journal.
 
+    A SQLite file database keeps the rows that exist nowhere else (agent sessions and steps,
+    LangGraph items) also as records beside it (:mod:`kvmem.catalog.mirror`); when the database
+    was set aside, or its file is missing or empty, its rows are restored from them here.
+
     Raises:
         ConfigError: ``url`` is not a database URL SQLAlchemy knows.
-        TierUnavailable: the database cannot be reached or its schema created.
+        TierUnavailable: the database cannot be reached or its schema created, or its row records
+            (:mod:`kvmem.catalog.mirror`) cannot be written.
         SchemaError: the database's schema is newer than this kvmem's, or migrating it failed
             (:func:`kvmem.migrations.upgrade_schema`).
     """
@@ -225,9 +231,12 @@ class Catalog:
                 f"catalog_url={shown!r}: backend {parsed.get_backend_name()!r} is not supported; "
                 f"accepted {', '.join(_INSERTS)}"
             )
-        if parsed.get_backend_name() == "sqlite" and parsed.database:
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-            recover_sqlite(Path(parsed.database), on_recovered)
+        self.mirror, lost = RowMirror(None), False
+        if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
+            path = Path(parsed.database)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lost = recover_sqlite(path, on_recovered) or not path.exists() or path.stat().st_size == 0
+            self.mirror = RowMirror.beside(path)
         self.url = url
         connect_args: dict[str, Any] = {}
         if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
@@ -254,7 +263,8 @@ class Catalog:
         self._closed = False
         try:
             upgrade_schema(self.engine)
-        except SchemaError:
+            self.mirror.open(self.engine, lost)
+        except (SchemaError, TierUnavailable):  # a schema from a newer kvmem; row records that cannot be written
             self.engine.dispose()
             raise
         except SQLAlchemyError as exc:
@@ -293,6 +303,11 @@ class Catalog:
     def insert(self, table: Table) -> sqlite.Insert | postgresql.Insert:
         """An ``INSERT`` into ``table`` in this dialect, which has ``on_conflict_do_update``."""
         return sqlite.insert(table) if self.dialect == "sqlite" else postgresql.insert(table)
+
+    def keep_row(self, conn: Connection, table: Table, key: Mapping[str, object]) -> None:
+        """Keep the row of ``table`` named by ``key`` recoverable outside the database, as ``conn`` sees it now
+        (see :meth:`kvmem.catalog.mirror.RowMirror.sync`)."""
+        self.mirror.sync(conn, table, key)
 
     # -- entry rows ------------------------------------------------------------------------------
     @property
