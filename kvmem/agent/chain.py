@@ -10,6 +10,10 @@ steps are never evicted the way cached tensors are.
 
 Steps are shared, never copied: a fork is a new session row pointing into the
 same chain. Rows no session reaches any more are deleted by :func:`sweep`.
+
+Every write here also keeps the rows it changed recoverable outside the database
+(``Database.keep_row``, in the same transaction): the chain is primary data, and a
+catalog rebuilt after damage restores sessions and steps from those records.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from kvmem.errors import IntegrityError
 from kvmem.keys import content_hash
 from kvmem.ports import Database
 
-__all__ = ["Step", "sessions", "steps"]
+__all__ = ["Step", "create_session", "delete_session", "sessions", "steps"]
 
 _FORMAT = 1
 _DOMAIN = "kvmem/agent/step"
@@ -103,9 +107,13 @@ def link(
     """
     try:
         with database.transaction() as conn:
-            for key, parent, body in rows:
-                if conn.execute(select(steps.c.key).where(steps.c.key == key)).first() is None:
-                    conn.execute(steps.insert(), {"key": key, "parent": parent, "body": body})
+            added = [
+                (key, parent, body)
+                for key, parent, body in rows
+                if conn.execute(select(steps.c.key).where(steps.c.key == key)).first() is None
+            ]
+            for key, parent, body in added:
+                conn.execute(steps.insert(), {"key": key, "parent": parent, "body": body})
             was = sessions.c.head.is_(None) if old_head is None else sessions.c.head == old_head
             moved = conn.execute(
                 update(sessions)
@@ -114,9 +122,32 @@ def link(
             ).rowcount
             if moved != 1:
                 raise _Moved  # rolls the inserts back with the transaction
+            for key, _, _ in added:
+                database.keep_row(conn, steps, {"key": key})
+            database.keep_row(conn, sessions, {"name": name})
     except (_Moved, SqlIntegrityError):  # also a concurrent writer storing the same step first
         return False
     return True
+
+
+def create_session(database: Database, name: str, head: str | None, length: int, system: str, updated: float) -> None:
+    """Store a new session row ``name`` whose chain ends at ``head`` (``length`` steps).
+
+    Raises:
+        sqlalchemy.exc.IntegrityError: a session ``name`` exists already.
+    """
+    with database.transaction() as conn:
+        conn.execute(
+            sessions.insert(), {"name": name, "head": head, "length": length, "system": system, "updated": updated}
+        )
+        database.keep_row(conn, sessions, {"name": name})
+
+
+def delete_session(database: Database, name: str) -> None:
+    """Delete the session row ``name`` (its steps stay until :func:`sweep`)."""
+    with database.transaction() as conn:
+        conn.execute(delete(sessions).where(sessions.c.name == name))
+        database.keep_row(conn, sessions, {"name": name})
 
 
 class _Moved(Exception):
@@ -183,4 +214,6 @@ def sweep(database: Database) -> int:
         dead = [k for (k,) in conn.execute(select(steps.c.key)) if k not in live]
         for i in range(0, len(dead), 500):
             conn.execute(delete(steps).where(steps.c.key.in_(dead[i : i + 500])))
+        for key in dead:
+            database.keep_row(conn, steps, {"key": key})
     return len(dead)

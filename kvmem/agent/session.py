@@ -17,10 +17,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Self
 
 import torch
-from sqlalchemy import delete, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError as SqlIntegrityError
 
-from kvmem.agent.chain import Step, link, make_step, read_chain, sessions, sweep
+from kvmem.agent.chain import Step, create_session, delete_session, link, make_step, read_chain, sessions, sweep
 from kvmem.errors import ConfigError, InvalidKeyError, SessionConflict, SessionNotFound
 
 if TYPE_CHECKING:
@@ -86,11 +86,7 @@ class AgentSession:
         self._ids: dict[str, list[int]] = {}  # token ids per prompt piece (step key, or "" for the system)
         if self._row() is None:
             try:
-                with self._database.transaction() as conn:
-                    conn.execute(
-                        sessions.insert(),
-                        {"name": name, "head": None, "length": 0, "system": system_prompt or "", "updated": clock()},
-                    )
+                create_session(self._database, name, None, 0, system_prompt or "", clock())
             except SqlIntegrityError:
                 pass  # created by another process meanwhile: opened below
         self._reload(system_prompt)
@@ -229,17 +225,7 @@ class AgentSession:
             raise ConfigError(f"at={at!r}: expected a step index from -1 (no step) to {len(self._steps) - 1}")
         head = self._steps[at].key if at >= 0 else None
         try:
-            with self._database.transaction() as conn:
-                conn.execute(
-                    sessions.insert(),
-                    {
-                        "name": _check_name(name),
-                        "head": head,
-                        "length": at + 1,
-                        "system": self.system_prompt,
-                        "updated": self.clock(),
-                    },
-                )
+            create_session(self._database, _check_name(name), head, at + 1, self.system_prompt, self.clock())
         except SqlIntegrityError:
             raise ConfigError(f"fork name {name!r}: a session of that name exists; pick another") from None
         return AgentSession(
@@ -248,8 +234,7 @@ class AgentSession:
 
     def delete(self) -> int:
         """Delete this session; steps another session still reaches stay. How many steps went."""
-        with self._database.transaction() as conn:
-            conn.execute(delete(sessions).where(sessions.c.name == self.name))
+        delete_session(self._database, self.name)
         self._steps, self._head = [], None
         return sweep(self._database)
 
