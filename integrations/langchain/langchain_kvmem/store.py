@@ -10,7 +10,9 @@ that database sees every committed write at once.
 Why rows and not kvmem entries: kvmem entries are content-addressed values that tiers
 cache per process and evict under capacity; a store item changes under a fixed
 (namespace, key) and must never be evicted (agent chains, :mod:`kvmem.agent.chain`,
-make the same choice).
+make the same choice). The items exist nowhere else, so every write batch also keeps
+each item it changed (row and vectors) recoverable outside the database, in the same
+transaction (``Database.keep_row``): a catalog rebuilt after damage restores them.
 
 Why scores are computed here and not by :class:`kvmem.semantic.SemanticIndex`: a store
 search ranks the items under a namespace *prefix* (many namespaces), after the filter,
@@ -188,7 +190,7 @@ class KVMemStore(BaseStore):
     def sweep_ttl(self) -> int:
         """Delete expired items (and their vectors) now; how many went."""
         with self._database.transaction() as conn:
-            return _sweep(conn, time.time())
+            return self._sweep(conn, time.time())
 
     def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> concurrent.futures.Future[None]:
         """Run :meth:`sweep_ttl` every ``sweep_interval_minutes`` (default: ``ttl["sweep_interval_minutes"]``,
@@ -286,7 +288,7 @@ class KVMemStore(BaseStore):
             if refresh or batch.puts:
                 with self._database.transaction() as conn:  # NOTE: writes first in this transaction: no stale snapshot
                     if refresh:
-                        _refresh(conn, sorted(refresh), time.time())
+                        self._refresh(conn, sorted(refresh), time.time())
                     if batch.puts:
                         self._write(conn, batch.puts, owned, time.time())
         except OperationalError as exc:
@@ -365,12 +367,13 @@ class KVMemStore(BaseStore):
         owned: dict[_ItemKey, list[tuple[str, np.ndarray]]],
         now: float,
     ) -> None:
-        _sweep(conn, now)  # also makes a put over an expired item a new item (new id, created_at)
+        self._sweep(conn, now)  # also makes a put over an expired item a new item (new id, created_at)
         for (namespace, key), op in puts.items():
             where = (items.c.namespace == _ns_text(namespace), items.c.key == key)
             if op.value is None:
                 conn.execute(delete(vectors).where(vectors.c.item_id.in_(select(items.c.id).where(*where))))
                 conn.execute(delete(items).where(*where))
+                self._keep(conn, [(_ns_text(namespace), key)])
                 continue
             # created_at is kept by an update (documented as "first created"; InMemoryStore resets it)
             item_id = conn.execute(
@@ -393,6 +396,38 @@ class KVMemStore(BaseStore):
             ]
             if rows:
                 conn.execute(vectors.insert(), rows)
+            self._keep(conn, [(_ns_text(namespace), key)])
+
+    def _refresh(self, conn: Connection, ids: list[int], now: float) -> None:
+        """Push the expiry of the live items ``ids`` that have a TTL to ``now`` + their TTL."""
+        for start in range(0, len(ids), 500):
+            refreshed = conn.execute(
+                update(items)
+                .where(items.c.id.in_(ids[start : start + 500]), items.c.ttl_minutes.is_not(None), _live(now))
+                .values(expires_at=now + items.c.ttl_minutes * 60)
+                .returning(items.c.namespace, items.c.key)
+            )
+            self._keep(conn, [(row.namespace, row.key) for row in refreshed])
+
+    def _sweep(self, conn: Connection, now: float) -> int:
+        """Delete the items expired at ``now`` and their vectors; how many went.
+
+        NOTE: a write first (DELETE .. RETURNING, not a SELECT before it): the transaction takes the
+        write lock with its first statement, never a read snapshot another writer can make stale.
+        """
+        gone = conn.execute(
+            delete(items).where(items.c.expires_at <= now).returning(items.c.id, items.c.namespace, items.c.key)
+        ).all()
+        for start in range(0, len(gone), 500):
+            conn.execute(delete(vectors).where(vectors.c.item_id.in_([row.id for row in gone[start : start + 500]])))
+        self._keep(conn, [(row.namespace, row.key) for row in gone])
+        return len(gone)
+
+    def _keep(self, conn: Connection, changed: Sequence[tuple[str, str]]) -> None:
+        """Keep the items ``changed`` (namespace text, key) recoverable as ``conn`` sees them now (see the module
+        docstring): call it after the change, in its transaction."""
+        for namespace, key in changed:
+            self._database.keep_row(conn, items, {"namespace": namespace, "key": key})
 
 
 _COLUMNS = (
@@ -459,22 +494,6 @@ def _list_namespaces(conn: Connection, op: ListNamespacesOp, now: float) -> list
     else:
         namespaces = sorted(namespaces)
     return namespaces[op.offset : op.offset + op.limit]
-
-
-def _refresh(conn: Connection, ids: list[int], now: float) -> None:
-    """Push the expiry of the live items ``ids`` that have a TTL to ``now`` + their TTL."""
-    for start in range(0, len(ids), 500):
-        conn.execute(
-            update(items)
-            .where(items.c.id.in_(ids[start : start + 500]), items.c.ttl_minutes.is_not(None), _live(now))
-            .values(expires_at=now + items.c.ttl_minutes * 60)
-        )
-
-
-def _sweep(conn: Connection, now: float) -> int:
-    expired = select(items.c.id).where(items.c.expires_at <= now)
-    conn.execute(delete(vectors).where(vectors.c.item_id.in_(expired)))
-    return conn.execute(delete(items).where(items.c.expires_at <= now)).rowcount
 
 
 def _live(now: float) -> ColumnElement[bool]:

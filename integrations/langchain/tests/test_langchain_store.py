@@ -24,6 +24,7 @@ import kvmem
 from kvmem.errors import TierUnavailable
 from langchain_kvmem import store as store_module
 from langchain_kvmem.store import KVMemEmbeddings, KVMemStore
+from tests.catalog.damage import FAULTS, damage_sqlite
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -537,3 +538,68 @@ def test_a_database_outage_is_reported_without_its_password(tmp_path: Path) -> N
             assert "PW-" not in str(gone.value), gone.value
     finally:
         server.remove()
+
+
+def item_rows(mem: kvmem.Memory) -> list[list[dict]]:
+    """Every row of the item and vector tables, in key order."""
+    with mem.database.connection() as conn:
+        return [
+            [dict(r) for r in conn.execute(select(table).order_by(*table.primary_key.columns)).mappings()]
+            for table in (store_module.items, store_module.vectors)
+        ]
+
+
+def seen_by_readers(store: KVMemStore) -> list:
+    """What readers see (no TTL refreshed): gets, plain, query, filter and paged searches, namespaces."""
+
+    def shown(found: list) -> list:
+        return [None if i is None else (i.namespace, i.key, i.value, i.created_at, i.updated_at) for i in found] + [
+            getattr(i, "score", None) for i in found
+        ]
+
+    gets = [store.get(ns, k, refresh_ttl=False) for ns, k in [(("docs", "a"), "1"), (("docs", "b"), "2")]]
+    return [
+        shown(gets + [store.get(("docs", "a"), "gone"), store.get(("notes",), "x", refresh_ttl=False)]),
+        shown(store.search(("docs",), refresh_ttl=False)),
+        shown(store.search((), query="red pears", refresh_ttl=False)),
+        shown(store.search((), filter={"n": {"$gt": 1}}, refresh_ttl=False)),
+        shown(store.search(("docs",), limit=1, offset=1, refresh_ttl=False)),
+        store.list_namespaces(),
+        store.list_namespaces(prefix=("docs",), max_depth=1),
+    ]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_items_survive_a_damaged_catalog(tmp_path: Path, clock: Clock, fault: str) -> None:
+    path = tmp_path / "kvmem"
+    index = {"dims": 64, "embed": WordEmbeddings(), "fields": ["text"]}
+    with kvmem.Memory(str(path)) as mem:
+        store = KVMemStore(mem, index=index)
+        store.put(("docs", "a"), "1", {"text": "red apples and pears", "n": 1})
+        clock.now += 1
+        store.put(("docs", "b"), "2", {"text": "green pears", "n": 2}, ttl=1.0)
+        store.put(("docs", "a"), "3", {"text": "blue sky", "n": 3})
+        store.put(("notes",), "x", {"text": "red notes", "n": 4}, index=False)
+        store.put(("docs", "a"), "gone", {"text": "deleted"})
+        store.put(("docs", "a"), "expired", {"text": "short lived"}, ttl=0.5)
+        clock.now += 1
+        store.put(("docs", "a"), "1", {"text": "red apples", "n": 10})  # keeps its created_at and its place
+        store.delete(("docs", "a"), "gone")
+        clock.now += 40
+        assert store.get(("docs", "b"), "2") is not None  # its TTL refreshed: expires 100 s from here
+        clock.now += 30
+        assert store.sweep_ttl() == 1  # "expired"
+        seen, rows_before = seen_by_readers(store), item_rows(mem)
+    damage_sqlite(path / "catalog.sqlite3", fault)
+
+    with kvmem.Memory(str(path)) as mem:
+        store = KVMemStore(mem, index=index)
+        assert item_rows(mem) == rows_before  # ids, values, times, TTLs, vectors: byte for byte
+        assert seen_by_readers(store) == seen
+        clock.now += 20  # past the TTL of "2" before its refresh, within the refreshed one
+        assert store.get(("docs", "b"), "2") is not None and store.get(("docs", "a"), "expired") is None
+        store.put(("docs", "b"), "new", {"text": "red pears again"})
+        assert keys(store.search(("docs",))) == ["1", "3", "2", "new"]
+        assert store.search(("docs",), query="red pears again")[0].key == "new"
+        assert store.delete(("notes",), "x") is None and len(item_rows(mem)[0]) == 4
+    assert len(list((path / "catalog.sqlite3.records" / "langgraph-items").iterdir())) == 4  # one per item
