@@ -291,6 +291,7 @@ class _PoolReader(BlobReader):
         self.checks_crc = verify
         if verify:
             entry.blob.seal()
+            blobfmt.parse_head(torch.from_numpy(entry.blob.head))  # the head in the pages, checked as parts are
         super().__init__((entry.blob.header, entry.blob.start), tier, entry.ends)  # type: ignore[arg-type]
 
     def head_bytes(self) -> np.ndarray:

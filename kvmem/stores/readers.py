@@ -104,12 +104,14 @@ class BlobReader:
                 fails its CRC.
         """
         check_size(part, dst)
-        self.segment_of(part)
-        lo = self.start + int(part["off"])
-        copy_part(self.read_bytes(lo, lo + int(part["n"])), dst)
+        seg_lo, _crc, _i = self.segment_of(part)
+        # NOTE: the whole segment is read (its leading padding is at most one alignment unit), so that
+        # its CRC is checked before a byte of it reaches dst (``read`` checks where the tier needs it)
+        data = self.read(seg_lo, int(part["off"]) + int(part["n"]))
+        copy_part(data[int(part["off"]) - seg_lo :], dst)
 
     def read_bytes(self, lo: int, hi: int) -> torch.Tensor:
-        """Blob bytes ``[lo, hi)``, unchecked: :meth:`read` checks."""
+        """Blob bytes ``[lo, hi)`` (fewer if the blob is shorter), unchecked: :meth:`read` checks."""
         raise NotImplementedError
 
     def read(self, lo: int, hi: int) -> torch.Tensor:
@@ -119,6 +121,10 @@ class BlobReader:
             IntegrityError: a short read, or a segment that does not match its CRC.
         """
         data = self.read_bytes(self.start + lo, self.start + hi)
+        if data.numel() != hi - lo:
+            raise IntegrityError(
+                f"blob in tier {self.tier} truncated: payload bytes [{lo}, {hi}) read as {data.numel()} bytes"
+            )
         blobfmt.verify_range(self.header, data, lo, check=self.checks_crc)
         return data
 
@@ -273,6 +279,8 @@ class FileReader(BlobReader):
         for group in steps([pad, *rows], _STEP):
             n = preadv_all(self._fd, group, at)
             at += n
+            if n != sum(row.size for row in group):  # NOTE: else rows keep what dst held: it may match the CRC
+                raise IntegrityError(f"blob file truncated: payload bytes [{seg_lo}, {end}) end at {at - self.start}")
             for row in group:
                 got = crc32c.crc32c(row.data, got)
         if got != crc:

@@ -38,6 +38,7 @@ import torch
 
 from kvmem import blob as blobfmt
 from kvmem.blob import EncodedBlob
+from kvmem.codecs.serialization import check_owner
 from kvmem.errors import CapacityError, IntegrityError, TierUnavailable
 from kvmem.metrics import Metrics
 from kvmem.stores.base import Capabilities, StorageTier
@@ -659,7 +660,11 @@ class TieredStore:
             if not pending and self._call(target, target.contains, key):
                 break
             if encoded is None:
-                encoded = self._call(tier, self._lend, tier, key)
+                try:
+                    encoded = self._call(tier, self._lend, tier, key)
+                except IntegrityError as exc:  # never moved down: a corrupt copy is taken out of service
+                    self._corrupt(tier, key, exc)
+                    return False
                 if encoded is None:
                     return False
             if encoded.nbytes > target.capacity:
@@ -679,10 +684,22 @@ class TieredStore:
         return True
 
     def _lend(self, tier: StorageTier, key: str) -> EncodedBlob | None:
-        """``key``'s blob in ``tier``, to be written to another: lent without a copy where the tier can."""
+        """``key``'s blob in ``tier``, to be written to another: lent without a copy where the tier can, else
+        read and checked as a load is (:meth:`_read_owned`), so no tier ever takes in bytes that fail their CRC.
+
+        Raises:
+            IntegrityError: the copy in ``tier`` does not match its CRC, or names another key as its owner.
+        """
         lender = self._caps[tier.name].lends_blobs
         lent = lender.blob(key) if lender is not None else None
-        return lent or _wrapped(tier.get(key))
+        if lent is not None:
+            return lent
+        got = self._read_owned(tier, key)
+        if got is None:
+            return None
+        if got.head is not None and "info" in got.head[0]:  # a blob of Memory's names its key: not another's
+            check_owner(got.head[0], key)
+        return EncodedBlob.from_buffer(got.buf, got.head)
 
     # -- write-back ---------------------------------------------------------
     def _enqueue(self, key: str, encoded: EncodedBlob, targets: list[StorageTier]) -> None:
@@ -736,10 +753,6 @@ class TieredStore:
 
 def _count_keys(tier: StorageTier) -> int:
     return sum(1 for _ in tier.keys())
-
-
-def _wrapped(buf: torch.Tensor | None) -> EncodedBlob | None:
-    return None if buf is None else EncodedBlob.from_buffer(buf)
 
 
 def _owned(encoded: EncodedBlob, written: list[str]) -> EncodedBlob:
