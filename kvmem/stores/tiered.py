@@ -534,8 +534,11 @@ class TieredStore:
         if self.write_back:
             for i, (key, blob) in enumerate(items):
                 if later[i]:
-                    self._enqueue(key, sources[i] if sources[i] is not blob else _owned(blob, written[i]), later[i])
-        return [Stored(w, src, r) for w, src, r in zip(written, sources, refused)]
+                    # NOTE: the caller's tensors may change as soon as this returns (or raises): the writer
+                    # gets a tier's copy, or a copy of its own
+                    self._enqueue(key, sources[i] if sources[i] is not blob else _copied(blob), later[i])
+        # NOTE: a value queued for the tiers below was not refused by every target: it is being stored
+        return [Stored(w, src, None if q else r) for w, src, r, q in zip(written, sources, refused, later)]
 
     def _targets(self, blob: EncodedBlob) -> list[StorageTier]:
         """Where a new entry goes: the highest usable tier it fits, then every persistent tier below."""
@@ -755,6 +758,7 @@ def _count_keys(tier: StorageTier) -> int:
     return sum(1 for _ in tier.keys())
 
 
-def _owned(encoded: EncodedBlob, written: list[str]) -> EncodedBlob:
-    """``encoded`` for a write-back: copied first if a tier took it (the caller may change its tensors now)."""
-    return EncodedBlob.from_buffer(encoded.to_tensor()) if written else encoded
+def _copied(encoded: EncodedBlob) -> EncodedBlob:
+    """``encoded`` copied into a buffer of its own (sealed), for a write-back that no tier's copy can serve."""
+    buf = encoded.to_tensor()
+    return EncodedBlob.from_buffer(buf, (encoded.header, encoded.start) if encoded.header is not None else None)

@@ -223,6 +223,25 @@ def test_write_back_returns_before_the_disk_write_and_reaches_disk_on_flush(
         assert m.metrics.value("kvmem_hits_total", tier="disk", kind="tensor") == 1
 
 
+def test_a_value_the_top_tier_refused_is_written_back_as_it_was_when_stored(
+    back: kvmem.Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU tier refuses the value (its pages are all lent out), so only the write-back stores it: from a
+    copy made before ``store`` returned, not from the caller's tensor, which changes meanwhile."""
+    lent = back.lease_host(1 << 20)
+    assert lent is not None  # every page of the 1 MiB CPU tier: it refuses any value now
+    gate = Gate(monkeypatch, _disk(back))
+    value = _value(0)
+    try:
+        back.store("a", value)  # queued for the disk, not refused: no error
+        assert gate.entered.wait(5)
+        value += 1000  # the caller reuses its tensor (a KV view the engine writes next)
+    finally:
+        gate.release()
+    back.flush()
+    assert torch.equal(back.load("a"), _value(0))
+
+
 def test_delete_of_a_queued_write_back_does_not_resurrect_the_key(
     back: kvmem.Memory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
