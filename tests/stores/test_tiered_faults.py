@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -332,9 +333,7 @@ def test_catalog_that_cannot_be_opened_any_more(tmp_path: Path) -> None:
     m = kvmem.Memory(tmp_path / "kvmem", catalog_url=f"sqlite:///{catalog_dir / 'catalog.sqlite3'}", **SETTINGS)
     m.store("before", _value(0))
     m._catalog.engine.dispose()
-    for f in catalog_dir.iterdir():
-        f.unlink()
-    catalog_dir.rmdir()
+    shutil.rmtree(catalog_dir)  # the database and its records (catalog.sqlite3.records/)
     catalog_dir.write_text("not a directory")
 
     m.store("during", _value(1), metadata={"x": 1})
