@@ -433,3 +433,30 @@ def test_an_entry_leaves_few_objects_for_the_garbage_collector(opened: Callable[
     per_entry = (len(gc.get_objects()) - before) / 200
     # 6 alone; up to ~7.1 inside the whole suite, where other threads leave objects of their own meanwhile
     assert per_entry <= 8, f"{per_entry:.1f} tracked objects per CPU-tier entry"
+
+
+def test_a_large_plain_load_lands_in_the_pools_faulted_pages_and_gives_them_back(
+    opened: Callable[..., kvmem.Memory],
+) -> None:
+    """A plain ``load`` of a large tensor is copied into free pages of the pool (faulted in already), which count
+    in the tier's usage while the caller holds the tensor; writing to it never changes the stored value; with no
+    free run left the load still succeeds, into a new buffer."""
+    mem = opened(cpu_bytes=8 * MiB, disk_bytes=0)
+    tier = cpu_tier(mem)
+    value = torch.randn(MiB // 2)  # 2 MiB
+    mem.store("big", value)
+    stored = tier.usage()
+
+    loaded = mem.load("big")
+    assert_bit_exact(value, loaded)
+    assert tier.usage() == stored + pages_of(tier, 2 * MiB)  # the pool's pages, not a new buffer
+    loaded += 1.0  # the caller's own tensor: the stored value stays as it was
+    assert_bit_exact(value, mem.load("big"))
+    del loaded
+    gc.collect()
+    assert tier.usage() == stored
+
+    held = [mem.load("big") for _ in range(8)]  # more than the free pages: the rest get new buffers
+    assert tier.usage() <= tier.pool.nbytes
+    for got in held:
+        assert_bit_exact(value, got)
