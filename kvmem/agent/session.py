@@ -248,11 +248,12 @@ class AgentSession:
             model: a transformers causal LM.
             tokenizer: anything with ``encode(text) -> list[int]`` (an HF tokenizer: special
                 tokens are not added per piece; its BOS, if any, starts the prompt once).
-            block_size, compression: as in :class:`~kvmem.kv.PrefixCache` (default: the memory's,
-                256 tokens and ``fp16``). Agent steps are often shorter than 256 tokens, and each
-                prefill recomputes the partial chunk after the last full one: 64 reuses more
-                (``benchmarks/bench_agent.py``: 9.5x at step 20 against 6.0x). ``compression="none"``
-                keeps an fp32 model's KV exact.
+            block_size: as in :class:`~kvmem.kv.PrefixCache` (default: the memory's, 256 tokens).
+                Agent steps are often shorter than 256 tokens, and each prefill recomputes the
+                partial chunk after the last full one: 64 reuses more (``benchmarks/bench_agent.py``:
+                9.5x at step 20 against 6.0x).
+            compression: as in :class:`~kvmem.kv.PrefixCache` (default: the memory's, ``fp16``).
+                ``compression="none"`` keeps an fp32 model's KV exact.
         """
         from kvmem.kv import PrefixCache
 

@@ -73,7 +73,9 @@ class VisualTokenCache:
         feature: ``patch`` or ``cls_patch``.
         memory: where entries live (default: the module's default memory).
         dtype: storage dtype of tokens (None: as the encoder computes them, lossless).
-        precision, device, seed: as in :class:`OpenClipEncoder`.
+        precision: as in :class:`OpenClipEncoder`.
+        device: as in :class:`OpenClipEncoder`.
+        seed: as in :class:`OpenClipEncoder`.
         similar_threshold: cosine floor of :meth:`similar` (not calibrated: near-duplicates of
             one photo score above 0.9 with real CLIP weights).
     """

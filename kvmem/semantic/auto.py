@@ -70,7 +70,9 @@ class AutoIndex:
     Args:
         dim: vector length.
         hnsw_from: live vectors above which search goes through a graph.
-        m, ef_construction, ef_search: the :class:`HnswIndex` parameters.
+        m: as in :class:`HnswIndex`.
+        ef_construction: as in :class:`HnswIndex`.
+        ef_search: as in :class:`HnswIndex`.
         rebuild_at: tombstone fraction of the graph that starts a rebuild.
         background: build graphs on a thread (False: inside the call that needs one).
     """

@@ -100,7 +100,10 @@ class HnswIndex:
 
         Args:
             exact: the vectors; the caller must not use it afterwards except through the result.
-            m, ef_construction, ef_search, rebuild_at: as in the constructor.
+            m: as in the constructor.
+            ef_construction: as in the constructor.
+            ef_search: as in the constructor.
+            rebuild_at: as in the constructor.
         """
         index = cls(exact.dim, m, ef_construction, ef_search, rebuild_at)
         index._live = exact
