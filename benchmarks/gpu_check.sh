@@ -35,7 +35,7 @@ from kvmem.cuda import reference, triton_ops
 from kvmem.cuda.kvquant import quantize_kv
 from kvmem.codecs.quant import QuantCodec
 from kvmem.kv import PrefixCache
-from kvmem.paged import PagedBuffer
+from kvmem.stores.paged import PagedBuffer
 
 dev = torch.device("cuda")
 assert cuda.ACCELERATED, "Triton kernels were not selected"

@@ -22,7 +22,7 @@ import torch
 
 import kvmem
 from kvmem import blob as blobfmt
-from kvmem.catalog import StoreRow
+from kvmem.catalog.catalog import StoreRow
 from tests.workers import persistence_values
 
 WORKERS = str(Path(__file__).parents[1] / "workers.py")
