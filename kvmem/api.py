@@ -2,52 +2,42 @@
 
 A ``Memory`` turns user keys into storage keys (namespace and tenant salt folded
 in), values into blobs (codec pipeline), and drives the tiers and the catalog.
+This module holds its data path (``store``, ``load``, ``fetch`` and their batched
+forms); its state and the rest of its operations come from
+:class:`~kvmem.core.MemoryCore`, :class:`~kvmem.lookup.SemanticLookup` (semantic
+lookup) and :class:`~kvmem.ops.maintenance.Maintenance` (stats, verify, gc, migrate).
 """
 
 from __future__ import annotations
 
-import asyncio
 import atexit
-import functools
-import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import torch
-from prometheus_client import CollectorRegistry
-from sqlalchemy.exc import SQLAlchemyError
 
-from kvmem import blob as blobfmt
-from kvmem.activity import Activity, serving
+from kvmem.activity import serving
 from kvmem.blob import EncodedBlob
-from kvmem.catalog.catalog import Catalog, StoreRow
-from kvmem.catalog.records import EntryInfo, Loaded, Stats, TierStats, entry_info
-from kvmem.catalog.versions import Pin, Versions
+from kvmem.catalog.catalog import StoreRow
+from kvmem.catalog.records import EntryInfo, Loaded, Stats, TierStats
 from kvmem.codecs import CodecSpec, parse_codec
 from kvmem.codecs.serialization import check_owner, decode_value, encode_value, value_kind
-from kvmem.config import Config, load_config
-from kvmem.errors import CapacityError, ConfigError, IntegrityError, OutputMismatch, TierUnavailable
-from kvmem.keys import storage_key
+from kvmem.errors import CapacityError, IntegrityError, OutputMismatch, TierUnavailable
 from kvmem.loads import check_out, copy_into, fill, read_back
-from kvmem.metrics import Exporter, Metrics
-from kvmem.ops.maintenance import GcReport, VerifyReport, collect_garbage, register_orphans, verify_entries
-from kvmem.ports import ChunkStore, Database
-from kvmem.stores import CpuTier, DiskTier, Stored, TieredStore, build_tiers
+from kvmem.lookup import SemanticLookup
+from kvmem.ops.maintenance import Maintenance
+from kvmem.stores import CpuTier, Stored
 from kvmem.threads import copy_pool, io_pool
 
 if TYPE_CHECKING:  # kvmem.semantic loads only when a text is stored or looked up
-    from kvmem.ops.migrate import MigrationReport
-    from kvmem.semantic import Embedder, Match, SemanticIndex
+    from kvmem.semantic import Match
 
 __all__ = ["Memory", "Loaded", "EntryInfo", "TierStats", "Stats"]
 
-log = logging.getLogger(__name__)
 V = TypeVar("V")
-_CATALOG_FLUSH_SECONDS = 1.0
 _THREADED_READ_BYTES = 1 << 20
 # NOTE: load_many reads misses on kvmem's I/O threads only when a value is at least this large. A small
 # value's read is mostly Python (parse, check, promote) holding the GIL: four threads taking turns at it,
@@ -55,7 +45,7 @@ _THREADED_READ_BYTES = 1 << 20
 # (bench_prefetch.py) than reading them one after another on the caller's thread.
 
 
-class Memory:
+class Memory(SemanticLookup, Maintenance):
     """A content-addressed store of tensors, tensor trees, arrays, bytes and JSON.
 
     Args:
@@ -77,84 +67,6 @@ class Memory:
     ``kvmem.multimodal``, ``kvmem.semantic``, ``langchain-kvmem``) use its public operations
     and the ports of :mod:`kvmem.ports` (:attr:`database`, :meth:`chunk_store`, :meth:`record_hits`).
     """
-
-    def __init__(
-        self,
-        path: str | None = None,
-        *,
-        config: Config | None = None,
-        config_file: str | None = None,
-        registry: CollectorRegistry | None = None,
-        embedder: Embedder | None = None,
-        **settings: Any,
-    ) -> None:
-        if path is not None:
-            settings["path"] = path
-        self.config = config.replace(**settings) if config is not None else load_config(config_file, **settings)
-        self.metrics = Metrics(registry)
-        self.activity = Activity()
-        """Requests in flight (``load``, ``load_many``, ``fetch``, ``store``, ``store_many``), counted once a
-        predictive prefetcher watches: its copies wait for none (see :mod:`kvmem.activity`)."""
-        self._embedder = embedder
-        self._semantics: dict[str, SemanticIndex] = {}  # "" -> the text layer; else an embedder's name
-        self._semantic_lock = threading.Lock()
-        self._recovered: set[str] = set()  # labels of damaged metadata files set aside while opening
-        self._catalog = Catalog(
-            self.config.resolved_catalog_url,
-            flush_seconds=_CATALOG_FLUSH_SECONDS,
-            on_error=self._catalog_failed,
-            journal=Path(self.config.path) / "catalog-pending",
-            on_recovered=self._file_recovered,
-        )
-        self._tiers = TieredStore(
-            build_tiers(self.config, self._file_recovered),
-            self.metrics,
-            offload_threshold=self.config.offload_threshold,
-            write_policy=self.config.write_policy,
-            queue_size=self.config.write_back_queue,
-            retry_seconds=self.config.tier_retry_seconds,
-            on_removed=self._removed,
-        )
-        self._versions = Versions(self._catalog, self._tiers, self.config.pin_lease_seconds)
-        self._closed = False
-        if self._recovered & {"catalog", "journal"}:  # rows the damaged file held, read off the blobs
-            self._catalog_write(lambda: register_orphans(self._tiers, self._catalog))
-        self._exporter: Exporter | None = None
-        if self.config.metrics_port is not None:
-            try:
-                self._exporter = Exporter(self.metrics.registry, self.config.metrics_host, self.config.metrics_port)
-            except ConfigError:
-                self.close()
-                raise
-
-    @property
-    def metrics_url(self) -> str | None:
-        """Where this process serves this memory's ``/metrics`` (``metrics_port`` set), else ``None``."""
-        return None if self._exporter is None else self._exporter.url
-
-    # -- ports of the feature layers (kvmem.ports) --------------------------------------
-    @property
-    def database(self) -> Database:
-        """The catalog's database, for tables kept beside the entry rows (agent steps, LangGraph items)."""
-        return self._catalog
-
-    def chunk_store(self) -> ChunkStore:
-        """This memory's tiers as the KV loader reads them: by storage key, through the tiers' failure handling."""
-        return ChunkStore(self._tiers)
-
-    def record_hits(self, skeys: Sequence[str], tier: str, kind: str = "tree") -> None:
-        """Count a hit on each of ``skeys`` (storage keys) served by tier ``tier`` outside :meth:`load`:
-        in ``kvmem_hits_total{tier, kind}`` and the entries' catalog hit counts (buffered); a predictive
-        prefetch guess among them counts as used."""
-        for skey in skeys:
-            self.metrics.hit(tier, kind)
-            self._catalog.record_hit(skey)
-        self._tiers.note_hits(skeys, tier)
-
-    # -- keys -----------------------------------------------------------------
-    def storage_key(self, key: str | bytes, namespace: str | None = None) -> str:
-        """The storage key ``key`` maps to in ``namespace`` (under this config's tenant salt)."""
-        return storage_key(key, namespace, self.config.tenant_salt)
 
     # -- store / load -----------------------------------------------------------
     @serving
@@ -287,98 +199,6 @@ class Memory:
             durable=self._tiers.write_back or not self._tiers.persistent.isdisjoint(stored.tiers),
         )
         self.metrics.stored(job.raw, job.encoded.nbytes)
-
-    # -- semantic lookup ---------------------------------------------------------
-    def semantic_index(self, embedder: Embedder | None = None) -> SemanticIndex:
-        """A semantic index, built (embedder loaded, index read back) on first use.
-
-        Args:
-            embedder: None: the text layer (``store(text=)``, :meth:`lookup_similar`) with this
-                memory's embedder. Another embedder (e.g. an image encoder's, see
-                :mod:`kvmem.multimodal`) gets its own index, one per embedder name; each
-                follows the store's deletes and evictions.
-        """
-        slot = "" if embedder is None else embedder.name
-        with self._semantic_lock:
-            index = self._semantics.get(slot)
-            if index is None:
-                from kvmem.semantic import SemanticIndex
-
-                index = self._semantics[slot] = SemanticIndex(
-                    self._catalog,
-                    self._embedder if embedder is None else embedder,
-                    live=self._tiers.contains_many if self._sees_every_entry else None,
-                    directory=Path(self.config.path) / "semantic",
-                    hnsw_from=self.config.semantic_hnsw_from,
-                    on_recovered=self._file_recovered,
-                )
-            return index
-
-    def lookup_similar(
-        self,
-        query: str,
-        k: int = 3,
-        *,
-        namespace: str | None = None,
-        threshold: float | None = None,
-        verify: bool = True,
-    ) -> list[Match]:
-        """Entries of ``namespace`` whose indexed text means the same as ``query``, best first.
-
-        Only ``namespace`` is searched, never another. A candidate counts when its cosine
-        score is at least ``threshold`` and, with ``verify``, the strict verifier finds no
-        differing number, unit, negation, opposite, name, argument order, direction or
-        swapped word (see :mod:`kvmem.semantic.verify`). Entries no tier holds any more are
-        dropped from the index.
-
-        Args:
-            query: the text to match.
-            k: most matches returned.
-            namespace: the namespace given to :meth:`store`.
-            threshold: cosine floor (inclusive); default: the embedder's calibrated one.
-            verify: apply the strict verifier (on by default).
-
-        Returns:
-            ``Match(key, score, text, metadata, namespace, storage_key)`` list; ``key`` is the key given
-            to :meth:`store`, and :meth:`load_match` loads a match's value.
-        """
-        from kvmem.semantic import Match
-
-        index = self.semantic_index()
-        matches: list[Match] = []
-        self._catalog_write(self._catalog.flush_all)  # rows of stores still queued (write-behind) are read
-        ns = namespace or ""
-        for skey, score, text in index.search(query, ns, k, threshold, verify):
-            if not self._tiers.contains(skey):  # NOTE: evicted from every tier: never a dangling hit
-                if self._sees_every_entry:  # else another node may hold it: its row stays
-                    index.remove(skey)
-                continue
-            row = self._catalog_write(functools.partial(self._catalog.get, skey))
-            matches.append(
-                Match(
-                    index.user_key(skey),
-                    score,
-                    text,
-                    row.metadata if row is not None else {},
-                    namespace=ns,
-                    storage_key=skey,
-                )
-            )
-        return matches
-
-    async def alookup_similar(
-        self,
-        query: str,
-        k: int = 3,
-        *,
-        namespace: str | None = None,
-        threshold: float | None = None,
-        verify: bool = True,
-    ) -> list[Match]:
-        """:meth:`lookup_similar` in a worker thread: the event loop goes on while the query is embedded."""
-        return await asyncio.to_thread(
-            self.lookup_similar, query, k, namespace=namespace, threshold=threshold, verify=verify
-        )
 
     def load_match(self, match: Match, default: V | None = None, *, device: torch.device | str | None = None) -> Any:
         """The value of an entry :meth:`lookup_similar` returned, or ``default`` (e.g. evicted since).
@@ -581,222 +401,6 @@ class Memory:
             if blob is not None:
                 self._tiers.promote(skey, blob, reader.tier)
         return True, corrupt
-
-    def lease_host(self, nbytes: int) -> torch.Tensor | None:
-        """``nbytes`` of the CPU tier's pool as one uint8 tensor (pinned when CUDA is present), for host
-        memory that should share the tier's budget (``OffloadingCache(memory=...)``'s pages).
-
-        The pages count in the CPU tier's usage until the tensor and its views are gone.
-
-        Returns:
-            The tensor, or ``None``: no CPU tier, or no free run of pages that long.
-        """
-        cpu = next((t for t in self._tiers.tiers if isinstance(t, CpuTier)), None)
-        return None if cpu is None else cpu.lease(nbytes)
-
-    def pin(self, key: str | bytes, *, namespace: str | None = None, lease: float | None = None) -> Pin | None:
-        """Pin the current version of ``key``: ``pin.load()`` returns it until ``pin.release()``.
-
-        Writers go on storing new versions meanwhile (plain :meth:`load` returns the newest);
-        the pinned one is kept in the catalog database, so every node sharing the catalog keeps
-        it, until no live pin holds it (released, or the lease of a process that died expired).
-
-        Args:
-            key: the key given to :meth:`store`.
-            namespace: the namespace given to :meth:`store`.
-            lease: seconds the pin survives its holder without renewal (default ``config.pin_lease_seconds``;
-                renewed every third of it while this memory is open).
-
-        Returns:
-            A :class:`~kvmem.catalog.versions.Pin` (a context manager), or ``None`` when ``key`` is not stored.
-
-        Raises:
-            TierUnavailable: the catalog cannot be reached (pins live there).
-        """
-        return self._versions.pin(self.storage_key(key, namespace), lease)
-
-    def contains_many(self, keys: Sequence[str | bytes], *, namespace: str | None = None) -> list[bool]:
-        """:meth:`contains` for several keys, with one batched call per tier."""
-        return self._tiers.contains_many([self.storage_key(k, namespace) for k in keys])
-
-    def contains(self, key: str | bytes, *, namespace: str | None = None) -> bool:
-        """Whether ``key`` is stored in some tier (its CRC is checked only when loaded)."""
-        return self._tiers.contains(self.storage_key(key, namespace))
-
-    def delete(self, key: str | bytes, *, namespace: str | None = None) -> bool:
-        """Remove ``key`` from every tier and the catalog; whether it was there."""
-        skey = self.storage_key(key, namespace)
-        found = self._tiers.delete(skey)
-        removed = self._catalog_write(lambda: self._catalog.delete(skey))
-        for index in self._semantic_indexes():
-            index.remove(skey)
-        if not self._semantics:
-            from kvmem.semantic.layer import forget
-
-            self._catalog_write(lambda: forget(self._catalog, skey))
-        return found or removed is True
-
-    def info(self, key: str | bytes, *, namespace: str | None = None) -> EntryInfo | None:
-        """Catalog facts about ``key`` and the tiers that hold it now, or ``None`` (also when the catalog is down)."""
-        skey = self.storage_key(key, namespace)
-        self._catalog_write(self._catalog.flush_all)
-        row = self._catalog_write(lambda: self._catalog.get(skey))
-        if row is None:
-            return None
-        return entry_info(row, self._tiers.holders(skey))
-
-    # -- compress ---------------------------------------------------------------
-    def compress(self, value: object, codec: str | None = None) -> bytes:
-        """Encode ``value`` as a self-describing blob (``codec`` default: ``config.compression``)."""
-        encoded, _ = encode_value(value, parse_codec(codec or self.config.compression))
-        return b"".join(p.tobytes() for p in encoded.parts)
-
-    @staticmethod
-    def decompress(data: bytes | bytearray | memoryview) -> Any:
-        """Decode a blob made by :meth:`compress` (CRC-checked).
-
-        Raises:
-            IntegrityError: ``data`` is not an intact kvmem blob.
-        """
-        buf = blobfmt.empty_buffer(len(data))
-        buf.numpy()[:] = memoryview(data).cast("B")
-        value, _ = decode_value(buf, head=blobfmt.verify(buf))
-        return value
-
-    # -- maintenance -------------------------------------------------------------
-    def stats(self) -> Stats:
-        """Catalog totals, tier occupancy and counters since this instance started."""
-        self._catalog_write(self._catalog.flush_all)
-        totals = self._catalog_write(self._catalog.totals) or {"entries": 0, "size": 0, "stored_size": 0, "hits": 0}
-        m = self.metrics
-        hits, misses = int(m.total("kvmem_hits_total")), int(m.total("kvmem_misses_total"))
-        tiers = [
-            TierStats(t.name, t.usage(), t.capacity, self._tiers.entry_count(t), self._tiers.healthy(t))
-            for t in self._tiers.tiers
-        ]
-        return Stats(
-            entries=totals["entries"],
-            size=totals["size"],
-            stored_size=totals["stored_size"],
-            tiers=tiers,
-            hits=hits,
-            misses=misses,
-            hit_rate=hits / (hits + misses) if hits + misses else 0.0,
-            crc_failures=int(m.total("kvmem_crc_failures_total")),
-            tier_errors=int(m.total("kvmem_tier_errors_total")),
-            evictions=int(m.total("kvmem_evictions_total")),
-            demotions=int(m.total("kvmem_demotions_total")),
-            recorded_hits=totals["hits"],
-        )
-
-    def verify(self, fix: bool = False, progress: bool = True) -> VerifyReport:
-        """Read every entry in every tier and check it; with ``fix``, quarantine and repair the catalog."""
-        self.flush()
-        return verify_entries(
-            self._tiers, self._catalog, self.metrics, fix=fix, progress=progress, reap=self._sees_every_entry
-        )
-
-    def gc(self) -> GcReport:
-        """Drop catalog rows of entries no tier holds, empty the quarantine, enforce capacities,
-        reclaim pinned versions no live pin holds any more.
-
-        With a catalog shared by nodes that keep their entries in tiers of their own (no shared
-        ``remote_url``), rows of entries not held here are left: another node may hold them.
-        """
-        self.flush()
-        report = collect_garbage(self._tiers, self._catalog, reap=self._sees_every_entry)
-        report.versions_reclaimed = self._catalog_write(self._versions.collect) or 0
-        return report
-
-    def migrate(self, to_format: int, progress: bool = True) -> MigrationReport:
-        """Rewrite the disk tier's entries in blob format ``to_format`` while they are served (resumable).
-
-        Entries go hottest first into a second area, which then becomes the active one;
-        meanwhile every entry stays readable from this and other processes. See :mod:`kvmem.ops.migrate`.
-
-        Raises:
-            ConfigError: no disk tier, an unknown format, or a migration to another format under way.
-        """
-        from kvmem.ops.migrate import migrate_disk
-
-        disk = next((t for t in self._tiers.tiers if isinstance(t, DiskTier)), None)
-        if disk is None:
-            raise ConfigError(
-                f"migrate: {self.config.path} has no disk tier (disk_bytes=0); only disk blobs "
-                "have a format to migrate (the others are read in every format)"
-            )
-        self.flush()  # buffered hits count in the hottest-first order
-        return migrate_disk(disk, self._catalog, to_format, progress)
-
-    def entries(self, namespace: str | None = None, limit: int | None = None) -> Iterator[EntryInfo]:
-        """Catalog entries, most recently used first (none while the catalog is down)."""
-        self._catalog_write(self._catalog.flush_all)
-        for row in self._catalog_write(lambda: self._catalog.rows(namespace, limit)) or []:
-            yield entry_info(row, [])
-
-    def flush(self) -> None:
-        """Finish write-backs, fsync pending files, write buffered catalog updates."""
-        self._tiers.flush()
-        self._catalog_write(self._catalog.flush)
-        for index in self._semantic_indexes():
-            self._catalog_write(index.flush)
-
-    def close(self) -> None:
-        """Flush and release everything. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._exporter is not None:
-            self._exporter.close()
-        self._versions.close()
-        self._tiers.close()
-        for index in self._semantic_indexes():
-            self._catalog_write(index.flush)
-        self._catalog_write(self._catalog.close)
-
-    def __enter__(self) -> Memory:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # -- helpers -------------------------------------------------------------------
-    @property
-    def _sees_every_entry(self) -> bool:
-        """Whether this memory's tiers hold every entry its catalog lists: a catalog of its own, or a
-        shared catalog with a shared remote tier. Otherwise a row whose entry no tier here holds may be
-        another node's, and is never reaped from here (gc, verify --fix, evictions, semantic reopen)."""
-        return self.config.catalog_url is None or self.config.remote_url is not None
-
-    def _file_recovered(self, file: str) -> None:
-        """A damaged metadata file was set aside (see :mod:`kvmem.recovery`): count it, rebuild what it held."""
-        self._recovered.add(file)
-        self.metrics.recovered(file)
-
-    def _removed(self, skey: str) -> None:
-        """An entry left its last tier (evicted): forget its catalog row (when ours alone) and its vector."""
-        if self._sees_every_entry:
-            self._catalog.record_removed(skey)
-        for index in self._semantic_indexes():
-            index.discard(skey)
-
-    def _semantic_indexes(self) -> list[SemanticIndex]:
-        # NOTE: no _semantic_lock: evictions call this holding tier locks, which an index being
-        # built under that lock may wait for (live=contains_many); list() of a dict is atomic
-        return list(self._semantics.values())
-
-    def _catalog_write(self, fn: Callable[[], V]) -> V | None:
-        """Run a catalog operation; a database failure is counted and logged, never raised."""
-        try:
-            return fn()
-        except SQLAlchemyError as exc:
-            self._catalog_failed(exc)
-            return None
-
-    def _catalog_failed(self, exc: SQLAlchemyError) -> None:
-        """Count and log a database failure (also one of the catalog's background flushes)."""
-        self.metrics.tier_errors.labels(tier="catalog").inc()
-        log.warning("kvmem: catalog operation failed (%s); the data path goes on without it", exc)
 
 
 class _Job(NamedTuple):

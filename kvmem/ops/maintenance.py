@@ -1,9 +1,11 @@
-"""Integrity scrub (``verify``) and garbage collection (``gc``) over tiers and catalog."""
+"""Integrity scrub (``verify``) and garbage collection (``gc``) over tiers and catalog, and
+:class:`Maintenance`: the memory's operations built on them (``Memory.verify``, ``gc``, ``migrate``,
+``stats``, ``info``, ``entries``), mixed into :class:`~kvmem.api.Memory`."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -11,13 +13,17 @@ from tqdm import tqdm
 
 from kvmem import blob as blobfmt
 from kvmem.catalog.catalog import Catalog, StoreRow
+from kvmem.catalog.records import EntryInfo, Stats, TierStats, entry_info
 from kvmem.codecs.serialization import check_owner
-from kvmem.errors import IntegrityError, TierUnavailable
+from kvmem.core import MemoryCore
+from kvmem.errors import ConfigError, IntegrityError, TierUnavailable
 from kvmem.metrics import Metrics
+from kvmem.ops.migrate import MigrationReport, migrate_disk
 from kvmem.stores.base import StorageTier
+from kvmem.stores.disk import DiskTier
 from kvmem.stores.tiered import TieredStore
 
-__all__ = ["VerifyReport", "GcReport", "verify_entries", "collect_garbage", "register_orphans"]
+__all__ = ["VerifyReport", "GcReport", "Maintenance", "verify_entries", "collect_garbage", "register_orphans"]
 
 log = logging.getLogger(__name__)
 
@@ -185,3 +191,85 @@ def collect_garbage(store: TieredStore, catalog: Catalog, reap: bool = True) -> 
         store.enforce_threshold(tier)
     catalog.flush()
     return report
+
+
+class Maintenance(MemoryCore):
+    """Catalog facts, totals, scrub, garbage collection and format migration (a part of
+    :class:`~kvmem.api.Memory`)."""
+
+    def info(self, key: str | bytes, *, namespace: str | None = None) -> EntryInfo | None:
+        """Catalog facts about ``key`` and the tiers that hold it now, or ``None`` (also when the catalog is down)."""
+        skey = self.storage_key(key, namespace)
+        self._catalog_write(self._catalog.flush_all)
+        row = self._catalog_write(lambda: self._catalog.get(skey))
+        if row is None:
+            return None
+        return entry_info(row, self._tiers.holders(skey))
+
+    def stats(self) -> Stats:
+        """Catalog totals, tier occupancy and counters since this instance started."""
+        self._catalog_write(self._catalog.flush_all)
+        totals = self._catalog_write(self._catalog.totals) or {"entries": 0, "size": 0, "stored_size": 0, "hits": 0}
+        m = self.metrics
+        hits, misses = int(m.total("kvmem_hits_total")), int(m.total("kvmem_misses_total"))
+        tiers = [
+            TierStats(t.name, t.usage(), t.capacity, self._tiers.entry_count(t), self._tiers.healthy(t))
+            for t in self._tiers.tiers
+        ]
+        return Stats(
+            entries=totals["entries"],
+            size=totals["size"],
+            stored_size=totals["stored_size"],
+            tiers=tiers,
+            hits=hits,
+            misses=misses,
+            hit_rate=hits / (hits + misses) if hits + misses else 0.0,
+            crc_failures=int(m.total("kvmem_crc_failures_total")),
+            tier_errors=int(m.total("kvmem_tier_errors_total")),
+            evictions=int(m.total("kvmem_evictions_total")),
+            demotions=int(m.total("kvmem_demotions_total")),
+            recorded_hits=totals["hits"],
+        )
+
+    def verify(self, fix: bool = False, progress: bool = True) -> VerifyReport:
+        """Read every entry in every tier and check it; with ``fix``, quarantine and repair the catalog."""
+        self.flush()
+        return verify_entries(
+            self._tiers, self._catalog, self.metrics, fix=fix, progress=progress, reap=self._sees_every_entry
+        )
+
+    def gc(self) -> GcReport:
+        """Drop catalog rows of entries no tier holds, empty the quarantine, enforce capacities,
+        reclaim pinned versions no live pin holds any more.
+
+        With a catalog shared by nodes that keep their entries in tiers of their own (no shared
+        ``remote_url``), rows of entries not held here are left: another node may hold them.
+        """
+        self.flush()
+        report = collect_garbage(self._tiers, self._catalog, reap=self._sees_every_entry)
+        report.versions_reclaimed = self._catalog_write(self._versions.collect) or 0
+        return report
+
+    def migrate(self, to_format: int, progress: bool = True) -> MigrationReport:
+        """Rewrite the disk tier's entries in blob format ``to_format`` while they are served (resumable).
+
+        Entries go hottest first into a second area, which then becomes the active one;
+        meanwhile every entry stays readable from this and other processes. See :mod:`kvmem.ops.migrate`.
+
+        Raises:
+            ConfigError: no disk tier, an unknown format, or a migration to another format under way.
+        """
+        disk = next((t for t in self._tiers.tiers if isinstance(t, DiskTier)), None)
+        if disk is None:
+            raise ConfigError(
+                f"migrate: {self.config.path} has no disk tier (disk_bytes=0); only disk blobs "
+                "have a format to migrate (the others are read in every format)"
+            )
+        self.flush()  # buffered hits count in the hottest-first order
+        return migrate_disk(disk, self._catalog, to_format, progress)
+
+    def entries(self, namespace: str | None = None, limit: int | None = None) -> Iterator[EntryInfo]:
+        """Catalog entries, most recently used first (none while the catalog is down)."""
+        self._catalog_write(self._catalog.flush_all)
+        for row in self._catalog_write(lambda: self._catalog.rows(namespace, limit)) or []:
+            yield entry_info(row, [])

@@ -26,7 +26,7 @@ from kvmem.catalog.catalog import StoreRow
 from tests.workers import persistence_values
 
 WORKERS = str(Path(__file__).parents[1] / "workers.py")
-TIMER = 1.0  # kvmem.api._CATALOG_FLUSH_SECONDS: a row is written at most this long after its store
+TIMER = 1.0  # kvmem.core._CATALOG_FLUSH_SECONDS: a row is written at most this long after its store
 
 
 @pytest.fixture
