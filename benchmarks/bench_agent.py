@@ -55,6 +55,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import records
 import torch
 from bench_ttft import DTYPES, SIZES, VOCAB, build_model
 from machine import filesystem_of, load_average
@@ -261,6 +262,42 @@ def summary(rows: Sequence[StepRow], tolerance: float) -> dict[str, float | bool
     }
 
 
+def figures(rows: Sequence[StepRow]) -> list[dict[str, object]]:
+    """The results record's figures: each call beside a plain forward and the oracle, then all calls."""
+    out = []
+    for r in rows:
+        out.append(
+            records.figure(
+                f"call-{r.step}",
+                f"call {r.step}: {r.prompt}-token prompt, {r.reused} reused",
+                "ms",
+                r.median_ms("kvmem"),
+                records.ref("plain forward", r.median_ms("plain"), r.ratio("plain", "kvmem")),
+                records.ref(
+                    "oracle (previous cache kept)",
+                    r.median_ms("oracle"),
+                    r.ratio("kvmem", "oracle"),
+                    ratio_is="kvmem / oracle",
+                ),
+                ratio="plain time / kvmem time, median of per-session ratios",
+                group="per call (TTFT)",
+            )
+        )
+    plain, kv = sum(r.median_ms("plain") for r in rows), sum(r.median_ms("kvmem") for r in rows)
+    out.append(
+        records.figure(
+            "all-calls",
+            f"all {len(rows)} calls",
+            "ms",
+            kv,
+            records.ref("plain forward", plain, plain / kv),
+            ratio="plain time / kvmem time",
+            group="the whole session",
+        )
+    )
+    return out
+
+
 # -- main -----------------------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -310,6 +347,7 @@ def measure(
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, float | bool]:
+    run = records.start("bench_agent", argv)
     args = parse_args(argv)
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     parent = args.dir or Path.cwd()
@@ -335,6 +373,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float | bool]:
     result = summary(rows, LOGIT_TOLERANCE[args.dtype])
     print(
         f"\n{time.perf_counter() - started:.0f} s in all; load average {load_start} at start, {load_average()} at end"
+    )
+    records.write(
+        run,
+        figures(rows),
+        headline=[f"call-{rows[-1].step}", "all-calls"],
+        machine={"torch_threads": torch.get_num_threads(), "model": f"{args.size} {args.dtype}"},
+        quick=args.quick,
     )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

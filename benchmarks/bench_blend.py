@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).parent))
+import records  # noqa: E402
 import train_tiny_lm as tiny  # noqa: E402  (a sibling script, not a package)
 from machine import load_average  # noqa: E402
 
@@ -191,6 +192,47 @@ def print_table(rows: list[Row]) -> None:
         print(f"{r.series:<16}{r.perplexity:>11.4f}{r.delta_pct:>+9.2f}%{r.top1_agree:>12.2f}%{ttft}")
 
 
+def figures(rows: list[Row]) -> list[dict[str, object]]:
+    """The results record's figures: per series, the answer's quality and TTFT beside the full prefill's."""
+    full = rows[0]
+    out = []
+    for r in rows[1:]:
+        tag = r.series.replace(" %", "").replace(" ", "-")
+        out.append(
+            records.figure(
+                f"{tag}-ppl",
+                f"{r.series}: answer perplexity",
+                "",
+                r.perplexity,
+                records.ref("full prefill", full.perplexity, r.delta_pct, unit="", ratio_is="change against it, %"),
+                group="answer quality",
+                decimals=3,
+            )
+        )
+        out.append(
+            records.figure(
+                f"{tag}-top1",
+                f"{r.series}: top-1 agreement with the full prefill",
+                "%",
+                r.top1_agree,
+                group="answer quality",
+            )
+        )
+        if r.ttft_ms:
+            out.append(
+                records.figure(
+                    f"{tag}-ttft",
+                    f"{r.series}: TTFT",
+                    "ms",
+                    r.ttft_ms,
+                    records.ref("full prefill", full.ttft_ms, r.speedup),
+                    ratio="full prefill time / this time",
+                    group="time to first token (documents in the CPU tier)",
+                )
+            )
+    return out
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
@@ -220,6 +262,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> None:
+    run_record = records.start("bench_blend")
     args = parse_args()
     torch.set_num_threads(args.threads)
     model = load_model(args)
@@ -232,6 +275,12 @@ def main() -> None:
     )
     rows = run(model, trials, args)
     print_table(rows)
+    records.write(
+        run_record,
+        figures(rows),
+        headline=["blend-15-ttft"] if any(r.series == "blend 15 %" for r in rows) else [],
+        machine={"torch_threads": args.threads, "model": f"{model.config.num_hidden_layers} layers at {args.model}"},
+    )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": [asdict(r) for r in rows]}, indent=1))

@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
+import records
 import torch
 from machine import drop_page_cache, filesystem_of, load_average
 
@@ -464,7 +465,41 @@ def report(rows: list[Row], args: argparse.Namespace, scratch: Path) -> None:
         )
 
 
+def _reference(row: Row, name: str, who: str, scale: float) -> dict[str, object]:
+    """``who``'s median in ``row`` (times ``scale``) and its time over kvmem's."""
+    kv, theirs = row.median("kvmem"), row.median(who)
+    return records.ref(name, theirs * scale if theirs else None, theirs / kv if theirs and kv else None)
+
+
+def figures(rows: list[Row]) -> list[dict[str, object]]:
+    """The results record's figures: each row's kvmem time beside LMCache's, the fastest raw way (then the other
+    raw ways) and memcpy of the same bytes; every ratio is the reference's time / kvmem's."""
+    out = []
+    for row in rows:
+        small = row.nbytes == SMALL
+        scale, unit = (1e6, "µs") if small else (1.0, "s")
+        kv = row.median("kvmem")
+
+        refs = [_reference(row, "LMCache 0.5.6", "LMCache", scale)] if row.median("LMCache") else []
+        raws = sorted((row.median(k) or 0.0, k) for k in row.times if k.startswith("raw"))
+        refs += [_reference(row, who, who, scale) for _, who in raws]  # NOTE: the fastest raw way first
+        refs.append(_reference(row, "memcpy (np.copyto, warm buffer)", "memcpy", scale))
+        out.append(
+            records.figure(
+                records.slug(row.name),
+                row.name,
+                unit,
+                kv * scale if kv else None,
+                *refs,
+                ratio="reference time / kvmem time (> 1: kvmem faster)",
+                group="64 KiB items, CPU tier, per call" if small else f"{row.nbytes / 1e6:.0f} MB of KV, 16 chunks",
+            )
+        )
+    return out
+
+
 def main() -> None:
+    run_record = records.start("bench_peer_lmcache")
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--small", type=int, default=2000, help="64 KiB items per small-item pass")
@@ -477,9 +512,17 @@ def main() -> None:
     base.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="peer-", dir=base))
     try:
-        report(run(args, scratch), args, scratch)
+        rows = run(args, scratch)
+        report(rows, args, scratch)
+        fs = filesystem_of(scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    records.write(
+        run_record,
+        figures(rows),
+        headline=["store-return", "load-cpu-tier", "load-disk-cold", "durable-store"],
+        machine={"state": machine_state(), "filesystem": fs, "peer": getattr(args, "peer_info", None) or "none"},
+    )
 
 
 if __name__ == "__main__":

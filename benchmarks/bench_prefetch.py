@@ -54,6 +54,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import records
 import torch
 
 import kvmem
@@ -199,7 +200,77 @@ def paired(results: list[Result], baseline: list[Result], field: str) -> str:
     return f"{statistics.median(ratios):.2f}x (lower in {below} of {len(ratios)} runs)"
 
 
+def paired_ratio(results: list[Result], baseline: list[Result], field: str) -> float:
+    """The median of :func:`paired`'s per-repetition ratios."""
+    return statistics.median(getattr(r, field) / getattr(b, field) for r, b in zip(results, baseline))
+
+
+def figures(results: dict[tuple[str, str], list[Result]]) -> list[dict[str, object]]:
+    """The results record's figures: predictive prefetch beside no prefetch (and queue prefetch), per trace."""
+    lower = "predictive / none, median of per-repetition ratios (< 1: lower with prefetch)"
+    out = []
+    for trace in ("structured", "structureless"):
+        pred, none = results[trace, "predictive"], results[trace, "none"]
+        group = f"{trace} trace"
+        queue = results.get((trace, "queue"))
+        refs = [records.ref("no prefetch", 100 * median(none, "hit_rate"))]
+        if queue:
+            refs.append(records.ref("queue prefetch (next request known)", 100 * median(queue, "hit_rate")))
+        out.append(
+            records.figure(
+                f"{trace}-hit",
+                "CPU-tier hit rate, predictive prefetch",
+                "%",
+                100 * median(pred, "hit_rate"),
+                *refs,
+                group=group,
+            )
+        )
+        for field, what, unit in (
+            ("p50_ms", "P50 latency", "ms"),
+            ("p99_ms", "P99 latency", "ms"),
+            ("mean_ms", "mean latency", "ms"),
+            ("cpu_ms", "process CPU per request", "ms"),
+        ):
+            refs = [records.ref("no prefetch", median(none, field), paired_ratio(pred, none, field), ratio_is=lower)]
+            if queue:
+                refs.append(records.ref("queue prefetch (next request known)", median(queue, field)))
+            out.append(
+                records.figure(
+                    f"{trace}-{field}", f"{what}, predictive prefetch", unit, median(pred, field), *refs, group=group
+                )
+            )
+        out.append(records.figure(f"{trace}-moved", "bytes warmed", "MiB", median(pred, "moved_mib"), group=group))
+        out.append(
+            records.figure(
+                f"{trace}-wasted",
+                "share of warmed bytes never used",
+                "%",
+                100 * median(pred, "wasted_share"),
+                group=group,
+            )
+        )
+    flat, flat_pred = results["structureless", "none"], results["structureless", "predictive"]
+    out.append(
+        records.figure(
+            "predictor-cpu",
+            "predictive prefetch's own CPU per request (model and thread)",
+            "µs",
+            median(flat_pred, "predictor_cpu_ms") * 1e3,
+            records.ref(
+                "a request's CPU, no prefetch",
+                median(flat, "cpu_ms") * 1e3,
+                statistics.median(p.predictor_cpu_ms / b.cpu_ms for p, b in zip(flat_pred, flat)),
+                ratio_is="its share of a request's CPU (target <= 0.02)",
+            ),
+            group="structureless trace",
+        )
+    )
+    return out
+
+
 def main() -> None:
+    run = records.start("bench_prefetch")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--docs", type=int, default=300)
@@ -267,6 +338,13 @@ def main() -> None:
         f"{paired(flat_pred, flat, 'cpu_ms')} of no prefetch; predictive prefetch (model and thread) "
         f"{median(flat_pred, 'predictor_cpu_ms') * 1e3:.0f} us CPU per request = {share:.1%} of a request's "
         f"(target <= 2%)"
+    )
+    records.write(
+        run,
+        figures(results),
+        headline=["structured-hit", "structured-p99_ms"],
+        machine={"torch_threads": 1},
+        quick=args.quick,
     )
 
 

@@ -39,15 +39,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import records
 import redis
 import torch
-from bench_store import Row, make_chunk, make_small, side_by_side
+from bench_store import Row, figures, make_chunk, make_small, side_by_side
 from bench_ttft import BLOCK, SUFFIX, Forward, Tokens, build_model
+from servers import RedisServer
 
 import kvmem
 from kvmem import content_hash
@@ -55,9 +56,6 @@ from kvmem.codecs import parse_codec
 from kvmem.codecs.serialization import encode_value
 from kvmem.kv import PrefixCache
 from kvmem.stores.redis import RedisTier
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.servers import RedisServer
 
 TARGET = 0.8
 
@@ -108,7 +106,7 @@ def report(rows: list[Row]) -> None:
         )
 
 
-def two_node_ttft(url: str, prefix_len: int, repeat: int) -> None:
+def two_node_ttft(url: str, prefix_len: int, repeat: int) -> dict[str, object]:
     """Node B's TTFT on prompts sharing node A's prefix (chunks from Redis) vs a plain forward pass."""
     model = build_model("55m", torch.float32, prefix_len + SUFFIX)
     tokens, forward = Tokens(7), Forward(model)
@@ -141,9 +139,19 @@ def two_node_ttft(url: str, prefix_len: int, repeat: int) -> None:
         f"median of {repeat}): plain forward {a * 1e3:.0f} ms, node B with kvmem {b * 1e3:.0f} ms, "
         f"{a / b:.2f}x faster; logits max |diff| {worst:.1e}"
     )
+    return records.figure(
+        "two-node-ttft",
+        f"TTFT on node B, {prefix_len}-token prefix from node A via Redis + {SUFFIX} new tokens",
+        "ms",
+        b * 1e3,
+        records.ref("plain forward", a * 1e3, a / b),
+        ratio="plain time / kvmem time",
+        group="two-node reuse (55m Llama, fp32)",
+    )
 
 
 def main() -> None:
+    run = records.start("bench_remote")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="an existing Redis (default: a throwaway redis-server)")
     parser.add_argument("--chunks", type=int, default=8)
@@ -165,12 +173,21 @@ def main() -> None:
             f"redis-py {redis.__version__}, median of {args.repeat}"
         )
         report(rows)
+        figs = figures(rows[:2], "33.5 MB KV chunks", small=False) + figures(rows[2:], "64 KiB items", small=True)
         if not args.no_ttft:
-            two_node_ttft(url, 1024 if args.quick else 2048, args.repeat)
+            figs.append(two_node_ttft(url, 1024 if args.quick else 2048, args.repeat))
     finally:
         tier.close()
         if server is not None:
             server.stop()
+    version = redis.__version__
+    records.write(
+        run,
+        figs,
+        headline=[figs[1]["id"]],
+        machine={"redis-py": version, "redis": "external" if args.url else "throwaway redis-server on loopback"},
+        quick=args.quick,
+    )
 
 
 if __name__ == "__main__":

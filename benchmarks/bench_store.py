@@ -59,6 +59,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import records
 import torch
 from machine import drop_page_cache, filesystem_of
 from safetensors.torch import load_file, save_file
@@ -71,6 +72,7 @@ from kvmem.stores import CpuTier, DiskTier
 LAYERS, KV_HEADS, TOKENS, HEAD_DIM = 32, 8, 256, 128
 SMALL_ITEM_BYTES = 64 * 1024
 TARGETS = {"disk_store": 0.8}
+HEADLINE = ("kv-cpu-tier-load-np-copyto-warm-buffer", "kv-disk-store-fsync-write-fsync-rename")
 
 Chunk = dict[str, torch.Tensor]
 
@@ -485,6 +487,28 @@ def report_row(r: Row) -> dict[str, object]:
     }
 
 
+def figures(rows: Sequence[Row], group: str, small: bool) -> list[dict[str, object]]:
+    """The results record's figures: one per row, kvmem beside its baseline (GB/s, or µs per item)."""
+    out = []
+    for r in rows:
+        fid = records.slug(f"{'small' if small else 'kv'} {r.operation} {r.baseline}")
+        kv, base = (
+            (r.us_per_op(r.kvmem_s), r.us_per_op(r.baseline_s)) if small else (r.gbps(r.kvmem_s), r.gbps(r.baseline_s))
+        )
+        out.append(
+            records.figure(
+                fid,
+                r.operation,
+                "µs" if small else "GB/s",
+                kv,
+                records.ref(r.baseline, base, r.ratio),
+                ratio="kvmem speed / baseline speed, median of per-repetition ratios",
+                group=group,
+            )
+        )
+    return out
+
+
 # -- main ---------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -508,6 +532,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    run = records.start("bench_store", argv)
     args = parse_args(argv)
     parent = args.dir or Path.cwd()
     parent.mkdir(parents=True, exist_ok=True)
@@ -538,6 +563,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         print_latency(small)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    figs = figures(big, f"{fmt_size(nbytes_of(make_chunk(0)))} KV chunks", small=False)
+    figs += figures(small, "64 KiB items", small=True)
+    records.write(
+        run,
+        figs,
+        headline=[f["id"] for f in figs if f["id"] in HEADLINE],
+        machine={"filesystem": fs, **{k: round(v, 2) for k, v in phys.items()}},
+        quick=args.quick,
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(

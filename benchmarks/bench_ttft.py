@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import records
 import torch
 from machine import drop_page_cache, filesystem_of, load_average
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
@@ -505,6 +506,69 @@ def plot(results: Sequence[Result], path: Path, threads: int) -> None:
     plt.close(fig)
 
 
+def figures(results: Sequence[Result], qa: QAResult | None) -> list[dict[str, object]]:
+    """The results record's figures: each kvmem series beside the full prefill and the oracle, the miss path
+    beside a plain forward, and the multi-round QA."""
+    speed = "reference time / kvmem time (median TTFT)"
+    out = []
+    for r in results:
+        group = f"{r.size} ({r.params / 1e6:.0f}M params) {r.dtype}, prefix + {SUFFIX} new tokens"
+        tag = f"{r.size}-{r.dtype}-{r.prefix}"
+        full = records.ref("full prefill", r.median_ms("full"), r.median_ms("full") / r.median_ms("kvmem_cpu"))
+        for series, what in (
+            ("kvmem_cpu", "CPU tier"),
+            ("disk_layerwise", "cold disk, layer-wise"),
+            ("disk_load_all", "cold disk, load-all"),
+        ):
+            out.append(
+                records.figure(
+                    f"{tag}-{series}",
+                    f"TTFT, {r.prefix} + {SUFFIX} tokens, {what}",
+                    "ms",
+                    r.median_ms(series),
+                    records.ref("full prefill", r.median_ms("full"), r.median_ms("full") / r.median_ms(series))
+                    if series != "kvmem_cpu"
+                    else full,
+                    records.ref(
+                        "oracle (cache in memory)",
+                        r.median_ms("oracle"),
+                        r.ratio(series, "oracle"),
+                        ratio_is="kvmem / oracle, median of per-repetition ratios (target <= "
+                        f"{TARGETS['cpu' if series == 'kvmem_cpu' else 'disk']})",
+                    ),
+                    ratio=speed,
+                    group=group,
+                )
+            )
+        out.append(
+            records.figure(
+                f"{tag}-miss",
+                f"TTFT, {r.prefix} + {SUFFIX} tokens, miss (never-seen prompt)",
+                "ms",
+                r.median_ms("miss"),
+                records.ref("plain forward", r.median_ms("plain"), r.ratio("plain", "miss")),
+                ratio=speed,
+                group=group,
+            )
+        )
+    if qa is not None:
+        kv, plain = statistics.mean(qa.kvmem_times) * 1e3, statistics.mean(qa.plain_times) * 1e3
+        group = f"multi-round QA: {qa.users} users x {qa.rounds} rounds over a shared {qa.system}-token system prompt"
+        out.append(
+            records.figure(
+                "qa-ttft",
+                "mean TTFT",
+                "ms",
+                kv,
+                records.ref("plain forward", plain, plain / kv),
+                ratio=speed,
+                group=group,
+            )
+        )
+        out.append(records.figure("qa-reused", "prompt tokens reused", "%", 100 * qa.hit_rate, group=group))
+    return out
+
+
 # -- main ----------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -549,6 +613,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    run = records.start("bench_ttft", argv)
     args = parse_args(argv)
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     parent = args.dir or Path.cwd()
@@ -602,6 +667,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         plotted = f"plot written to {args.plot}"
     elapsed = time.perf_counter() - started
     print(f"\n{plotted}; {elapsed:.0f} s in all; load average {load_start} at start, {load_average()} at end")
+    figs = figures(results, qa)
+    longest = max(results, key=lambda r: r.prefix) if results else None
+    records.write(
+        run,
+        figs,
+        headline=[f"{longest.size}-{longest.dtype}-{longest.prefix}-kvmem_cpu"] if longest else [],
+        machine={"filesystem": fs, "torch_threads": torch.get_num_threads()},
+        quick=args.quick,
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(

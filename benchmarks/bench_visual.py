@@ -32,7 +32,9 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import records
 import torch
 from machine import drop_page_cache, filesystem_of, load_average
 from PIL import Image
@@ -125,7 +127,24 @@ def bench_model(
     return rows
 
 
+def figures(rows: list[dict[str, Any]]) -> list[dict[str, object]]:
+    """The results record's figures: per model, batch and tier, a cached load beside the encode it saves."""
+    return [
+        records.figure(
+            records.slug(f"{r['model']} b{r['batch']} {r['tier']}"),
+            f"{r['model']}, batch {r['batch']}, {r['tier']}: per image",
+            "ms",
+            r["cached_ms"],
+            records.ref("encode (decode + preprocess + tower)", r["encode_ms"], r["speedup"]),
+            ratio=f"encode time / cached load time (goal >= {r['goal']:g})",
+            group=str(r["model"]),
+        )
+        for r in rows
+    ]
+
+
 def main() -> None:
+    run = records.start("bench_visual")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="ViT-B-32,ViT-B-16,ViT-L-14")
     ap.add_argument("--repeat", type=int, default=5, help="repetitions; the table shows medians")
@@ -163,6 +182,13 @@ def main() -> None:
             f"{r['model']:<10} {r['batch']:>5} {r['tier']:<10} {r['encode_ms']:13.2f} {r['cached_ms']:13.3f} "
             f"{r['speedup']:8.0f}x {r['goal']:5.0f}x {ok}"
         )
+    figs = figures(rows)
+    records.write(
+        run,
+        figs,
+        headline=[str(f["id"]) for f in figs if str(f["id"]).endswith("b1-cpu")][-1:],
+        machine={"torch_threads": torch.get_num_threads(), "dtype": args.dtype},
+    )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=1))

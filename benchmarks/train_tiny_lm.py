@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import records
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -261,6 +262,47 @@ def print_table(rows: list[Row]) -> None:
         print(f"{r.codec:<22}{r.perplexity:>11.4f}{r.delta_pct:>+11.3f}%{r.top1_agree:>12.2f}%{size:>13}{ratio:>11}")
 
 
+def figures(rows: list[Row]) -> list[dict[str, object]]:
+    """The results record's figures: each codec's perplexity beside the full fp32 forward's, its top-1
+    agreement, and its stored bytes per chunk beside bf16's."""
+    full = rows[0]
+    bf16 = next((r for r in rows if r.codec == "kvmem bf16"), None)
+    out = []
+    for r in rows[1:]:
+        tag = records.slug(r.codec.removeprefix("kvmem "))
+        out.append(
+            records.figure(
+                f"{tag}-ppl",
+                f"{r.codec}: perplexity",
+                "",
+                r.perplexity,
+                records.ref("fp32 (full forward)", full.perplexity, r.delta_pct, ratio_is="change against it, %"),
+                group="quality",
+                decimals=4,
+            )
+        )
+        out.append(
+            records.figure(
+                f"{tag}-top1", f"{r.codec}: top-1 agreement with fp32", "%", r.top1_agree, group="quality", decimals=2
+            )
+        )
+        if r.bytes_per_chunk:
+            refs = [records.ref("bf16", bf16.bytes_per_chunk, r.ratio_vs_bf16)] if bf16 and bf16.bytes_per_chunk else []
+            out.append(
+                records.figure(
+                    f"{tag}-bytes",
+                    f"{r.codec}: bytes per chunk",
+                    "B",
+                    r.bytes_per_chunk,
+                    *refs,
+                    ratio="bf16 size / this size",
+                    group="size",
+                    decimals=0,
+                )
+            )
+    return out
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--minutes", type=float, default=4.0, help="training time budget (wall clock)")
@@ -295,6 +337,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> None:
+    run = records.start("train_tiny_lm")
     args = parse_args()
     seed_everything(args.seed)
     torch.set_num_threads(args.threads)
@@ -329,6 +372,13 @@ def main() -> None:
         f"{args.prefix}-token prefix KV + {args.cont} scored tokens, block_size {BLOCK_SIZE}"
     )
     print_table(rows)
+    figs = figures(rows)
+    records.write(
+        run,
+        figs,
+        headline=[i for i in ("int4-bytes", "int4-ppl") if any(f["id"] == i for f in figs)],
+        machine={"torch_threads": args.threads, "model": args.model or args.out},
+    )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(

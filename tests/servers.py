@@ -12,25 +12,28 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-__all__ = ["Certificates", "PostgresServer", "RedisServer", "missing", "postgres_binary", "scratch_database"]
+from benchmarks import servers
+from benchmarks.servers import free_port, wait_port
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = [
+    "Certificates",
+    "PostgresServer",
+    "RedisServer",
+    "free_port",
+    "missing",
+    "postgres_binary",
+    "scratch_database",
+]
 
 
 def missing(what: str) -> None:
@@ -38,19 +41,6 @@ def missing(what: str) -> None:
     if os.environ.get("CI"):
         pytest.fail(f"{what} (CI must run every area: .ci/run installs and starts it)")
     pytest.skip(what)
-
-
-def _wait_port(port: int, seconds: float = 20.0, alive: Callable[[], bool] = lambda: True) -> None:
-    """Until something listens on ``port``; ``RuntimeError`` as soon as ``alive()`` says the server is gone."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not alive():
-            raise RuntimeError("the server exited")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {seconds} s")
 
 
 @dataclass(frozen=True)
@@ -118,8 +108,9 @@ def _openssl(binary: str, *args: str | Path) -> None:
         raise RuntimeError(f"openssl {args[0]} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
 
 
-class RedisServer:
-    """A ``redis-server`` on a free port with no persistence; :meth:`stop` and :meth:`start` for fault tests.
+class RedisServer(servers.RedisServer):
+    """The benchmarks' throwaway ``redis-server``, with what tests add: ACL users, TLS, and skipping (failing
+    under CI) where the binary is missing; :meth:`stop` and :meth:`start` for fault tests.
 
     Args:
         workdir: the server's directory (and its log, ``redis.log``).
@@ -138,18 +129,16 @@ class RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             missing("redis-server is not installed")
-        self.binary, self.workdir, self.extra = binary, workdir, list(extra)
-        self.port = free_port()
         self.certificates = Certificates.make(workdir / "tls") if tls else None
+        args = list(extra)
         if users:
-            self.extra += ["--user", "default", "off"]
+            args += ["--user", "default", "off"]
             for rules in users:
-                self.extra += ["--user", *rules.split()]  # NOTE: one argument per rule, as redis.conf splits them
+                args += ["--user", *rules.split()]  # NOTE: one argument per rule, as redis.conf splits them
+        tls_args: list[str] = []
         if self.certificates is not None:
             c = self.certificates
-            self.extra += [
-                "--tls-port",
-                str(self.port),
+            tls_args = [
                 "--tls-cert-file",
                 str(c.server_cert),
                 "--tls-key-file",
@@ -159,50 +148,7 @@ class RedisServer:
                 "--tls-auth-clients",
                 "yes" if client_certs else "no",
             ]
-        self.url = f"{'rediss' if tls else 'redis'}://127.0.0.1:{self.port}/0"
-        self._proc: subprocess.Popen[bytes] | None = None
-        self.start()
-
-    def start(self) -> None:
-        """Start the server; wait until it listens.
-
-        Raises:
-            RuntimeError: the server exited (a bad argument...), with the end of its log.
-        """
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        port = ["--port", "0"] if self.certificates is not None else ["--port", str(self.port)]
-        log = self.workdir / "redis.log"
-        self._proc = subprocess.Popen(
-            [
-                self.binary,
-                *port,
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-                "--logfile",
-                str(log),
-                *self.extra,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            _wait_port(self.port, alive=lambda: self._proc is not None and self._proc.poll() is None)
-        except (TimeoutError, RuntimeError) as exc:
-            self.stop()
-            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-            raise RuntimeError(f"redis-server on port {self.port} did not start ({exc}): {tail}") from exc
-
-    def stop(self) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
-            self._proc.wait(10)
-            self._proc = None
+        super().__init__(workdir, *args, tls=tls_args, binary=binary)
 
 
 def postgres_binary(name: str) -> str | None:
@@ -263,7 +209,7 @@ class PostgresServer:
     def start(self) -> None:
         options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.data} -c fsync=off"
         self._run([self.pg_ctl, "-D", str(self.data), "-o", options, "-w", "-l", str(self.data / "log"), "start"])
-        _wait_port(self.port)
+        wait_port(self.port)
         self.running = True
 
     def stop(self) -> None:
