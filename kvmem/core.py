@@ -112,7 +112,7 @@ class MemoryCore:
         return ChunkStore(self._tiers)
 
     def record_hits(self, skeys: Sequence[str], tier: str, kind: str = "tree") -> None:
-        """Count a hit on each of ``skeys`` (storage keys) served by tier ``tier`` outside :meth:`load`:
+        """Count a hit on each of ``skeys`` (storage keys) served by tier ``tier`` outside :meth:`~kvmem.Memory.load`:
         in ``kvmem_hits_total{tier, kind}`` and the entries' catalog hit counts (buffered); a predictive
         prefetch guess among them counts as used."""
         for skey in skeys:
@@ -141,13 +141,13 @@ class MemoryCore:
     def pin(self, key: str | bytes, *, namespace: str | None = None, lease: float | None = None) -> Pin | None:
         """Pin the current version of ``key``: ``pin.load()`` returns it until ``pin.release()``.
 
-        Writers go on storing new versions meanwhile (plain :meth:`load` returns the newest);
+        Writers go on storing new versions meanwhile (plain :meth:`~kvmem.Memory.load` returns the newest);
         the pinned one is kept in the catalog database, so every node sharing the catalog keeps
         it, until no live pin holds it (released, or the lease of a process that died expired).
 
         Args:
-            key: the key given to :meth:`store`.
-            namespace: the namespace given to :meth:`store`.
+            key: the key given to :meth:`~kvmem.Memory.store`.
+            namespace: the namespace given to :meth:`~kvmem.Memory.store`.
             lease: seconds the pin survives its holder without renewal (default ``config.pin_lease_seconds``;
                 renewed every third of it while this memory is open).
 

@@ -70,13 +70,13 @@ class SemanticLookup(MemoryCore):
         Args:
             query: the text to match.
             k: most matches returned.
-            namespace: the namespace given to :meth:`store`.
+            namespace: the namespace given to :meth:`~kvmem.Memory.store`.
             threshold: cosine floor (inclusive); default: the embedder's calibrated one.
             verify: apply the strict verifier (on by default).
 
         Returns:
             ``Match(key, score, text, metadata, namespace, storage_key)`` list; ``key`` is the key given
-            to :meth:`store`, and :meth:`load_match` loads a match's value.
+            to :meth:`~kvmem.Memory.store`, and :meth:`~kvmem.Memory.load_match` loads a match's value.
         """
         from kvmem.semantic import Match
 
