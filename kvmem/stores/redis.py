@@ -1,7 +1,7 @@
 """The remote tier on Redis: blobs as plain values under ``<prefix><storage key>``.
 
 Built from ``remote_url``; the URL's form, its query options and the credential and
-TLS rules are stated once, in the README ("Several nodes": *The Redis URL* and
+TLS rules are stated once, in docs/guides/several-nodes.md (*The Redis URL* and
 *Securing the shared Redis*). Values are the blob bytes exactly as the other tiers
 hold them, so every load is CRC-checked here like on disk; nothing is ever
 unpickled. Keys are the prefix and the storage key (64 hex digits): a tenant salt
@@ -26,7 +26,7 @@ their commands by node, one round trip per node, never a cross-slot ``MGET``.
 ``usage()``, ``capacity`` and ``keys()`` cover every master. A cluster that
 cannot be reached at start is connected to on first use.
 
-Failures (what an operator sees: the README's *Securing the shared Redis*): at
+Failures (what an operator sees: docs/guides/several-nodes.md, *Securing the shared Redis*): at
 start, refused credentials or a failed TLS handshake are a
 :class:`~kvmem.errors.ConfigError` (retrying will not heal them) and an unreachable
 server is only logged; after start, every redis-py failure surfaces as
@@ -208,7 +208,7 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
         """A tier for ``url`` (``redis://``, ``rediss://``, ``redis+cluster://``, ``rediss+cluster://``).
 
         kvmem's options are taken from the URL's query, redis-py's left; the password is the URL's, else
-        ``config.remote_password`` (the rules: README, *The Redis URL* and *Securing the shared Redis*).
+        ``config.remote_password`` (the rules: docs/guides/several-nodes.md, *The Redis URL* and *Securing the shared Redis*).
 
         Raises:
             ConfigError: a bad option, credentials the server refuses, or a failed TLS handshake.
