@@ -242,8 +242,9 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
 
         NOTE: a large new buffer costs its first-touch page faults, several times the copy itself (a 32 MiB
         load: ~0.15x a warm memcpy into fresh pages, kept alive as a caller keeps what it loads); the
-        pool's pages are faulted in ahead of use and reused lowest first (see :mod:`kvmem.pool`). Leased pages count in :meth:`usage` until the
-        tensor and its views are gone (as :meth:`lease`'s do), so loaded values share the tier's budget.
+        pool's pages are faulted in ahead of use and reused lowest first (see :mod:`kvmem.pool`). Leased
+        pages count in :meth:`usage` until the tensor and its views are gone (as :meth:`lease`'s do), so
+        loaded values share the tier's budget.
         """
         if plain.nbytes >= TORCH_COPY_FROM:
             lent = self.lease(plain.nbytes)

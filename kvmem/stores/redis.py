@@ -208,7 +208,8 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
         """A tier for ``url`` (``redis://``, ``rediss://``, ``redis+cluster://``, ``rediss+cluster://``).
 
         kvmem's options are taken from the URL's query, redis-py's left; the password is the URL's, else
-        ``config.remote_password`` (the rules: docs/guides/several-nodes.md, *The Redis URL* and *Securing the shared Redis*).
+        ``config.remote_password`` (the rules: docs/guides/several-nodes.md, *The Redis URL* and *Securing the
+        shared Redis*).
 
         Raises:
             ConfigError: a bad option, credentials the server refuses, or a failed TLS handshake.

@@ -25,7 +25,7 @@ from tests.stores.redis_helpers import over_remote, redis_tier, unique_prefix, w
 
 SECRET = "p#ss/w?rd@Zq7"  # NOTE: every URL-special character: percent-encoded in URLs, raw in remote_password
 ADMIN = "admin-Kx93"
-# The least-privilege ACL the docs give (docs/guides/several-nodes.md): kvmem's keys only, no dangerous commands but INFO.
+# The least-privilege ACL of docs/guides/several-nodes.md: kvmem's keys only, no dangerous commands but INFO.
 KVMEM_ACL = (
     f"kvmem on >{SECRET} ~kvmem:* resetchannels -@all +@read +@write +@keyspace +@scripting "
     "+@transaction +@connection -@dangerous +info"
