@@ -321,7 +321,14 @@ class DiskTier(TierBase, VerifiedReads, OpensBlobs, AdvisesReads, Quarantine, Du
         return target
 
     def contains(self, key: str) -> bool:
-        return key in self._index or any(os.path.exists(f) for f in self._files(key))
+        """Whether ``key``'s file exists now: from the files, not the index (another process sharing ``root``
+        may have removed the entry), following ``areas.json`` on a miss as :meth:`_open` does."""
+        for attempt in range(2):
+            if any(os.path.exists(f) for f in self._files(key)):
+                return True
+            if attempt or not self.refresh_areas():
+                break
+        return False
 
     def delete(self, key: str) -> bool:
         # NOTE: the active area before the target: a migration copying this key then finds its source gone
