@@ -14,7 +14,7 @@ import time
 import torch
 
 from kvmem import Memory
-from kvmem.errors import ConfigError, KVMemError
+from kvmem.errors import ConfigError
 from kvmem_vllm.log import logger
 from kvmem_vllm.metadata import BlockTransfer, KVMemMetadata
 from kvmem_vllm.saver import Saver
@@ -104,8 +104,9 @@ class WorkerSide:
         """Write this step's loads into their blocks; the blocks that could not be loaded are remembered.
 
         NOTE: a block is loaded or reported failed, never half-trusted: a copy that fails its CRC is
-        quarantined by kvmem and its load is a miss, a failing tier is skipped, and a miss is reported to
-        vLLM (:meth:`take_failed`), which recomputes the block.
+        quarantined by kvmem and its load is a miss, a failing tier is skipped, a load that raises anything
+        fails every block of its request, and a miss is reported to vLLM (:meth:`take_failed`), which
+        recomputes the block (overwriting whatever a failed load wrote into it).
         """
         self._failed_reqs = set()
         start = time.perf_counter()
@@ -119,14 +120,19 @@ class WorkerSide:
         self.load_seconds += time.perf_counter() - start
 
     def _load_one(self, transfer: BlockTransfer) -> set[int]:
-        """Load one request's blocks; the ids of those not loaded."""
+        """Load one request's blocks; the ids of those not loaded (all of them when the load raised).
+
+        NOTE: any exception is a failed load, not the step's: a stored block that does not fit this layout
+        (``KVMemError``), a fault in a tier or a copy (``OSError``, ``RuntimeError``...) is recomputed by
+        vLLM, never injected, and the engine goes on serving.
+        """
         views = self._views()
         try:
             got = self.memory.load_many(
                 transfer.keys, namespace=self.namespace, out=[views(b) for b in transfer.block_ids]
             )
-        except KVMemError as exc:  # NOTE: a stored block that does not fit this layout: recompute, never inject
-            logger.warning("kvmem: loading %d block(s) failed: %s", len(transfer.keys), exc)
+        except Exception as exc:
+            logger.warning("kvmem: loading %d block(s) failed (%s): %s", len(transfer.keys), type(exc).__name__, exc)
             return set(transfer.block_ids)
         return {b for b, value in zip(transfer.block_ids, got) if value is None}
 
