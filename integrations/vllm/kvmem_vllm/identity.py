@@ -1,16 +1,22 @@
 """What a kvmem-vllm key names, and the memory a connector opens.
 
-A stored block is only ever loaded into the engine that could have computed it: its keys live in a
-namespace naming the model (its config and a sample of its weight files), the model and KV-cache
-dtypes, the platform, the attention backend and vLLM's KV block layout (spec, block size, heads, head
-size, layer names), the codec and the chunk size. A CPU-layout block therefore never loads into a GPU
-backend, another model, or another block size.
+A stored block is only ever loaded into the engine, and for the request, that could have computed it:
+its keys live in a namespace naming the model (its config and a sample of its weight files), its
+quantization, the model and KV-cache dtypes and the KV-cache scales of its checkpoint, the platform, the
+attention backend and vLLM's KV block layout (spec, block size, heads, head size, layer names), the codec
+and the chunk size; and a request's chunk hashes fold in its ``cache_salt`` and its LoRA adapter
+(:func:`request_scope`). A CPU-layout block therefore never loads into a GPU backend, another model,
+another block size, another tenant's request or another adapter's.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
+import re
+import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,15 +25,19 @@ from kvmem.errors import ConfigError
 from kvmem_vllm.log import logger
 
 if TYPE_CHECKING:
-    from vllm.config import VllmConfig
+    from vllm.config import ModelConfig, VllmConfig
+    from vllm.lora.request import LoRARequest
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
-__all__ = ["attention_backend", "chunk_blocks", "memory_settings", "namespace"]
+__all__ = ["attention_backend", "chunk_blocks", "memory_settings", "namespace", "request_scope"]
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 _SAMPLES_PER_FILE = 16
 _SAMPLE_BYTES = 4096
 _IGNORED_CONFIG_KEYS = frozenset({"_name_or_path", "transformers_version", "_commit_hash", "architectures"})
+# NOTE: the checkpoint tensors vLLM loads as KV-cache scales (weight_utils.maybe_remap_kv_scale_name's names)
+_KV_SCALE_NAME = re.compile(r"(?:^|\.)(?:q|k|v|kv|prob)_(?:scale|zero_point)$|\.(?:q|k_cache|v_cache)\.scale$")
+_ADAPTER_CONFIG = "adapter_config.json"
 
 
 def memory_settings(extra_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -120,11 +130,14 @@ def namespace(
         "head_size": spec.head_size,
         "kv_dtype": str(spec.dtype),
         "cache_dtype": vllm_config.cache_config.cache_dtype,
+        "cache_dtype_skip_layers": list(vllm_config.cache_config.kv_cache_dtype_skip_layers),
         "layers": list(group.layer_names),
     }
     model = vllm_config.model_config
     parts = {
         "model": _model_fingerprint(model.model, model.revision, model.hf_config.to_dict()),
+        "quantization": _quantization(model),
+        "kv_scales": _kv_scales_fingerprint(model.model),
         "dtype": str(model.dtype),
         "layout": layout,
         "codec": codec,
@@ -132,6 +145,73 @@ def namespace(
     }
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
     return f"vllm/{digest}"
+
+
+def request_scope(cache_salt: str | None, lora: LoRARequest | None) -> str:
+    """What a request's KV depends on beyond its tokens and the engine: its cache salt and its LoRA adapter.
+
+    The scheduler folds it into the request's chunk hashes, so two tenants vLLM isolates (different
+    ``cache_salt``) or two adapters never share a block; the salt itself is never stored or logged, only
+    this digest of it.
+
+    Returns:
+        ``""`` for a request with neither (the engine's namespace alone), else a hex digest.
+    """
+    parts: dict[str, str] = {}
+    if cache_salt:
+        parts["cache_salt"] = cache_salt
+    if lora is not None:
+        parts["lora"] = _adapter_fingerprint(lora.lora_name, lora.lora_path)
+    if not parts:
+        return ""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _quantization(model: ModelConfig) -> dict[str, Any]:
+    """The model's quantization: the method vLLM resolved and the user's quantization config (the
+    checkpoint's own ``quantization_config`` is part of the model's config)."""
+    config = model.quantization_config
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        config = dataclasses.asdict(config)
+    return {"method": model.quantization, "config": config}
+
+
+def _kv_scales_fingerprint(name: str) -> str:
+    """A digest of every KV-cache scale tensor in a local model's safetensors files (``""`` for none).
+
+    NOTE: the weights fingerprint only samples the weight files, and an fp8 KV cache's scales are a few
+    bytes among them: these are hashed whole, so blocks quantized with other scales never share a key.
+    """
+    root = Path(name)
+    if not root.is_dir():
+        return ""
+    h = hashlib.sha256(b"kvmem-vllm/kv-scales/v1")
+    found = False
+    for path in sorted(root.rglob("*.safetensors")):
+        with open(path, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+            for tensor, meta in sorted(header.items()):
+                if tensor == "__metadata__" or not _KV_SCALE_NAME.search(tensor):
+                    continue
+                start, end = meta["data_offsets"]
+                f.seek(8 + size + start)
+                h.update(json.dumps([tensor, meta["dtype"], meta["shape"]]).encode() + f.read(end - start))
+                found = True
+    return h.hexdigest() if found else ""
+
+
+@functools.lru_cache(maxsize=256)
+def _adapter_fingerprint(name: str, path: str) -> str:
+    """A digest of a LoRA adapter: its name, its config file and a sample of its weight files.
+
+    NOTE: cached per process: vLLM loads an adapter once and keeps it, so the KV an engine computes with
+    it matches the files as they were then.
+    """
+    root = Path(path)
+    config = root / _ADAPTER_CONFIG
+    extra = config.read_text() if config.is_file() else ""
+    return _model_fingerprint(path, None, {"lora_name": name, _ADAPTER_CONFIG: extra})
 
 
 def _group(kv_cache_config: KVCacheConfig) -> KVCacheGroupSpec:

@@ -1,8 +1,13 @@
 """The scheduler side: how much of a prompt kvmem holds, and which blocks to load or save each step.
 
 A prompt is cut into chunks of ``chunk_blocks`` vLLM blocks with prefix-chained hashes
-(:func:`kvmem.keys.chunk_hashes`); block ``j`` of chunk ``i`` is stored under ``"{h_i}/{j}"``, so a
-request whose first blocks vLLM's own prefix cache already holds loads only the blocks after them.
+(:func:`kvmem.keys.chunk_hashes`, folding in the engine's namespace and the request's cache salt and LoRA
+adapter); block ``j`` of chunk ``i`` is stored under ``"{h_i}/{j}"``, so a request whose first blocks
+vLLM's own prefix cache already holds loads only the blocks after them.
+
+A probe answers from what is stored when it runs (the persistent tiers' files or server, not an index
+read at start-up), chunk by chunk, and stops at the first chunk not wholly there; a block whose load
+failed is never probed as present again by this engine (it is computed instead).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from kvmem import Memory
 from kvmem.keys import chunk_hashes
+from kvmem_vllm.identity import request_scope
 from kvmem_vllm.log import logger
 from kvmem_vllm.metadata import BlockTransfer, KVMemMetadata
 
@@ -69,12 +75,17 @@ class SchedulerSide:
         self._requests: dict[str, _Request] = {}
         self._loads: list[BlockTransfer] = []
         self._held: set[str] = set()  # finished requests whose blocks wait for their saves
+        self._failed_keys: set[str] = set()  # NOTE: blocks whose load failed: never probed as present again
         self.failed_blocks = 0  # NOTE: blocks whose load failed (CRC or tier) and were recomputed
 
     def matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
-        """Tokens after ``num_computed_tokens`` that kvmem can load (whole blocks; never the last prompt token)."""
+        """Tokens after ``num_computed_tokens`` that kvmem can load (whole blocks; never the last prompt token).
+
+        A request not scheduled yet is probed again each time vLLM asks (it may wait while blocks are
+        removed or stored); a scheduled one (back from preemption) keeps what was loaded and saved for it.
+        """
         state = self._requests.get(request.request_id)
-        if state is None:
+        if state is None or not state.block_ids:
             state = self._requests[request.request_id] = self._probe(request)
         state.local = num_computed_tokens
         if not self.load:
@@ -83,16 +94,29 @@ class SchedulerSide:
         return max(0, loadable * self.block_size - num_computed_tokens)
 
     def _probe(self, request: Request) -> _Request:
-        """The request's block keys and how many leading blocks are stored, in one batched probe."""
+        """The request's block keys and how many leading blocks are stored (whole chunks)."""
         tokens = request.prompt_token_ids
-        if tokens is None or request.mm_features or request.lora_request is not None:
-            return _Request([], 0)  # NOTE: KV that depends on more than token ids is not reused (yet)
-        hashes = chunk_hashes(tokens, self.block_size * self.chunk_blocks, self.namespace)
+        if tokens is None or request.mm_features:
+            return _Request([], 0)  # NOTE: KV that depends on more than token ids and the request's scope
+        scope = request_scope(request.cache_salt, request.lora_request)
+        seed = f"{self.namespace}/{scope}" if scope else self.namespace
+        hashes = chunk_hashes(tokens, self.block_size * self.chunk_blocks, seed)
         keys = [f"{h}/{j}" for h in hashes for j in range(self.chunk_blocks)]
         # NOTE: a producer probes too, so it does not store again the chunks it finds stored
-        found = self.memory.contains_many(keys, namespace=self.namespace)
-        blocks = found.index(False) if False in found else len(found)
-        return _Request(keys, blocks - blocks % self.chunk_blocks)
+        return _Request(keys, self._stored_run(keys))
+
+    def _stored_run(self, keys: list[str]) -> int:
+        """How many leading blocks of ``keys`` are stored now, in whole chunks: one batched lookup a chunk,
+        up to the first chunk with a block missing or whose load failed before."""
+        blocks = 0
+        while blocks < len(keys):
+            chunk = keys[blocks : blocks + self.chunk_blocks]
+            if self._failed_keys.intersection(chunk) or not all(
+                self.memory.contains_many(chunk, namespace=self.namespace)
+            ):
+                break
+            blocks += len(chunk)
+        return blocks
 
     def after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         """Plan the load of ``num_external_tokens`` into the request's newly allocated blocks."""
@@ -156,6 +180,7 @@ class SchedulerSide:
         for state in self._requests.values():
             bad = [i for i, b in enumerate(state.block_ids[: state.stored]) if b in failed]
             if bad:
+                self._failed_keys.update(state.keys[i] for i in bad)
                 state.stored = bad[0] - bad[0] % self.chunk_blocks
 
     def finished(self, request: Request) -> bool:

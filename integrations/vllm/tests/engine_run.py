@@ -1,9 +1,12 @@
 """One vLLM engine run, in a process of its own: ``python engine_run.py JOB.json`` writes ``JOB.json.out``.
 
-The job names the model directory, the prompts (token ids) and the connector's extra config (none:
-vLLM alone); optionally ``batch`` (every prompt in one ``generate`` call, so they run together, instead of
-one at a time) and ``num_gpu_blocks_override`` (vLLM's KV space in blocks). The result holds, per prompt,
-the greedy tokens, their top logprobs and how many prompt tokens vLLM did not compute
+The job names the model directory, the prompts (token ids, or ``{"prompt_token_ids": [...], "cache_salt":
+"..."}``) and the connector's extra config (none: vLLM alone); optionally ``batch`` (every prompt in one
+``generate`` call, so they run together, instead of one at a time), ``num_gpu_blocks_override`` (vLLM's KV
+space in blocks) and ``remove_before`` (``{"i": [file, ...]}``: files removed, under the running engine,
+before prompt ``i`` is served; each must exist). Before each ``generate`` call the run writes
+``engine_run: prompt i`` to stdout, where vLLM's processes log, so the log can be cut by prompt. The result
+holds, per prompt, the greedy tokens, their top logprobs and how many prompt tokens vLLM did not compute
 (``num_cached_tokens``; vLLM's own prefix cache is off, so these are the tokens the connector loaded), plus
 the engine's start and generation times and how many times vLLM preempted a request.
 """
@@ -50,12 +53,16 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     params = SamplingParams(
         temperature=0.0, max_tokens=job["max_tokens"], logprobs=TOP_LOGPROBS, detokenize=False, ignore_eos=True
     )
-    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
+    prompts = [TokensPrompt(**p) if isinstance(p, dict) else TokensPrompt(prompt_token_ids=p) for p in job["prompts"]]
     # NOTE: one prompt at a time unless batched: a later prompt may reuse an earlier one's chunks
     groups = [prompts] if job.get("batch") else [[p] for p in prompts]
+    remove = job.get("remove_before", {})
     outs = []
     generate_s = []
-    for group in groups:
+    for i, group in enumerate(groups):
+        for file in remove.get(str(i), ()):
+            Path(file).unlink()  # NOTE: FileNotFoundError fails the run: the test named a file that is not there
+        print(f"engine_run: prompt {i}", flush=True)  # NOTE: on stdout, where vLLM's processes log
         t = time.perf_counter()
         outs += llm.generate(group, params, use_tqdm=False)
         generate_s.append(time.perf_counter() - t)

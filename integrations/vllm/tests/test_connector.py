@@ -4,16 +4,21 @@ Five engine starts cover everything (each start costs ~30-70 s on two cores):
 
 1. ``base``: vLLM alone (no connector), the reference tokens and top logprobs;
 2. ``store``: a producer (``kv_producer``: saves, never loads) over an empty local store and a throwaway
-   Redis: everything computed, saved;
+   Redis: everything computed, saved, A also for a tenant (``cache_salt="tenant-a"``);
 3. ``shared``: a consumer (``kv_consumer``: loads, never saves), a second instance with empty local tiers
    and the same Redis: it decodes with the first one's KV (the prefill/decode hand-off);
 4. ``restart``: ``kv_both`` on the first store reopened without Redis (an engine restart, from disk), with
-   one stored block of prompt C flipped on disk first: C's block fails its CRC, is recomputed and stored again;
+   faults made on disk first: A is served unsalted, for tenant-a (all loaded) and for tenant-b (nothing
+   loaded); one block of C is truncated and another has a byte flipped: both are recomputed and stored
+   again; one block of D is replaced by a valid blob that does not fit: its load fails once, and D served
+   again is computed without trying it; B's own chunk is removed under the running engine before B is
+   served: B loads only the chunks still stored, and no load fails;
 5. ``preempt``: ``kv_both`` on a fresh store, the prompts run together in a KV space of 17 blocks (and the
    null block): A and B are admitted, B is preempted when decoding needs a block, its saves in flight are
    finished before its blocks are written again, and it comes back loading its saved chunks.
 
 vLLM's own prefix cache is off in every run, so ``num_cached_tokens`` counts the tokens the connector loaded.
+A prompt's name is a prompt of ``PROMPTS``, with ``@salt`` for its ``cache_salt`` and ``#n`` to serve it again.
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ _rng = random.Random(0)
 A = [_rng.randrange(512) for _ in range(1025)]  # 1024 tokens in full chunks: all but the last token loadable
 B = A[:512] + [_rng.randrange(512) for _ in range(388)]  # shares A's first two chunks
 C = [_rng.randrange(512) for _ in range(700)]
-PROMPTS = {"A": A, "B": B, "C": C}
+D = [_rng.randrange(512) for _ in range(300)]  # one chunk
+PROMPTS = {"A": A, "B": B, "C": C, "D": D}
 
 
 @pytest.fixture(scope="module")
@@ -60,24 +66,47 @@ def runs(tiny_llama: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
     first, second = str(work / "kv-first"), str(work / "kv-second")
     model = str(tiny_llama)
     out: dict[str, Any] = {"work": work, "first": first, "redis_url": redis_url}
-    names = list(PROMPTS)
 
     def run(name: str, extra: dict[str, Any] | None, which: list[str], role: str = "kv_both", **job: Any) -> None:
-        prompts = [PROMPTS[n] for n in which]
+        prompts = [_prompt(n) for n in which]
         result = engine_run(
             work, name, model=model, prompts=prompts, extra_config=extra, role=role, max_tokens=MAX_TOKENS, **job
         )
         out[name] = {"start_s": result["start_s"], "preemptions": result["preemptions"]}
         out[name] |= dict(zip(which, result["prompts"]))
+        if not job.get("batch"):
+            out[name]["failed"] = _failed_loads((work / f"{name}.log").read_text(), which)
 
-    run("base", None, names)
-    run("store", {"path": first, "remote_url": redis_url, **LOCAL}, names, role="kv_producer")
-    run("shared", {"path": second, "remote_url": redis_url, **LOCAL}, names, role="kv_consumer")
-    out["corrupted"] = _flip_stored_block(first, C, chunk=1, block=0)
-    run("restart", {"path": first, **LOCAL}, ["A", "C"])
+    run("base", None, list(PROMPTS))
+    run("store", {"path": first, "remote_url": redis_url, **LOCAL}, [*PROMPTS, "A@tenant-a"], role="kv_producer")
+    run("shared", {"path": second, "remote_url": redis_url, **LOCAL}, ["A", "B", "C"], role="kv_consumer")
+    out["corrupted"] = [
+        _fault_stored_block(first, C, chunk=1, block=0, fault="flip"),
+        _fault_stored_block(first, C, chunk=0, block=1, fault="truncate"),
+    ]
+    _fault_stored_block(first, D, chunk=0, block=1, fault="misfit")
+    removed = [_stored_file(first, B, chunk=2, block=j) for j in range(CHUNK_TOKENS // 128)]
+    restart = ["A", "A@tenant-a", "A@tenant-b", "C", "D", "D#2", "B"]
+    run("restart", {"path": first, **LOCAL}, restart, remove_before={str(restart.index("B")): removed})
     # NOTE: A takes 9 blocks, B 8 (C waits): B's 9th block, at its 125th token, is not there
-    run("preempt", {"path": str(work / "kv-third"), **LOCAL}, names, batch=True, num_gpu_blocks_override=18)
+    run("preempt", {"path": str(work / "kv-third"), **LOCAL}, ["A", "B", "C"], batch=True, num_gpu_blocks_override=18)
     return out
+
+
+def _prompt(name: str) -> dict[str, Any]:
+    """The prompt a name stands for: ``X``, ``X@salt`` (with that ``cache_salt``), ``X#n`` (X again)."""
+    base, _, salt = name.split("#")[0].partition("@")
+    return {"prompt_token_ids": PROMPTS[base], **({"cache_salt": salt} if salt else {})}
+
+
+def _failed_loads(log: str, which: list[str]) -> dict[str, int]:
+    """Blocks whose load failed while each prompt was served (from the scheduler's log, cut by prompt)."""
+    parts = re.split(r"^engine_run: prompt \d+$", log, flags=re.MULTILINE)[1:]
+    assert len(parts) == len(which), f"{len(parts)} prompt markers in the log for {len(which)} prompts"
+    return {
+        name: sum(int(n) for n in re.findall(r"kvmem: (\d+) block\(s\) failed to load", part))
+        for name, part in zip(which, parts)
+    }
 
 
 def _namespace(path: str) -> str:
@@ -88,16 +117,38 @@ def _namespace(path: str) -> str:
     return next(iter(spaces))
 
 
-def _flip_stored_block(path: str, tokens: list[int], *, chunk: int, block: int) -> dict[str, str]:
-    """Flip one byte of a stored block's file (bit rot on disk, made for real); the block's key and namespace."""
+def _stored_file(path: str, tokens: list[int], *, chunk: int, block: int) -> str:
+    """The file of a stored block of ``tokens`` (unsalted)."""
     ns = _namespace(path)
     key = f"{chunk_hashes(tokens, CHUNK_TOKENS, ns)[chunk]}/{block}"
     with kvmem.Memory(path, cpu_bytes=0) as mem:
         skey = mem.storage_key(key, ns)
     (file,) = [p for p in Path(path).rglob(f"*{skey}*") if p.is_file()]
+    return str(file)
+
+
+def _fault_stored_block(path: str, tokens: list[int], *, chunk: int, block: int, fault: str) -> dict[str, str]:
+    """Damage a stored block for real; its key and namespace.
+
+    ``flip``: one payload byte flipped (bit rot on disk); ``truncate``: the file cut to half (a short
+    write); ``misfit``: the block replaced by a valid blob of the same size and another shape (CRC intact,
+    but it does not fit vLLM's block).
+    """
+    ns = _namespace(path)
+    key = f"{chunk_hashes(tokens, CHUNK_TOKENS, ns)[chunk]}/{block}"
+    file = Path(_stored_file(path, tokens, chunk=chunk, block=block))
     data = bytearray(file.read_bytes())
-    data[len(data) - 100] ^= 0xFF
-    file.write_bytes(bytes(data))
+    if fault == "flip":
+        data[len(data) - 100] ^= 0xFF
+        file.write_bytes(bytes(data))
+    elif fault == "truncate":
+        file.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        with kvmem.Memory(path, cpu_bytes=0) as mem:
+            block_value = mem.load(key, namespace=ns)
+            assert isinstance(block_value, torch.Tensor)
+            misfit = torch.randn(block_value.numel() // 2, 2, generator=torch.Generator().manual_seed(0))
+            mem.store(key, misfit, namespace=ns, compression="none")
     return {"key": key, "namespace": ns}
 
 
@@ -115,12 +166,14 @@ def test_a_producer_saves_and_gives_vllm_alone_s_tokens(runs: dict[str, Any]) ->
     for name in PROMPTS:
         assert_same_output(runs["store"][name], runs["base"][name])
         assert runs["store"][name]["cached"] == 0  # a producer never loads, not even B's chunks shared with A
-    assert "0 block(s) loaded, 0 failed and recomputed, 14 saved" in (runs["work"] / "store.log").read_text()
+    assert_same_output(runs["store"]["A@tenant-a"], runs["base"]["A"])
+    # NOTE: A, B, C and D's 16 blocks, and A's 8 again for tenant-a: a tenant's KV is stored apart
+    assert "0 block(s) loaded, 0 failed and recomputed, 24 saved" in (runs["work"] / "store.log").read_text()
 
 
 def test_a_consumer_instance_decodes_with_the_producer_s_kv_through_redis(runs: dict[str, Any]) -> None:
     shared = runs["shared"]
-    for name in PROMPTS:
+    for name in ("A", "B", "C"):
         assert_same_output(shared[name], runs["base"][name])
     assert shared["A"]["cached"] >= 0.9 * len(A)
     assert shared["A"]["cached"] == 1024  # every full chunk; the last prompt token is always computed
@@ -133,25 +186,48 @@ def test_an_engine_restart_reuses_from_disk(runs: dict[str, Any]) -> None:
     assert runs["restart"]["A"]["cached"] == 1024
 
 
-def test_a_corrupted_block_is_recomputed_not_used(runs: dict[str, Any]) -> None:
+def test_a_tenant_gets_its_own_kv_and_never_another_tenant_s(runs: dict[str, Any]) -> None:
+    restart = runs["restart"]
+    for name in ("A@tenant-a", "A@tenant-b"):
+        assert_same_output(restart[name], runs["base"]["A"])
+        assert restart["failed"][name] == 0
+    assert restart["A@tenant-a"]["cached"] == 1024  # stored by another process for the same salt: all of it
+    assert restart["A@tenant-b"]["cached"] == 0  # A is stored unsalted and for tenant-a: nothing for tenant-b
+
+
+def test_corrupted_blocks_are_recomputed_not_used(runs: dict[str, Any]) -> None:
     assert_same_output(runs["restart"]["C"], runs["base"]["C"])
-    log = (runs["work"] / "restart.log").read_text()
-    assert "1 block(s) failed to load" in log  # counted and reported to vLLM, which recomputed it
-    key, ns = runs["corrupted"]["key"], runs["corrupted"]["namespace"]
+    assert runs["restart"]["failed"]["C"] == 2  # counted and reported to vLLM, which recomputed them
     with (
         kvmem.Memory(runs["first"], cpu_bytes=0) as restored,
         kvmem.Memory(str(runs["work"] / "kv-check"), cpu_bytes=0, disk_bytes=0, remote_url=runs["redis_url"]) as intact,
     ):
-        again = restored.load(key, namespace=ns)  # the recomputed block, saved again with a good CRC
-        original = intact.load(key, namespace=ns)
-    assert isinstance(again, torch.Tensor) and isinstance(original, torch.Tensor)
-    assert torch.equal(again, original)
+        for block in runs["corrupted"]:
+            again = restored.load(block["key"], namespace=block["namespace"])  # recomputed, saved again, good CRC
+            original = intact.load(block["key"], namespace=block["namespace"])
+            assert isinstance(again, torch.Tensor) and isinstance(original, torch.Tensor)
+            assert torch.equal(again, original)
+
+
+def test_a_block_whose_load_failed_is_not_tried_again(runs: dict[str, Any]) -> None:
+    restart = runs["restart"]
+    for name in ("D", "D#2"):
+        assert_same_output(restart[name], runs["base"]["D"])
+    assert restart["failed"]["D"] > 0  # the misfit block is still stored (its CRC is intact) ...
+    assert restart["failed"]["D#2"] == 0 and restart["D#2"]["cached"] == 0  # ... and never loaded again
+
+
+def test_blocks_removed_under_a_running_engine_are_not_probed_as_stored(runs: dict[str, Any]) -> None:
+    restart = runs["restart"]
+    assert_same_output(restart["B"], runs["base"]["B"])
+    assert restart["failed"]["B"] == 0  # no load of a removed block was tried
+    assert restart["B"]["cached"] == 512  # the two chunks it shares with A; its own was removed
 
 
 def test_a_preempted_request_s_saves_finish_before_its_blocks_are_reused(runs: dict[str, Any]) -> None:
     preempt = runs["preempt"]
     assert preempt["preemptions"] >= 1
-    for name in PROMPTS:  # NOTE: a save reading blocks already written by another request would show here
+    for name in ("A", "B", "C"):  # NOTE: a save reading blocks already written by another request would show here
         assert_same_output(preempt[name], runs["base"][name])
     (loaded, failed) = re.findall(
         r"kvmem: (\d+) block\(s\) loaded, (\d+) failed", (runs["work"] / "preempt.log").read_text()

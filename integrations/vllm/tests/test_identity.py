@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kvmem.errors import ConfigError
-from kvmem_vllm.identity import attention_backend, namespace
+from kvmem_vllm.identity import attention_backend, namespace, request_scope
 
 LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
 
@@ -79,3 +79,61 @@ def test_a_refused_layout_leaves_no_memory_open(tiny_llama: Path, tmp_path: Path
         with pytest.raises(ConfigError, match="2 KV cache groups"):
             KVMemConnector(config, role, kv_cache_config(groups=2))
     assert not [c for c in _LIVE if not c._closed and str(tmp_path) in c.url]  # both Memories were closed
+
+
+def test_a_request_s_salt_and_adapter_name_its_keys(tmp_path: Path) -> None:
+    from vllm.lora.request import LoRARequest
+
+    adapters = []
+    for i in range(2):
+        path = tmp_path / f"adapter-{i}"
+        path.mkdir()
+        (path / "adapter_config.json").write_text('{"r": 8, "lora_alpha": 16}')
+        (path / "adapter_model.safetensors").write_bytes(bytes([i]) * 1000)  # NOTE: only sampled, never parsed
+        adapters.append(LoRARequest("sql", 1, str(path)))
+    scopes = [
+        request_scope(None, None),
+        request_scope("tenant-a", None),
+        request_scope("tenant-b", None),
+        request_scope(None, adapters[0]),
+        request_scope(None, adapters[1]),  # the same name and config, other weights
+        request_scope("tenant-a", adapters[0]),
+    ]
+    assert scopes[0] == "" and request_scope("", None) == ""  # no salt, no adapter: the engine's keys
+    assert len(set(scopes)) == len(scopes)
+    assert request_scope("tenant-a", None) == scopes[1]  # the scheduler keys one tenant alike every time
+    assert "tenant-a" not in scopes[1]
+
+
+def test_quantization_and_kv_cache_scales_name_the_keys(engine_config: Any, tiny_llama: Path, tmp_path: Path) -> None:
+    import copy
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from kvmem_vllm.identity import _model_fingerprint
+
+    plain = namespace(engine_config, kv_cache_config(), "none", 256, "CPU_ATTN")
+    quantized = copy.deepcopy(engine_config)
+    quantized.model_config.quantization = "fp8"
+    assert namespace(quantized, kv_cache_config(), "none", 256, "CPU_ATTN") != plain
+    skipping = copy.deepcopy(engine_config)
+    skipping.cache_config.kv_cache_dtype_skip_layers = ["0"]
+    assert namespace(skipping, kv_cache_config(), "none", 256, "CPU_ATTN") != plain
+    spaces, weights = [], []
+    for scale in (0.5, 0.25):  # NOTE: the same checkpoint, but for the KV-cache scales vLLM would load
+        model = tmp_path / f"model-{scale}"
+        shutil.copytree(tiny_llama, model)
+        # NOTE: 4 MiB either side: the weights' sample misses the scale
+        tensors = {
+            "a": torch.zeros(1 << 20),
+            "model.layers.0.self_attn.k_scale": torch.tensor(scale),
+            "z": torch.zeros(1 << 20),
+        }
+        save_file(tensors, str(model / "kv-scales.safetensors"))
+        scaled = copy.deepcopy(engine_config)
+        scaled.model_config.model = str(model)
+        spaces.append(namespace(scaled, kv_cache_config(), "none", 256, "CPU_ATTN"))
+        weights.append(_model_fingerprint(str(model), None, {}))
+    assert weights[0] == weights[1]  # the sampled weights cannot tell the two apart ...
+    assert len({plain, *spaces}) == 3  # ... the scales, hashed whole, can

@@ -1,15 +1,21 @@
-"""The connector's pieces that need no engine: block views over vLLM's KV cache, and what its config refuses."""
+"""The connector's pieces that need no engine: block views over vLLM's KV cache, what its config refuses,
+the worker's failed loads and the scheduler's probe."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
 
 import kvmem
 from kvmem.errors import ConfigError
+from kvmem.keys import chunk_hashes
 from kvmem_vllm.identity import chunk_blocks, memory_settings
+from kvmem_vllm.metadata import BlockTransfer, KVMemMetadata
+from kvmem_vllm.scheduler import SchedulerSide
 from kvmem_vllm.worker import BlockViews, WorkerSide
 
 LAYERS, BLOCKS, HEADS, BLOCK, WIDTH = 3, 10, 2, 4, 6  # vLLM CPU: [num_blocks, kv_heads, block_size, 2 * head_dim]
@@ -64,3 +70,51 @@ def test_the_config_needs_a_path_and_whole_vllm_blocks() -> None:
     assert chunk_blocks(256, 128) == 2
     with pytest.raises(ConfigError, match="block_size=200: kvmem's chunk must be a whole number of vLLM blocks of 128"):
         chunk_blocks(200, 128)
+
+
+def test_a_load_that_raises_anything_is_a_failed_load_not_the_step_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    per_layer, caches = cpu_caches()
+    with kvmem.Memory(str(tmp_path), cpu_bytes="16MiB", disk_bytes="64MiB") as mem:
+        worker = WorkerSide(mem, "vllm/test", BLOCKS, "none")
+        worker.register(caches)
+        mem.store_many([(f"k{b}", worker.views(b)) for b in (1, 2)], namespace="vllm/test")
+
+        def short_read(*args: Any, **kwargs: Any) -> None:
+            # NOTE: a mock: kvmem turns every storage fault this test could make (a truncated, flipped or
+            # unreadable file) into a miss or a KVMemError, so a RuntimeError from a copy is faked here
+            raise RuntimeError("short read: 100 of 4096 bytes")
+
+        monkeypatch.setattr(mem, "load_many", short_read)
+        worker.load(KVMemMetadata(loads=[BlockTransfer("r1", ["k1", "k2"], [8, 9])]))
+        worker.close()
+    assert worker.take_failed() == {8, 9}  # reported to vLLM, which recomputes them
+    assert worker.failed_blocks == 2 and worker.loaded_blocks == 0
+
+
+def probe_request(tokens: list[int], req_id: str = "r1", salt: str | None = None) -> Any:
+    """The fields of a vLLM request the scheduler side reads when it probes."""
+    return SimpleNamespace(
+        request_id=req_id, prompt_token_ids=tokens, mm_features=None, cache_salt=salt, lora_request=None
+    )
+
+
+def test_a_probe_answers_from_the_files_and_stops_at_the_first_missing_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ns, block = "vllm/test", 4
+    tokens = list(range(4 * 2 * block + 1))  # 4 chunks of 2 blocks, and a last token
+    keys = [f"{h}/{j}" for h in chunk_hashes(tokens, 2 * block, ns) for j in range(2)]
+    with kvmem.Memory(str(tmp_path), cpu_bytes=0, disk_bytes="64MiB") as other:  # the worker, in effect
+        other.store_many([(k, torch.zeros(8)) for i, k in enumerate(keys) if i not in (2, 3)], namespace=ns)
+    with kvmem.Memory(str(tmp_path), cpu_bytes=0, disk_bytes="64MiB") as mem:
+        sched = SchedulerSide(mem, ns, block, 2, load=True, save=True)
+        asked: list[str] = []
+        probe = mem.contains_many
+        monkeypatch.setattr(mem, "contains_many", lambda ks, **kw: asked.extend(ks) or probe(ks, **kw))
+        assert sched.matched_tokens(probe_request(tokens), 0) == 2 * block  # chunk 0; chunk 1 is missing
+        assert asked == keys[:4]  # chunks 2 and 3, stored, are never looked up
+        with kvmem.Memory(str(tmp_path), cpu_bytes=0, disk_bytes="64MiB") as other:
+            other.delete(keys[1], namespace=ns)  # removed by another process after this one opened
+        assert sched.matched_tokens(probe_request(tokens, "r2"), 0) == 0
