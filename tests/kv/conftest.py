@@ -85,3 +85,21 @@ def prefix_cache(make_memory: MemoryFactory) -> Iterator[Callable[..., PrefixCac
     yield make
     for pc in made:
         pc.close()
+
+
+EXACT = 1e-5  # max |logit difference| of a prefill that reuses stored KV from a full forward pass (fp32)
+
+
+def store_prompt(pc: PrefixCache, ids: torch.Tensor) -> None:
+    """Prefill ``ids`` through ``pc`` and wait until its chunks are stored."""
+    pc.prefill(ids)
+    pc.flush()
+
+
+def assert_prefill_exact(model: PreTrainedModel, pc: PrefixCache, ids: torch.Tensor, reused: int) -> None:
+    """``pc.prefill(ids)`` reuses ``reused`` tokens, computes the rest, and gives a full forward pass's logits."""
+    result = pc.prefill(ids)
+    assert (result.reused_tokens, result.computed_tokens) == (reused, ids.shape[1] - reused)
+    with torch.no_grad():
+        full = model(ids).logits
+    assert (result.logits - full[:, reused:]).abs().max().item() <= EXACT

@@ -25,17 +25,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import PreTrainedModel
 
 import kvmem
 from kvmem.kv import PrefixCache
 from kvmem.stores.base import StorageTier
-from tests.kv.conftest import MemoryFactory, ModelFactory
+from tests.kv.conftest import MemoryFactory, ModelFactory, assert_prefill_exact, store_prompt
 from tests.kv.workers import BLOCK, prompt
 from tests.servers import RedisServer
 
 PrefixCacheFactory = Callable[..., PrefixCache]
-EXACT = 1e-5
 CHUNKS = 5
 IDS = prompt(40, CHUNKS * BLOCK + 3)
 POSITIONS = {"first": 0, "middle": 2, "last": CHUNKS - 1}
@@ -52,21 +50,6 @@ def _skeys(memory: kvmem.Memory, pc: PrefixCache) -> list[str]:
 
 def _tier_errors(memory: kvmem.Memory, tier: str) -> int:
     return int(memory.metrics.value("kvmem_tier_errors_total", tier=tier))
-
-
-def _assert_exact(model: PreTrainedModel, pc: PrefixCache, reused: int) -> None:
-    """``pc.prefill(IDS)`` reuses ``reused`` tokens and gives a full forward pass's logits."""
-    result = pc.prefill(IDS)
-    assert (result.reused_tokens, result.computed_tokens) == (reused, IDS.shape[1] - reused)
-    with torch.no_grad():
-        full = model(IDS).logits
-    assert (result.logits - full[:, reused:]).abs().max().item() <= EXACT
-
-
-def _store(model: PreTrainedModel, memory: kvmem.Memory, prefix_cache: PrefixCacheFactory) -> None:
-    writer = prefix_cache(model, memory)
-    writer.prefill(IDS)
-    writer.flush()
 
 
 def _eio_on(monkeypatch: pytest.MonkeyPatch, skey: str, from_byte: Callable[[int], int]) -> None:
@@ -99,16 +82,16 @@ def test_disk_eio_on_a_chunk_stops_reuse_before_it(
 ) -> None:
     model, bad = tiny_model("llama"), POSITIONS[position]
     memory = make_memory(cpu_bytes=0, tier_retry_seconds=0)  # every chunk on disk; retried at once
-    _store(model, memory, prefix_cache)
+    store_prompt(prefix_cache(model, memory), IDS)
     pc = prefix_cache(model, memory, layerwise=MODES[mode])
     _eio_on(monkeypatch, _skeys(memory, pc)[bad], AT[at])
 
-    _assert_exact(model, pc, bad * BLOCK)  # the chunks before it still come from disk
+    assert_prefill_exact(model, pc, IDS, bad * BLOCK)  # the chunks before it still come from disk
     assert _tier_errors(memory, "disk") == 1
 
     monkeypatch.undo()  # the disk heals
     pc.flush()
-    _assert_exact(model, pc, CHUNKS * BLOCK)
+    assert_prefill_exact(model, pc, IDS, CHUNKS * BLOCK)
     assert _tier_errors(memory, "disk") == 1
 
 
@@ -122,20 +105,20 @@ def test_a_failed_disk_is_skipped_then_retried(
 ) -> None:
     model = tiny_model("llama")
     memory = make_memory(cpu_bytes=0, tier_retry_seconds=2)
-    _store(model, memory, prefix_cache)
+    store_prompt(prefix_cache(model, memory), IDS)
     pc = prefix_cache(model, memory, layerwise=MODES[mode])
     _eio_on(monkeypatch, _skeys(memory, pc)[2], AT["last-layer"])
 
-    _assert_exact(model, pc, 0)  # the disk is skipped from the fault on: its chunks before it too
+    assert_prefill_exact(model, pc, IDS, 0)  # the disk is skipped from the fault on: its chunks before it too
     disk = _tier(memory, "disk")
     assert _tier_errors(memory, "disk") == 1 and not memory._tiers.healthy(disk)
-    _assert_exact(model, pc, 0)  # still skipped: not read, not counted again
+    assert_prefill_exact(model, pc, IDS, 0)  # still skipped: not read, not counted again
     assert _tier_errors(memory, "disk") == 1
 
     monkeypatch.undo()
     time.sleep(2)
     assert memory._tiers.healthy(disk)
-    _assert_exact(model, pc, CHUNKS * BLOCK)
+    assert_prefill_exact(model, pc, IDS, CHUNKS * BLOCK)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -145,13 +128,13 @@ def test_a_truncated_chunk_file_stops_reuse_before_it(
 ) -> None:
     model, bad = tiny_model("llama"), POSITIONS[position]
     memory = make_memory(cpu_bytes=0)
-    _store(model, memory, prefix_cache)
+    store_prompt(prefix_cache(model, memory), IDS)
     pc = prefix_cache(model, memory, layerwise=MODES[mode])
     skey = _skeys(memory, pc)[bad]
     path = Path(memory.config.path) / "disk" / "blobs" / skey[:2] / f"{skey}.kvb"
     os.truncate(path, path.stat().st_size * 3 // 4)  # a torn file: its last layer is cut short
 
-    _assert_exact(model, pc, bad * BLOCK)
+    assert_prefill_exact(model, pc, IDS, bad * BLOCK)
     assert memory.metrics.value("kvmem_crc_failures_total", tier="disk") == 1
     assert _tier_errors(memory, "disk") == 0 and memory._tiers.healthy(_tier(memory, "disk"))  # the data's fault
 
@@ -185,7 +168,7 @@ def test_redis_gone_while_a_chunk_is_read_stops_reuse_before_it(
 ) -> None:
     model, bad = tiny_model("llama"), POSITIONS[position]
     memory = make_memory(disk_bytes=0, remote_url=redis_server.url, tier_retry_seconds=60)
-    _store(model, memory, prefix_cache)
+    store_prompt(prefix_cache(model, memory), IDS)
     pc = prefix_cache(model, memory, layerwise=MODES[mode])
     skeys = _skeys(memory, pc)
     cpu, redis = _tier(memory, "cpu"), _tier(memory, "redis")
@@ -194,7 +177,7 @@ def test_redis_gone_while_a_chunk_is_read_stops_reuse_before_it(
     size = redis.read_range(skeys[bad], 0, 1 << 30).numel()
     _stop_on_read(monkeypatch, redis, redis_server, skeys[bad], 0 if at == "open" else size // 2)
 
-    _assert_exact(model, pc, bad * BLOCK)
+    assert_prefill_exact(model, pc, IDS, bad * BLOCK)
     assert _tier_errors(memory, "redis") == 1 and not memory._tiers.healthy(redis)
 
 
@@ -206,10 +189,10 @@ def test_prefetch_with_redis_gone_finds_nothing_and_counts_it(
 ) -> None:
     model = tiny_model("llama")
     memory = make_memory(cpu_bytes=0, disk_bytes=0, remote_url=redis_server.url, tier_retry_seconds=60)
-    _store(model, memory, prefix_cache)
+    store_prompt(prefix_cache(model, memory), IDS)
     pc = prefix_cache(model, memory)
     redis_server.stop()
 
     assert pc.prefetch(IDS).result(timeout=30) == 0  # Redis is the top tier: its probe fails, and is handled
     assert _tier_errors(memory, "redis") == 1
-    _assert_exact(model, pc, 0)
+    assert_prefill_exact(model, pc, IDS, 0)

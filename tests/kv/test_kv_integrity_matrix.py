@@ -14,17 +14,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import torch
-from transformers import PreTrainedModel
 
 import kvmem
 from kvmem.kv import BlendCache, PrefixCache, Segment
 from tests.integrity import FAULTS, Rest
-from tests.kv.conftest import MemoryFactory, ModelFactory
+from tests.kv.conftest import EXACT, MemoryFactory, ModelFactory, assert_prefill_exact, store_prompt
 from tests.kv.workers import BLOCK, build_model, prompt
 from tests.stores.redis_helpers import unique_prefix, with_options
 
-EXACT = 1e-5
 CHUNKS = 5
 BAD = 2  # the damaged chunk: the middle one
 IDS = prompt(50, CHUNKS * BLOCK + 3)
@@ -66,24 +63,15 @@ def test_prefix_cache_computes_a_damaged_chunk_and_everything_after_it(
     model = tiny_model("llama")
     memory = _memory(make_memory, tier, redis_url, request)
     writer = prefix_cache(model, memory)
-    writer.prefill(IDS)
-    writer.flush()
+    store_prompt(writer, IDS)
     rests = _rests(memory, tier, writer.chunk_keys(IDS), writer.namespace)
     FAULTS[fault](rests[BAD], rests[BAD + 1])
 
     pc = prefix_cache(model, memory, layerwise=MODES[mode])
-    _assert_exact(model, pc, BAD * BLOCK)
+    assert_prefill_exact(model, pc, IDS, BAD * BLOCK)
     assert _crc_failures(memory, tier) == 1
     pc.flush()
-    _assert_exact(model, pc, CHUNKS * BLOCK)  # the damaged chunk was stored again from the computed KV
-
-
-def _assert_exact(model: PreTrainedModel, pc: PrefixCache, reused: int) -> None:
-    result = pc.prefill(IDS)
-    assert (result.reused_tokens, result.computed_tokens) == (reused, IDS.shape[1] - reused)
-    with torch.no_grad():
-        full = model(IDS).logits
-    assert (result.logits - full[:, reused:]).abs().max().item() <= EXACT
+    assert_prefill_exact(model, pc, IDS, CHUNKS * BLOCK)  # the damaged chunk was stored again from the computed KV
 
 
 DOCS = (prompt(211, 40), prompt(212, 40))  # two documents of one size: either blob can stand in for the other
