@@ -29,7 +29,9 @@ against 9.5 GB/s for a copy into pages already there). So pages are handed out l
 address first (a pool that is not full keeps reusing pages already faulted in), and a
 background thread faults in a window ahead of the highest page handed out
 (``MADV_POPULATE_WRITE``, without touching their bytes): a store then copies into pages
-that are there, and the pool's resident memory grows with its use, not its size.
+that are there, and the pool's resident memory grows with its use, not its size. The
+window is as large as the part of the pool in use (16 MiB to 256 MiB), so a new pool's
+first small store sets off little background work beside the request that made it.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ from kvmem.libc import libc_function
 __all__ = ["PAGE_BYTES", "Run", "ExtentAllocator", "HostPool", "Allocation"]
 
 PAGE_BYTES = 4096
-_AHEAD = 256 << 20  # bytes faulted in beyond the highest page handed out
+_AHEAD = 256 << 20  # bytes faulted in beyond the highest page handed out, at most
+_AHEAD_MIN = 16 << 20  # ... and at least (the window is as large as the part of the pool in use: see allocate)
 _POPULATE_STEP = 16 << 20
 Run = tuple[int, int]
 """``(first page, page count)``."""
@@ -202,9 +205,13 @@ class HostPool:
             if runs is None:
                 return None
             end = max(first + n for first, n in runs) * self.page_bytes
-            if end + _AHEAD // 2 > self._wanted and self._populated < self.nbytes:
+            # NOTE: the window grows with use, from 16 MiB up: faulting in ahead competes with the request
+            # that triggered it for the cores and the address space (a fresh VM faults at ~0.5 GB/s: 256 MiB
+            # ahead of a new pool's first store made that request several times slower)
+            ahead = min(_AHEAD, max(_AHEAD_MIN, end))
+            if end + ahead // 2 > self._wanted and self._populated < self.nbytes:
                 # the window moves in steps of half of it, not page by page: one thread run per step
-                self._wanted = min(self.nbytes, end + _AHEAD)
+                self._wanted = min(self.nbytes, end + ahead)
                 self._start_populating()
         # NOTE: a tuple of tuples of ints: the garbage collector stops tracking it (see kvmem.stores.cpu._Entry)
         return Allocation(self, tuple(runs), nbytes)

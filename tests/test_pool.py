@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
+from kvmem import pool as poolmod
 from kvmem.errors import ConfigError
 from kvmem.pool import Allocation, ExtentAllocator, HostPool
 
@@ -304,3 +307,38 @@ def test_usage_counts_pages_freed_by_a_collection_outside_the_pool(no_automatic_
     assert pool.used_bytes == 2 * PAGE and pool.free_bytes == 2 * PAGE
     assert gc.collect() > 0
     assert pool.used_bytes == 0 and pool.free_bytes == 4 * PAGE and pool.free_runs() == [(0, 4)]
+
+
+def _resident(pool: HostPool) -> int:
+    """Bytes of ``pool``'s mapping resident in memory now (its ``Rss`` in ``/proc/self/smaps``)."""
+    start = f"{pool._base:x}-"
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(start))
+    rss = next(line for line in lines[at + 1 :] if line.startswith("Rss:"))
+    return int(rss.split()[1]) * 1024
+
+
+@pytest.mark.skipif(
+    poolmod._MADVISE is None or not Path("/proc/self/smaps").exists(),
+    reason="needs MADV_POPULATE_WRITE (Linux 5.14+) and /proc to read the mapping's residency",
+)
+def test_pages_are_faulted_in_ahead_of_use_by_a_window_that_grows_with_it() -> None:
+    """A new pool's first small allocation faults in 16 MiB ahead, not 256 MiB; once 64 MiB are in use, the window
+    is 64 MiB: the pool's resident memory follows its use."""
+    pool = HostPool(512 << 20, pin_memory=False)
+    first = pool.allocate(4096)
+    _wait_populated(pool)
+    assert 16 << 20 <= _resident(pool) <= 24 << 20
+    more = pool.allocate(64 << 20)
+    _wait_populated(pool)
+    assert 128 << 20 <= _resident(pool) <= 136 << 20
+    del first, more
+
+
+def _wait_populated(pool: HostPool) -> None:
+    for _ in range(1000):
+        with pool._lock:
+            if pool._populator is None:
+                return
+        time.sleep(0.01)
+    raise AssertionError("the pool's populating thread did not finish within 10 s")
