@@ -30,8 +30,9 @@ address first (a pool that is not full keeps reusing pages already faulted in), 
 background thread faults in a window ahead of the highest page handed out
 (``MADV_POPULATE_WRITE``, without touching their bytes): a store then copies into pages
 that are there, and the pool's resident memory grows with its use, not its size. The
-window is as large as the part of the pool in use (16 MiB to 256 MiB), so a new pool's
-first small store sets off little background work beside the request that made it.
+window is as large as the part of the pool in use (16 MiB to 256 MiB), and its first
+16 MiB are faulted in when the pool is made: a new pool's first small store neither
+faults pages in nor sets off background work beside the request that made it.
 """
 
 from __future__ import annotations
@@ -180,8 +181,12 @@ class HostPool:
         self._freed: deque[tuple[Run, ...]] = deque()  # runs of dead allocations, given back under _lock
         # pinned memory is resident from the start; a mapping is faulted in ahead of use
         self._populated = self.nbytes if self.pinned or _MADVISE is None else 0
-        self._wanted = 0
         self._populator: threading.Thread | None = None
+        # NOTE: the first window is faulted in at open, so a new pool's first store (a request's) finds its pages there
+        self._wanted = min(self.nbytes, _AHEAD_MIN)
+        if self._populated < self._wanted:
+            with self._lock:
+                self._start_populating()
 
     @property
     def used_bytes(self) -> int:
