@@ -211,8 +211,7 @@ class HostPool:
                 return None
             end = max(first + n for first, n in runs) * self.page_bytes
             # NOTE: the window grows with use, from 16 MiB up: faulting in ahead competes with the request
-            # that triggered it for the cores and the address space (a fresh VM faults at ~0.5 GB/s: 256 MiB
-            # ahead of a new pool's first store made that request several times slower)
+            # that triggered it for the cores and the address space, so a pool little used faults in little
             ahead = min(_AHEAD, max(_AHEAD_MIN, end))
             if end + ahead // 2 > self._wanted and self._populated < self.nbytes:
                 # the window moves in steps of half of it, not page by page: one thread run per step
