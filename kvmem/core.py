@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
 import torch
 from prometheus_client import CollectorRegistry
@@ -34,11 +35,17 @@ from kvmem.stores import CpuTier, TieredStore, build_tiers
 if TYPE_CHECKING:  # kvmem.semantic loads only when a text is stored or looked up
     from kvmem.semantic import Embedder, SemanticIndex
 
-__all__ = ["MemoryCore"]
+__all__ = ["Flushable", "MemoryCore"]
 
 log = logging.getLogger(__name__)
 V = TypeVar("V")
 _CATALOG_FLUSH_SECONDS = 1.0
+
+
+class Flushable(Protocol):
+    """A queue of background work that :meth:`MemoryCore.flush` waits for."""
+
+    def flush(self) -> None: ...
 
 
 class MemoryCore:
@@ -64,6 +71,7 @@ class MemoryCore:
         predictive prefetcher watches: its copies wait for none (see :mod:`kvmem.activity`)."""
         self._embedder = embedder
         self._semantics: dict[str, SemanticIndex] = {}  # "" -> the text layer; else an embedder's name
+        self._writers: weakref.WeakSet[Flushable] = weakref.WeakSet()  # stores queued by caches over this memory
         self._semantic_lock = threading.Lock()
         self._recovered: set[str] = set()  # labels of damaged metadata files set aside while opening
         self._catalog = Catalog(
@@ -168,8 +176,10 @@ class MemoryCore:
         return self._tiers.contains(self.storage_key(key, namespace))
 
     def delete(self, key: str | bytes, *, namespace: str | None = None) -> bool:
-        """Remove ``key`` from every tier and the catalog; whether it was there."""
+        """Remove ``key`` from every tier and the catalog; whether it was there (a store of it queued before,
+        by a cache over this memory, is done first: a deleted key does not come back)."""
         skey = self.storage_key(key, namespace)
+        self._flush_writers()
         found = self._tiers.delete(skey)
         removed = self._catalog_write(lambda: self._catalog.delete(skey))
         for index in self._semantic_indexes():
@@ -199,8 +209,14 @@ class MemoryCore:
         return value
 
     # -- lifecycle -------------------------------------------------------------------
+    def add_writer(self, writer: Flushable) -> None:
+        """Flush ``writer`` (a cache's queue of background stores into this memory) in :meth:`flush` and before
+        :meth:`close`, so a store queued before either is never lost. Held weakly."""
+        self._writers.add(writer)
+
     def flush(self) -> None:
-        """Finish write-backs, fsync pending files, write buffered catalog updates."""
+        """Finish queued background stores and write-backs, fsync pending files, write buffered catalog updates."""
+        self._flush_writers()
         self._tiers.flush()
         self._catalog_write(self._catalog.flush)
         for index in self._semantic_indexes():
@@ -210,6 +226,7 @@ class MemoryCore:
         """Flush and release everything. Idempotent."""
         if self._closed:
             return
+        self._flush_writers()
         self._closed = True
         if self._exporter is not None:
             self._exporter.close()
@@ -244,6 +261,10 @@ class MemoryCore:
             self._catalog.record_removed(skey)
         for index in self._semantic_indexes():
             index.discard(skey)
+
+    def _flush_writers(self) -> None:
+        for writer in list(self._writers):
+            writer.flush()
 
     def _semantic_indexes(self) -> list[SemanticIndex]:
         # NOTE: no _semantic_lock: evictions call this holding tier locks, which an index being

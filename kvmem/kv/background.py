@@ -23,6 +23,10 @@ __all__ = ["WriteBehind", "Prefetcher"]
 log = logging.getLogger(__name__)
 
 
+def _nothing() -> None:
+    """A job that does nothing (starts a pool's thread)."""
+
+
 class WriteBehind:
     """Runs store jobs in order on one background thread, at most ``max_pending`` queued.
 
@@ -34,6 +38,9 @@ class WriteBehind:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvmem-write-behind")
         self._slots = threading.BoundedSemaphore(max_pending)
         self._last: Future[None] | None = None
+        # NOTE: the thread starts now, not at the first store: starting a thread waits until it runs, which
+        # beside a model's busy compute threads takes milliseconds of the request that stores first
+        self._pool.submit(_nothing).result()
 
     def submit(self, job: Callable[[], None]) -> Future[None]:
         """Queue ``job``; blocks while ``max_pending`` jobs are already queued (backpressure)."""

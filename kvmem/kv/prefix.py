@@ -134,6 +134,7 @@ class PrefixCache:
         self._cache_arg = cache_argument(model)
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._writer = WriteBehind()
+        self.memory.add_writer(self._writer)
         self._prefetcher = Prefetcher(
             self._warm, self.memory.config.prefetch_depth, self.memory.metrics.prefetch_seconds.observe
         )

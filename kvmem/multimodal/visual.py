@@ -9,6 +9,11 @@ batch loads its hits and runs only its misses through the encoder, in one
 forward pass; a corrupt entry fails its CRC, counts as a miss and is encoded
 again. Pooled embeddings are cached the same way and indexed for
 :meth:`VisualTokenCache.similar`.
+
+A miss's tokens are stored behind the caller, on a thread of their own (a
+store is a copy, a CRC and a file write: not the request's work); until then
+this cache serves them from its queue (another cache over the same memory
+sees them once stored), and the memory's ``flush`` and ``close`` wait for them.
 """
 
 from __future__ import annotations
@@ -18,12 +23,14 @@ import json
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from kvmem.errors import UnsupportedValueError
+from kvmem.kv.background import WriteBehind
 from kvmem.multimodal.encoder import ImageEncoder, OpenClipEncoder
 from kvmem.multimodal.images import ImageInput, decode_image, image_digest
 
@@ -130,6 +137,9 @@ class VisualTokenCache:
         self.misses = 0  # images run through the encoder
         self._lock = threading.Lock()
         self._index: SemanticIndex | None = None
+        self._queued: dict[tuple[str, str], torch.Tensor] = {}  # (namespace, digest) -> tokens not stored yet
+        self._writer = WriteBehind()
+        self.memory.add_writer(self._writer)
 
     # -- public API -----------------------------------------------------------------------
     @staticmethod
@@ -156,8 +166,23 @@ class VisualTokenCache:
         """
         digest = image_digest(image)
         vec = torch.nn.functional.normalize(self.embed([image]).float(), dim=-1)[0].numpy()
+        self.flush()  # NOTE: every image embedded so far is in the index
         found = self._semantic(len(vec)).search_vector(vec, self.pooled_namespace, k + 1, threshold)
         return [ImageMatch(text, score) for _, score, text in found if text != digest][:k]
+
+    def flush(self) -> None:
+        """Wait until the tokens of every miss so far are stored."""
+        self._writer.flush()
+
+    def close(self) -> None:
+        """Store what is queued and stop the writer's thread."""
+        self._writer.close()
+
+    def __enter__(self) -> VisualTokenCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- internals ------------------------------------------------------------------------
     def _semantic(self, dim: int) -> SemanticIndex:
@@ -183,6 +208,11 @@ class VisualTokenCache:
         first = dict(zip(reversed(digests), reversed(images)))  # digest -> its first image
         found: dict[str, torch.Tensor] = {}
         for digest in first:
+            with self._lock:
+                queued = self._queued.get((namespace, digest))
+            if queued is not None:  # NOTE: a copy: the queued tensor is the writer's until it is stored
+                found[digest] = queued.clone()
+                continue
             value = self.memory.load(digest, namespace=namespace, default=None)
             if isinstance(value, torch.Tensor):  # None on a miss or a corrupt entry (CRC): encoded again
                 found[digest] = value
@@ -193,14 +223,24 @@ class VisualTokenCache:
             if dtype is not None:
                 out = out.to(dtype)
             for digest, row in zip(misses, out):
-                found[digest] = value = row.clone()
-                skey = self.memory.store(digest, value, namespace=namespace)
-                if index:
-                    vec = torch.nn.functional.normalize(value.float(), dim=-1).numpy()
-                    self._semantic(len(vec)).add_vector(skey, vec, namespace, digest)
+                found[digest] = row.clone()  # NOTE: the caller's copy: the encoder's row is the writer's alone
+                with self._lock:
+                    self._queued[(namespace, digest)] = row
+                self._writer.submit(partial(self._store, namespace, digest, row, index))
         with self._lock:
             self.hits += len(images) - len(misses)
             self.misses += len(misses)
-        if len(digests) == 1:  # a loaded or fresh value is already the caller's own: no second copy
+        if len(digests) == 1:  # a loaded, copied or fresh value is already the caller's own: no second copy
             return found[digests[0]].unsqueeze(0)
         return torch.stack([found[d] for d in digests])
+
+    def _store(self, namespace: str, digest: str, value: torch.Tensor, index: bool) -> None:
+        """Store one miss's tokens (on the writer's thread), index a pooled embedding, and unqueue it."""
+        try:
+            skey = self.memory.store(digest, value, namespace=namespace)
+            if index:
+                vec = torch.nn.functional.normalize(value.float(), dim=-1).numpy()
+                self._semantic(len(vec)).add_vector(skey, vec, namespace, digest)
+        finally:
+            with self._lock:
+                self._queued.pop((namespace, digest), None)

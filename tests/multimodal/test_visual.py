@@ -101,7 +101,10 @@ def test_encoders_layers_features_and_dtypes_never_share(memory: Memory, images:
     assert caches[0].namespace == caches[1].namespace  # -2 and 1 are the same block of 3
     namespaces = {vc.namespace for vc in caches[1:]}
     assert len(namespaces) == len(caches) - 1
-    outs = [vc.encode(images[:1]) for vc in caches]
+    outs = []
+    for vc in caches:
+        outs.append(vc.encode(images[:1]))
+        vc.flush()  # NOTE: stored behind the call; another cache over the memory sees what is stored
     assert all(vc.misses == 1 and vc.hits == 0 for vc in caches[2:])
     assert (caches[1].hits, caches[1].misses) == (1, 0)  # the entry caches[0] stored
     assert outs[4].dtype == torch.float16 and torch.equal(outs[4], outs[0].half())
@@ -113,6 +116,7 @@ def test_a_corrupt_entry_is_encoded_again(tmp_path: Path, images: list) -> None:
     with Memory(tmp_path / "kvmem", fsync="never", cpu_verify=True) as mem:
         vc = tiny(mem)
         want = vc.encode(images[:2])
+        vc.flush()
         assert corrupt_every_copy(mem, vc.digest(images[0]), namespace=vc.namespace) == 2  # cpu and disk
         log = BatchLog(vc)
         got = vc.encode(images[:2])
@@ -211,3 +215,30 @@ def test_similar_forgets_deleted_images_and_survives_a_reopen(tmp_path: Path, im
         vc = tiny(mem)
         assert {m.digest for m in vc.similar(images[0], k=5, threshold=-1.0)} == left
         assert vc.hits == 1  # the query's own embedding came from the cache
+
+
+def test_a_miss_is_stored_behind_the_call_from_a_copy_of_its_own(tmp_path: Path, images: list) -> None:
+    with Memory(tmp_path / "kvmem") as mem:
+        vc = tiny(mem)
+        log = BatchLog(vc)
+        given = vc.encode(images[:1])
+        want = given.clone()
+        given.zero_()  # NOTE: the caller's tensor is its own: what is stored (or queued) does not change
+        again = vc.encode(images[:1])  # queued or stored by now: a hit either way, never encoded twice
+        assert log.sizes == [1] and (vc.hits, vc.misses) == (1, 1) and torch.equal(again, want)
+        again.zero_()
+        vc.flush()
+        assert torch.equal(mem.load(vc.digest(images[0]), namespace=vc.namespace), want[0])
+        vc.encode(images[1:2])  # queued when the memory closes: close waits for it
+    with Memory(tmp_path / "kvmem") as mem:
+        vc = tiny(mem)
+        assert torch.equal(vc.encode(images[:1]), want) and vc.encode(images[1:2]).shape == want.shape
+        assert (vc.hits, vc.misses) == (2, 0)
+
+
+def test_a_delete_wins_over_a_store_still_queued(memory: Memory, images: list) -> None:
+    with tiny(memory) as vc:
+        vc.encode(images[:1])
+        assert memory.delete(vc.digest(images[0]), namespace=vc.namespace)
+        vc.flush()
+        assert not memory.contains(vc.digest(images[0]), namespace=vc.namespace)
