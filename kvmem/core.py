@@ -171,6 +171,11 @@ class MemoryCore:
         """:meth:`contains` for several keys, with one batched call per tier."""
         return self._tiers.contains_many([self.storage_key(k, namespace) for k in keys])
 
+    def locate_many(self, keys: Sequence[str | bytes], *, namespace: str | None = None) -> list[str | None]:
+        """The fastest tier holding each of ``keys`` (``"gpu"``, ``"cpu"``, ``"disk"``, ``"redis"``), or ``None``
+        where none does: one batched call per tier (the CRC is checked only when loaded)."""
+        return self._tiers.locate_many([self.storage_key(k, namespace) for k in keys])
+
     def contains(self, key: str | bytes, *, namespace: str | None = None) -> bool:
         """Whether ``key`` is stored in some tier (its CRC is checked only when loaded)."""
         return self._tiers.contains(self.storage_key(key, namespace))

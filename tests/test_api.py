@@ -310,6 +310,16 @@ def test_contains_and_delete(memory: kvmem.Memory) -> None:
     assert memory.delete("k") is False
 
 
+def test_locate_many_names_the_fastest_tier_holding_each_key(tmp_path: Path) -> None:
+    with kvmem.Memory(tmp_path / "kv", cpu_bytes="8MiB") as mem:
+        mem.store("a", b"v", namespace="n")
+        assert mem.locate_many(["a", "b"], namespace="n") == ["cpu", None]
+        assert mem.locate_many(["a"]) == [None]  # another namespace
+    with kvmem.Memory(tmp_path / "kv", cpu_bytes=0) as disk_only:
+        assert disk_only.locate_many(["b", "a"], namespace="n") == [None, "disk"]
+        assert disk_only.contains_many(["b", "a"], namespace="n") == [False, True]
+
+
 def test_info(memory: kvmem.Memory) -> None:
     value = torch.zeros(256, dtype=torch.float16)
     memory.store("img", value, metadata={"dim": 512, "tags": ["a", "b"], "nested": {"x": None}}, namespace="clip")

@@ -466,15 +466,21 @@ class TieredStore:
 
     def contains_many(self, keys: Sequence[str]) -> list[bool]:
         """``contains`` for several keys with one batched call per tier."""
-        found = [False] * len(keys)
+        return [tier is not None for tier in self.locate_many(keys)]
+
+    def locate_many(self, keys: Sequence[str]) -> list[str | None]:
+        """The name of the fastest usable tier holding each key (no CRC check), or ``None``: one batched call per
+        tier, each asked only for the keys the tiers above it do not hold."""
+        found: list[str | None] = [None] * len(keys)
         for tier in self.tiers:
-            todo = [i for i, f in enumerate(found) if not f]
+            todo = [i for i, f in enumerate(found) if f is None]
             if not todo:
                 break
             res = self._call(tier, self._contains_each, tier, [keys[i] for i in todo])
             if res is not None:
                 for i, hit in zip(todo, res):
-                    found[i] = bool(hit)
+                    if hit:
+                        found[i] = tier.name
         return found
 
     def _contains_each(self, tier: StorageTier, keys: list[str]) -> list[bool]:
