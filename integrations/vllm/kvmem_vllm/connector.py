@@ -12,9 +12,11 @@ Configured the vLLM way::
 
 The scheduler-side instance probes kvmem for the longest stored run of a prompt's chunks and plans
 loads and saves (:mod:`kvmem_vllm.scheduler`); the worker-side instance, in another process, moves the
-blocks (:mod:`kvmem_vllm.worker`). Loads run before the forward pass of the step that needs them
-(synchronous loads); saves are stored on a thread of their own after it (:mod:`kvmem_vllm.saver`), and a
-finished request keeps its blocks until its saves are done.
+blocks (:mod:`kvmem_vllm.worker`). A request whose KV is on this machine loads it before the forward pass
+of the step that schedules it (synchronous loads); one whose KV is only in the remote tier waits for it
+while other requests run (asynchronous loads, ``load_async``). Saves are stored on a thread of their own
+after the forward pass (:mod:`kvmem_vllm.saver`), and a finished request keeps its blocks until its saves
+are done.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from kvmem import Memory
 from kvmem.codecs import parse_codec
 from kvmem.errors import ConfigError
-from kvmem_vllm.identity import attention_backend, chunk_blocks, memory_settings, namespace
+from kvmem_vllm.identity import attention_backend, chunk_blocks, load_async, memory_settings, namespace
 from kvmem_vllm.log import logger
 from kvmem_vllm.metadata import KVMemMetadata
 from kvmem_vllm.scheduler import SchedulerSide
@@ -112,6 +114,7 @@ class KVMemConnector(KVConnectorBase_V1):
                 chunk_blocks(chunk_tokens, block_size),
                 load=transfer.is_kv_consumer,
                 save=transfer.is_kv_producer,
+                load_async=load_async(transfer.kv_connector_extra_config or {}),
             )
             if transfer.kv_load_failure_policy != "recompute":
                 logger.warning(
@@ -129,8 +132,8 @@ class KVMemConnector(KVConnectorBase_V1):
 
     # -- scheduler side ----------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        """Tokens kvmem can load beyond ``num_computed_tokens`` (loaded synchronously)."""
-        return self._sched().matched_tokens(request, num_computed_tokens), False
+        """Tokens kvmem can load beyond ``num_computed_tokens``, and whether they are loaded asynchronously."""
+        return self._sched().matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         """Plan the load into the blocks just allocated."""
@@ -164,7 +167,8 @@ class KVMemConnector(KVConnectorBase_V1):
             self._work().preempted(kv_connector_metadata)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
-        """Load this step's blocks (before the forward pass: the loads are synchronous)."""
+        """Load this step's synchronous blocks (vLLM calls this before the forward pass when the step has any)
+        and start its asynchronous loads."""
         self._work().load(self._meta())
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -181,9 +185,11 @@ class KVMemConnector(KVConnectorBase_V1):
             self._work().save(self._meta())
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        """The finished requests whose saves are done (their blocks can be freed); kvmem's loads are synchronous."""
+        """The finished requests whose saves are done (their blocks can be freed), and the requests whose
+        asynchronous load is done (their failed blocks are in this step's :meth:`get_block_ids_with_load_errors`)."""
         meta = self._meta() if self.has_connector_metadata() else None
-        return self._work().finished(meta, finished_req_ids) or None, None
+        saved, loaded = self._work().finished(meta, finished_req_ids)
+        return saved or None, loaded or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         """The blocks whose load failed this step: vLLM recomputes them."""
@@ -195,11 +201,14 @@ class KVMemConnector(KVConnectorBase_V1):
             w = self._worker
             w.close()
             logger.info(
-                "kvmem: %d block(s) loaded, %d failed and recomputed, %d saved; %.3f s loading before forward passes",
+                "kvmem: %d block(s) loaded, %d failed and recomputed, %d saved; %.3f s loading before forward "
+                "passes; %d block(s) loaded asynchronously, in %.3f s beside them",
                 w.loaded_blocks,
                 w.failed_blocks,
                 w.saved_blocks,
                 w.load_seconds,
+                w.async_blocks,
+                w.async_load_seconds,
             )
         self._memory.close()
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
-__all__ = ["attention_backend", "chunk_blocks", "memory_settings", "namespace", "request_scope"]
+__all__ = ["attention_backend", "chunk_blocks", "load_async", "memory_settings", "namespace", "request_scope"]
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 _SAMPLES_PER_FILE = 16
@@ -40,19 +40,39 @@ _KV_SCALE_NAME = re.compile(r"(?:^|\.)(?:q|k|v|kv|prob)_(?:scale|zero_point)$|\.
 _ADAPTER_CONFIG = "adapter_config.json"
 
 
+LOAD_ASYNC = ("remote", "always", "never")
+
+
 def memory_settings(extra_config: Mapping[str, Any]) -> dict[str, Any]:
-    """The :class:`kvmem.Memory` settings in ``kv_connector_extra_config`` (every key is a Config field).
+    """The :class:`kvmem.Memory` settings in ``kv_connector_extra_config``: every key but the connector's own
+    (``load_async``, see :func:`load_async`) is a Config field.
 
     Raises:
         ConfigError: ``path`` is missing (a connector never writes to a default directory by surprise).
     """
-    settings = dict(extra_config)
+    settings = {k: v for k, v in extra_config.items() if k != "load_async"}
     if not settings.get("path"):
         raise ConfigError(
             'kv_connector_extra_config has no "path": expected {"path": DIR, ...} with any kvmem Config '
             "field beside it (cpu_bytes, disk_bytes, remote_url, catalog_url, block_size, compression, ...)"
         )
     return settings
+
+
+def load_async(extra_config: Mapping[str, Any]) -> str:
+    """When a request's stored KV is loaded asynchronously (``kv_connector_extra_config["load_async"]``).
+
+    ``"remote"`` (default): when some of it is in no tier of this machine (only in Redis), ``"always"``,
+    or ``"never"``. A request loaded asynchronously waits for its KV while others run; one loaded
+    synchronously has it before the forward pass of the step that schedules it.
+
+    Raises:
+        ConfigError: another value.
+    """
+    mode = extra_config.get("load_async", "remote")
+    if mode not in LOAD_ASYNC:
+        raise ConfigError(f"load_async={mode!r}: expected one of {', '.join(map(repr, LOAD_ASYNC))}")
+    return str(mode)
 
 
 def chunk_blocks(chunk_tokens: int, vllm_block_size: int) -> int:

@@ -30,6 +30,8 @@ class KVMemMetadata(KVConnectorMetadata):
 
     Attributes:
         loads: blocks to load before this step's forward pass.
+        async_loads: blocks to load on the worker's loader thread, for requests that wait for them (vLLM's
+            ``WAITING_FOR_REMOTE_KVS``) while other requests run.
         saves: blocks this step completes, to store.
         preempted: requests preempted this step: their blocks were freed, so their saves in flight are
             waited for before the forward pass.
@@ -40,6 +42,7 @@ class KVMemMetadata(KVConnectorMetadata):
     """
 
     loads: list[BlockTransfer] = field(default_factory=list)
+    async_loads: list[BlockTransfer] = field(default_factory=list)
     saves: list[BlockTransfer] = field(default_factory=list)
     preempted: set[str] = field(default_factory=set)
     idle: bool = False

@@ -7,7 +7,10 @@ vLLM's own prefix cache already holds loads only the blocks after them.
 
 A probe answers from what is stored when it runs (the persistent tiers' files or server, not an index
 read at start-up), chunk by chunk, and stops at the first chunk not wholly there; a block whose load
-failed is never probed as present again by this engine (it is computed instead).
+failed is never probed as present again by this engine (it is computed instead). It also notes where the
+run is: a request whose run reaches blocks held only by the remote tier (Redis) is loaded asynchronously
+(``load_async="remote"``, the default): it waits for its KV while others run, instead of holding up the
+step that schedules it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from kvmem.keys import chunk_hashes
 from kvmem_vllm.identity import request_scope
 from kvmem_vllm.log import logger
 from kvmem_vllm.metadata import BlockTransfer, KVMemMetadata
+
+_LOCAL_TIERS = frozenset({"gpu", "cpu", "disk"})
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -41,6 +46,8 @@ class _Request:
         block_ids: the request's vLLM blocks, in order.
         saving: a save was planned for it: once finished, its blocks are freed when the worker says its
             saves are done.
+        remote: some of the stored run is held only by the remote tier (none of this machine's).
+        load_async: its load was reported to vLLM as asynchronous.
     """
 
     keys: list[str]
@@ -48,6 +55,8 @@ class _Request:
     local: int = 0
     block_ids: list[int] = field(default_factory=list)
     saving: bool = False
+    remote: bool = False
+    load_async: bool = False
 
 
 class SchedulerSide:
@@ -61,10 +70,20 @@ class SchedulerSide:
         chunk_blocks: vLLM blocks per kvmem chunk.
         load: whether this engine loads (``kv_both``, ``kv_consumer``).
         save: whether this engine saves (``kv_both``, ``kv_producer``).
+        load_async: when loads are asynchronous: ``"remote"``, ``"always"`` or ``"never"``
+            (:func:`kvmem_vllm.identity.load_async`).
     """
 
     def __init__(
-        self, memory: Memory, namespace: str, block_size: int, chunk_blocks: int, *, load: bool, save: bool
+        self,
+        memory: Memory,
+        namespace: str,
+        block_size: int,
+        chunk_blocks: int,
+        *,
+        load: bool,
+        save: bool,
+        load_async: str = "remote",
     ) -> None:
         self.memory = memory
         self.namespace = namespace
@@ -72,14 +91,17 @@ class SchedulerSide:
         self.chunk_blocks = chunk_blocks
         self.load = load
         self.save = save
+        self.load_async = load_async
         self._requests: dict[str, _Request] = {}
         self._loads: list[BlockTransfer] = []
+        self._async_loads: list[BlockTransfer] = []
         self._held: set[str] = set()  # finished requests whose blocks wait for their saves
         self._failed_keys: set[str] = set()  # NOTE: blocks whose load failed: never probed as present again
         self.failed_blocks = 0  # NOTE: blocks whose load failed (CRC or tier) and were recomputed
 
-    def matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
-        """Tokens after ``num_computed_tokens`` that kvmem can load (whole blocks; never the last prompt token).
+    def matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
+        """Tokens after ``num_computed_tokens`` that kvmem can load (whole blocks; never the last prompt token),
+        and whether they are loaded asynchronously.
 
         A request not scheduled yet is probed again each time vLLM asks (it may wait while blocks are
         removed or stored); a scheduled one (back from preemption) keeps what was loaded and saved for it.
@@ -89,9 +111,13 @@ class SchedulerSide:
             state = self._requests[request.request_id] = self._probe(request)
         state.local = num_computed_tokens
         if not self.load:
-            return 0
+            return 0, False
         loadable = min(state.stored, (len(request.prompt_token_ids or ()) - 1) // self.block_size)
-        return max(0, loadable * self.block_size - num_computed_tokens)
+        tokens = max(0, loadable * self.block_size - num_computed_tokens)
+        state.load_async = tokens > 0 and (
+            self.load_async == "always" or (self.load_async == "remote" and state.remote)
+        )
+        return tokens, state.load_async
 
     def _probe(self, request: Request) -> _Request:
         """The request's block keys and how many leading blocks are stored (whole chunks)."""
@@ -103,20 +129,25 @@ class SchedulerSide:
         hashes = chunk_hashes(tokens, self.block_size * self.chunk_blocks, seed)
         keys = [f"{h}/{j}" for h in hashes for j in range(self.chunk_blocks)]
         # NOTE: a producer probes too, so it does not store again the chunks it finds stored
-        return _Request(keys, self._stored_run(keys))
+        stored, remote = self._stored_run(keys)
+        return _Request(keys, stored, remote=remote)
 
-    def _stored_run(self, keys: list[str]) -> int:
-        """How many leading blocks of ``keys`` are stored now, in whole chunks: one batched lookup a chunk,
-        up to the first chunk with a block missing or whose load failed before."""
+    def _stored_run(self, keys: list[str]) -> tuple[int, bool]:
+        """How many leading blocks of ``keys`` are stored now, in whole chunks (one batched lookup a chunk, up
+        to the first chunk with a block missing or whose load failed before), and whether some of them are
+        held only by the remote tier."""
         blocks = 0
+        remote = False
         while blocks < len(keys):
             chunk = keys[blocks : blocks + self.chunk_blocks]
-            if self._failed_keys.intersection(chunk) or not all(
-                self.memory.contains_many(chunk, namespace=self.namespace)
-            ):
+            if self._failed_keys.intersection(chunk):
                 break
+            tiers = self.memory.locate_many(chunk, namespace=self.namespace)
+            if None in tiers:
+                break
+            remote = remote or not _LOCAL_TIERS.issuperset(tiers)
             blocks += len(chunk)
-        return blocks
+        return blocks, remote
 
     def after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         """Plan the load of ``num_external_tokens`` into the request's newly allocated blocks."""
@@ -126,16 +157,24 @@ class SchedulerSide:
         block_ids = blocks.get_block_ids()[0]
         first = state.local // self.block_size
         last = first + num_external_tokens // self.block_size
-        self._loads.append(BlockTransfer(request.request_id, state.keys[first:last], list(block_ids[first:last])))
+        transfer = BlockTransfer(request.request_id, state.keys[first:last], list(block_ids[first:last]))
+        if state.load_async:
+            # NOTE: the request is scheduled (and its block ids sent) only once its KV is in: a failed block is
+            # found among these
+            state.block_ids = list(block_ids)
+            self._async_loads.append(transfer)
+        else:
+            self._loads.append(transfer)
 
     def build_meta(self, scheduler_output: SchedulerOutput) -> KVMemMetadata:
         """This step's loads (planned since the last step) and the saves of chunks this step completes."""
         meta = KVMemMetadata(
             loads=self._loads,
+            async_loads=self._async_loads,
             preempted=set(scheduler_output.preempted_req_ids or ()),
             idle=scheduler_output.total_num_scheduled_tokens == 0,
         )
-        self._loads = []
+        self._loads, self._async_loads = [], []
         tokens = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             state = self._requests.get(new.req_id)

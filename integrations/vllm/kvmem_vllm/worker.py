@@ -3,13 +3,17 @@
 Every layer's KV cache is a view of one buffer at equal strides (vLLM's CPU backend:
 ``[num_blocks, num_kv_heads, block_size, 2 * head_dim]`` per layer), so one block of every layer is
 one strided view, ``[num_layers, *block]``: a block is stored as one tensor and loaded with
-``Memory.load_many(out=...)`` into that view, one copy, no buffer in between. Saves are stored from
-those views on the saver's thread (:mod:`kvmem_vllm.saver`), after the forward pass that computed them.
+``Memory.load_many(out=...)`` into that view, one copy, no buffer in between. Synchronous loads run before
+the forward pass of the step that needs them; asynchronous ones on the loader's threads, into the blocks of
+requests that wait for them (vLLM schedules those once :meth:`WorkerSide.finished` reports them). Saves
+are stored from those views on the saver's thread (:mod:`kvmem_vllm.saver`), after the forward pass that
+computed them.
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import torch
 
@@ -21,7 +25,8 @@ from kvmem_vllm.saver import Saver
 
 __all__ = ["BlockViews", "WorkerSide"]
 
-_IDLE_WAIT_S = 0.05  # how long an empty step waits for a save to end (finished requests holding blocks)
+_IDLE_WAIT_S = 0.05  # how long an empty step waits for a save or a load to end (requests holding blocks)
+_LOADER_THREADS = 2  # requests loading at once (each one's blocks are read in one batched load_many)
 
 
 class BlockViews:
@@ -94,14 +99,19 @@ class WorkerSide:
         self.loaded_blocks = 0
         self.failed_blocks = 0
         self.load_seconds = 0.0  # NOTE: spent loading before forward passes (what layer-by-layer loads could hide)
+        self.async_blocks = 0  # of loaded_blocks and failed_blocks, those loaded asynchronously
+        self.async_load_seconds = 0.0  # spent on the loader's threads (beside the forward passes)
         self.saver = Saver(memory, namespace, compression)
+        self._loader = ThreadPoolExecutor(max_workers=_LOADER_THREADS, thread_name_prefix="kvmem-vllm-loader")
+        self._loading: dict[str, tuple[BlockTransfer, Future[tuple[set[int], float]]]] = {}  # asynchronous loads
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Map vLLM's per-layer KV cache tensors (see :class:`BlockViews`)."""
         self.views = BlockViews(kv_caches, self.num_blocks)
 
     def load(self, meta: KVMemMetadata) -> None:
-        """Write this step's loads into their blocks; the blocks that could not be loaded are remembered.
+        """Write this step's synchronous loads into their blocks, and start its asynchronous ones; the blocks
+        that could not be loaded are remembered.
 
         NOTE: a block is loaded or reported failed, never half-trusted: a copy that fails its CRC is
         quarantined by kvmem and its load is a miss, a failing tier is skipped, a load that raises anything
@@ -109,15 +119,39 @@ class WorkerSide:
         recomputes the block (overwriting whatever a failed load wrote into it).
         """
         self._failed_reqs = set()
+        for transfer in meta.async_loads:
+            self._loading[transfer.req_id] = (transfer, self._loader.submit(self._timed_load, transfer))
         start = time.perf_counter()
         for transfer in meta.loads:
             failed = self._load_one(transfer)
             if failed:
-                self._failed |= failed
                 self._failed_reqs.add(transfer.req_id)
-                self.failed_blocks += len(failed)
-            self.loaded_blocks += len(transfer.block_ids) - len(failed)
+            self._count(transfer, failed)
         self.load_seconds += time.perf_counter() - start
+
+    def _count(self, transfer: BlockTransfer, failed: set[int]) -> None:
+        """Note a finished load: its failed blocks are reported to vLLM by :meth:`take_failed`."""
+        self._failed |= failed
+        self.failed_blocks += len(failed)
+        self.loaded_blocks += len(transfer.block_ids) - len(failed)
+
+    def _timed_load(self, transfer: BlockTransfer) -> tuple[set[int], float]:
+        """An asynchronous load (on a loader thread): the ids of the blocks not loaded, and the seconds it took."""
+        start = time.perf_counter()
+        failed = self._load_one(transfer)
+        return failed, time.perf_counter() - start
+
+    def _loads_done(self) -> set[str]:
+        """The requests whose asynchronous load has finished since the last call; their failed blocks are
+        reported in the same step (vLLM's rule: no later than the step that reports the request received)."""
+        done = {r for r, (_, future) in self._loading.items() if future.done()}
+        for req_id in done:
+            transfer, future = self._loading.pop(req_id)
+            failed, seconds = future.result()  # NOTE: _load_one raises nothing: a failure is its blocks' ids
+            self.async_load_seconds += seconds
+            self.async_blocks += len(transfer.block_ids)
+            self._count(transfer, failed)
+        return done
 
     def _load_one(self, transfer: BlockTransfer) -> set[int]:
         """Load one request's blocks; the ids of those not loaded (all of them when the load raised).
@@ -148,17 +182,24 @@ class WorkerSide:
         ]
         self.saver.submit({t.req_id for t in meta.saves}, items)
 
-    def finished(self, meta: KVMemMetadata | None, finished_req_ids: set[str]) -> set[str]:
-        """Of the finished requests, those whose saves are done: vLLM frees their blocks.
+    def finished(self, meta: KVMemMetadata | None, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
+        """Of the finished requests, those whose saves are done (vLLM frees their blocks); and the requests
+        whose asynchronous load has finished (vLLM schedules them).
 
         NOTE: on a step with nothing scheduled, vLLM steps again at once while a finished request holds its
-        blocks: waiting here for a save to end (briefly) keeps that loop from taking the CPU the saves need.
+        blocks or a request waits for its KV: waiting here (briefly) for a save or a load to end keeps that
+        loop from taking the CPU they need.
         """
-        done = self.saver.finished(finished_req_ids)
-        if not done and meta is not None and meta.idle and self.saver.waiting():
+        saved = self.saver.finished(finished_req_ids)
+        loaded = self._loads_done()
+        if saved or loaded or meta is None or not meta.idle:
+            return saved, loaded
+        if self._loading:
+            wait([future for _, future in self._loading.values()], _IDLE_WAIT_S, FIRST_COMPLETED)
+            loaded = self._loads_done()
+        elif self.saver.waiting():
             self.saver.wait_any(_IDLE_WAIT_S)
-            done = self.saver.finished(())
-        return done
+        return saved | self.saver.finished(()), loaded
 
     def preempted(self, meta: KVMemMetadata) -> None:
         """Wait for the saves of the requests preempted this step: their blocks were freed and may be written
@@ -172,7 +213,8 @@ class WorkerSide:
         return self.saver.saved_blocks
 
     def close(self) -> None:
-        """Finish the saves in flight (before the memory is closed)."""
+        """Finish the loads and saves in flight (before the memory is closed)."""
+        self._loader.shutdown(wait=True)
         self.saver.close()
 
     def take_failed(self) -> set[int]:

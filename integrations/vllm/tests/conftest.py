@@ -6,10 +6,13 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.servers import RedisServer
 
 HERE = Path(__file__).resolve().parent
 ENGINE_TIMEOUT_S = 600
@@ -38,6 +41,17 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tiny-llama")
     model.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A throwaway Redis server's URL (or ``KVMEM_TEST_REDIS_URL``)."""
+    if os.environ.get("KVMEM_TEST_REDIS_URL"):
+        yield os.environ["KVMEM_TEST_REDIS_URL"]
+        return
+    server = RedisServer(tmp_path_factory.mktemp("redis"))  # NOTE: fails under CI when redis-server is missing
+    yield server.url
+    server.stop()
 
 
 def engine_run(workdir: Path, name: str, **job: Any) -> dict[str, Any]:

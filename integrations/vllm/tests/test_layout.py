@@ -13,7 +13,7 @@ import torch
 import kvmem
 from kvmem.errors import ConfigError
 from kvmem.keys import chunk_hashes
-from kvmem_vllm.identity import chunk_blocks, memory_settings
+from kvmem_vllm.identity import chunk_blocks, load_async, memory_settings
 from kvmem_vllm.metadata import BlockTransfer, KVMemMetadata
 from kvmem_vllm.scheduler import SchedulerSide
 from kvmem_vllm.worker import BlockViews, WorkerSide
@@ -67,6 +67,10 @@ def test_the_config_needs_a_path_and_whole_vllm_blocks() -> None:
     with pytest.raises(ConfigError, match='has no "path"'):
         memory_settings({"cpu_bytes": "1GiB"})
     assert memory_settings({"path": "/x", "cpu_bytes": "1GiB"}) == {"path": "/x", "cpu_bytes": "1GiB"}
+    assert memory_settings({"path": "/x", "load_async": "always"}) == {"path": "/x"}  # the connector's own
+    assert load_async({}) == "remote" and load_async({"load_async": "never"}) == "never"
+    with pytest.raises(ConfigError, match="load_async='sometimes': expected one of 'remote', 'always', 'never'"):
+        load_async({"load_async": "sometimes"})
     assert chunk_blocks(256, 128) == 2
     with pytest.raises(ConfigError, match="block_size=200: kvmem's chunk must be a whole number of vLLM blocks of 128"):
         chunk_blocks(200, 128)
@@ -111,10 +115,52 @@ def test_a_probe_answers_from_the_files_and_stops_at_the_first_missing_chunk(
     with kvmem.Memory(str(tmp_path), cpu_bytes=0, disk_bytes="64MiB") as mem:
         sched = SchedulerSide(mem, ns, block, 2, load=True, save=True)
         asked: list[str] = []
-        probe = mem.contains_many
-        monkeypatch.setattr(mem, "contains_many", lambda ks, **kw: asked.extend(ks) or probe(ks, **kw))
-        assert sched.matched_tokens(probe_request(tokens), 0) == 2 * block  # chunk 0; chunk 1 is missing
+        probe = mem.locate_many
+        monkeypatch.setattr(mem, "locate_many", lambda ks, **kw: asked.extend(ks) or probe(ks, **kw))
+        # NOTE: chunk 0, on this machine's disk: loaded synchronously; chunk 1 is missing
+        assert sched.matched_tokens(probe_request(tokens), 0) == (2 * block, False)
         assert asked == keys[:4]  # chunks 2 and 3, stored, are never looked up
         with kvmem.Memory(str(tmp_path), cpu_bytes=0, disk_bytes="64MiB") as other:
             other.delete(keys[1], namespace=ns)  # removed by another process after this one opened
-        assert sched.matched_tokens(probe_request(tokens, "r2"), 0) == 0
+        assert sched.matched_tokens(probe_request(tokens, "r2"), 0) == (0, False)
+
+
+def test_kv_held_only_in_redis_is_loaded_asynchronously(tmp_path: Path, redis_url: str) -> None:
+    ns, block = f"vllm/test-{tmp_path.name}", 4
+    tokens = list(range(2 * 2 * block + 1))  # 2 chunks of 2 blocks, and a last token
+    keys = [f"{h}/{j}" for h in chunk_hashes(tokens, 2 * block, ns) for j in range(2)]
+    with kvmem.Memory(str(tmp_path / "a"), cpu_bytes=0, disk_bytes="64MiB", remote_url=redis_url) as writer:
+        writer.store_many([(k, torch.zeros(8)) for k in keys[:2]], namespace=ns)  # chunk 0: disk and Redis
+    with kvmem.Memory(str(tmp_path / "b"), cpu_bytes=0, disk_bytes="64MiB", remote_url=redis_url) as writer:
+        writer.store_many([(k, torch.zeros(8)) for k in keys[2:]], namespace=ns)  # chunk 1: another disk and Redis
+    with kvmem.Memory(str(tmp_path / "a"), cpu_bytes=0, disk_bytes="64MiB", remote_url=redis_url) as mem:
+        for mode, want in (("remote", True), ("always", True), ("never", False)):
+            sched = SchedulerSide(mem, ns, block, 2, load=True, save=True, load_async=mode)
+            assert sched.matched_tokens(probe_request(tokens), 0) == (4 * block, want)  # chunk 1 only in Redis
+            assert sched.matched_tokens(probe_request(tokens[: 2 * block + 1], "r2"), 0) == (
+                2 * block,
+                mode == "always",  # NOTE: chunk 0 is on this machine's disk: synchronous unless always
+            )
+            assert sched.matched_tokens(probe_request(tokens, "r3"), 4 * block) == (0, False)  # nothing to load
+
+
+def test_an_asynchronous_load_is_reported_done_with_its_failed_blocks_in_the_same_step(tmp_path: Path) -> None:
+    per_layer, caches = cpu_caches()
+    with kvmem.Memory(str(tmp_path), cpu_bytes="16MiB", disk_bytes="64MiB") as mem:
+        worker = WorkerSide(mem, "vllm/test", BLOCKS, "none")
+        worker.register(caches)
+        mem.store_many([(f"k{b}", worker.views(b)) for b in (1, 2)], namespace="vllm/test")
+        want = per_layer[:, 1:3].clone()
+        meta = KVMemMetadata(async_loads=[BlockTransfer("r1", ["k1", "k2", "gone"], [7, 8, 9])], idle=True)
+        worker.load(meta)
+        assert worker.take_failed() == set()  # nothing is reported before the request is
+        loaded: set[str] = set()
+        for _ in range(200):  # NOTE: an idle step waits up to 50 ms for a load to end
+            _, loaded = worker.finished(meta, set())
+            if loaded:
+                break
+        assert loaded == {"r1"} and worker.take_failed() == {9}  # reported with the request, in that step
+        assert torch.equal(per_layer[:, 7:9], want)
+        assert (worker.loaded_blocks, worker.failed_blocks, worker.async_blocks) == (2, 1, 3)
+        assert worker.finished(meta, set()) == (set(), set())  # reported once
+        worker.close()
