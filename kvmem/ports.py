@@ -139,7 +139,7 @@ class Database(Protocol):
         """Keep the row of ``table`` named by ``key`` (its key columns' values) recoverable outside the
         database, as ``conn``'s transaction sees it now: call it in the transaction that changed the row
         (also one that deleted it), after the change. Only the tables of primary data take it (agent
-        sessions and steps, LangGraph items); see :mod:`kvmem.catalog.mirror`.
+        sessions and steps, LangGraph items, checkpoints, blobs and writes); see :mod:`kvmem.catalog.mirror`.
 
         Raises:
             ConfigError: ``table`` keeps no records, or ``key`` does not name its key columns.

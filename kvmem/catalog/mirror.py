@@ -1,12 +1,14 @@
 """Rows that exist nowhere else, also kept as CRC-checked blob files beside a SQLite catalog.
 
 Most of what the catalog database holds is *about* the blobs in the tiers and is rebuilt from
-their headers when the database is damaged (:mod:`kvmem.recovery`). Three tables hold primary
-data instead: agent sessions and steps (:mod:`kvmem.agent.chain`) and the LangGraph store's
-items, with their vectors (``langchain_kvmem.store``). Each row of those is also kept as a
-*record*: one file in kvmem's blob format (JSON header, payload segments for binary columns,
-CRC32C over every byte; no pickle) under ``<database file>.records/<kind>/``, named by the
-sha256 of the row's key columns. A record holds the row and its child rows (an item's vectors).
+their headers when the database is damaged (:mod:`kvmem.recovery`). Some tables hold primary
+data instead: agent sessions and steps (:mod:`kvmem.agent.chain`), the LangGraph store's
+items, with their vectors (``langchain_kvmem.store``), and the LangGraph checkpointer's
+checkpoints, with their channel rows, value blobs and writes (``langchain_kvmem.saver``). Each
+row of those is also kept as a *record*: one file in kvmem's blob format (JSON header, payload
+segments for binary columns, CRC32C over every byte; no pickle) under
+``<database file>.records/<kind>/``, named by the sha256 of the row's key columns. A record holds
+the row and its child rows (an item's vectors, a checkpoint's channel rows).
 
 - A writer calls :meth:`RowMirror.sync` in the transaction that changed the row, after the
   change: the record is rewritten from the row as that transaction sees it, or removed when the
@@ -43,7 +45,16 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from kvmem import blob as blobfmt
-from kvmem.catalog.schema import agent_sessions, agent_steps, langgraph_items, langgraph_vectors
+from kvmem.catalog.schema import (
+    agent_sessions,
+    agent_steps,
+    langgraph_blobs,
+    langgraph_channels,
+    langgraph_checkpoints,
+    langgraph_items,
+    langgraph_vectors,
+    langgraph_writes,
+)
 from kvmem.errors import ConfigError, IntegrityError, TierUnavailable
 from kvmem.fsutil import write_atomic
 from kvmem.keys import content_hash
@@ -80,6 +91,18 @@ MIRRORED: dict[str, Mirrored] = {
         Mirrored("agent-sessions", agent_sessions, ("name",)),
         Mirrored("agent-steps", agent_steps, ("key",)),
         Mirrored("langgraph-items", langgraph_items, ("namespace", "key"), ((langgraph_vectors, "item_id", "id"),)),
+        Mirrored(
+            "langgraph-checkpoints",
+            langgraph_checkpoints,
+            ("thread_id", "checkpoint_ns", "checkpoint_id"),
+            ((langgraph_channels, "checkpoint", "id"),),
+        ),
+        Mirrored("langgraph-blobs", langgraph_blobs, ("key",)),
+        Mirrored(
+            "langgraph-writes",
+            langgraph_writes,
+            ("thread_id", "checkpoint_ns", "checkpoint_id", "task_id", "idx"),
+        ),
     )
 }
 """The mirrored tables, by table name."""

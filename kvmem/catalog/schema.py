@@ -2,7 +2,7 @@
 
 Every table kvmem keeps in its catalog database (SQLite or PostgreSQL) is declared
 here, in one ``MetaData``: the catalog's entry rows, pinned versions, agent chains,
-the semantic side table and the LangGraph store of ``langchain-kvmem``. Nothing
+the semantic side table, and the LangGraph store and checkpointer of ``langchain-kvmem``. Nothing
 else creates or alters a table: :func:`kvmem.migrations.upgrade_schema` brings a
 database to the newest revision when a :class:`~kvmem.catalog.catalog.Catalog` opens it.
 
@@ -33,8 +33,12 @@ __all__ = [
     "agent_sessions",
     "agent_steps",
     "entries",
+    "langgraph_blobs",
+    "langgraph_channels",
+    "langgraph_checkpoints",
     "langgraph_items",
     "langgraph_vectors",
+    "langgraph_writes",
     "metadata",
     "pins",
     "semantic_rows",
@@ -139,4 +143,47 @@ langgraph_vectors = Table(
     Column("item_id", Integer, primary_key=True, autoincrement=False),
     Column("field", Text, primary_key=True),  # the index path, "path.i" when it yields several texts
     Column("vector", LargeBinary, nullable=False),  # float32, L2-normalized (all zeros for a zero vector)
+)
+
+# -- the LangGraph checkpointer of langchain-kvmem (langchain_kvmem.saver) ----------------------
+langgraph_checkpoints = Table(
+    "kvmem_langgraph_checkpoints",
+    metadata,
+    Column("id", Integer, primary_key=True),  # names the checkpoint's channel rows; never reused
+    Column("thread_id", Text, nullable=False),
+    Column("checkpoint_ns", Text, nullable=False),  # "" for the root graph, "node:task" for a subgraph
+    Column("checkpoint_id", Text, nullable=False),  # LangGraph's uuid6: sorts as the checkpoints were made
+    Column("parent_id", Text, nullable=True),  # the parent's checkpoint_id, same thread and namespace
+    Column("run_id", Text, nullable=True, index=True),  # metadata["run_id"], for delete_for_runs
+    Column("metadata", JSON, nullable=False),  # the JSON-able metadata, for list(filter=)
+    Column("body", LargeBinary, nullable=False),  # kvmem blob: checkpoint without its values, and metadata
+    UniqueConstraint("thread_id", "checkpoint_ns", "checkpoint_id"),
+    sqlite_autoincrement=True,
+)
+langgraph_channels = Table(
+    "kvmem_langgraph_channels",
+    metadata,
+    Column("checkpoint", Integer, primary_key=True, autoincrement=False),  # kvmem_langgraph_checkpoints.id
+    Column("channel", Text, primary_key=True),
+    Column("version", Text, nullable=False),  # JSON of the channel's version in that checkpoint
+    Column("blob", String(64), nullable=False, index=True),  # kvmem_langgraph_blobs.key
+)
+langgraph_blobs = Table(
+    "kvmem_langgraph_blobs",
+    metadata,
+    Column("key", String(64), primary_key=True),  # content hash of the serialized value
+    Column("body", LargeBinary, nullable=False),  # kvmem blob (CRC32C) of the serialized value
+)
+langgraph_writes = Table(
+    "kvmem_langgraph_writes",
+    metadata,
+    # NOTE: named by the checkpoint's ids, not its row: LangGraph may save writes before their checkpoint
+    Column("thread_id", Text, primary_key=True),
+    Column("checkpoint_ns", Text, primary_key=True),
+    Column("checkpoint_id", Text, primary_key=True),
+    Column("task_id", Text, primary_key=True),
+    Column("idx", Integer, primary_key=True, autoincrement=False),
+    Column("channel", Text, nullable=False),
+    Column("task_path", Text, nullable=False),
+    Column("body", LargeBinary, nullable=False),  # kvmem blob (CRC32C) of the serialized value
 )

@@ -1,0 +1,441 @@
+"""``KVMemSaver``: a LangGraph checkpointer whose threads live in kvmem's catalog database.
+
+A checkpoint is a row of the thread index (thread, namespace, id, parent, metadata) in the
+database ``Memory(path)`` or ``catalog_url`` names (SQLite under the kvmem directory by default,
+PostgreSQL when several machines share threads), so every process on that database sees every
+committed checkpoint at once. Its channel values are kvmem blobs (CRC32C over every byte), each
+stored once under the content hash of its serialized bytes: a channel whose version did not move
+since the parent checkpoint points at the parent's blob, and a fork, a copied thread, or any equal
+value shares it. Pending writes are blobs too. See :mod:`langchain_kvmem._checkpoint_rows` for the
+tables.
+
+Why rows and not kvmem entries: tier entries are a cache that capacity evicts; a checkpoint is
+primary data, never evicted (as agent chains, :mod:`kvmem.agent.chain`, and ``KVMemStore`` items).
+Every write is one transaction that also keeps its rows recoverable outside the database
+(``Database.keep_row``): a catalog rebuilt after damage restores them. A checkpoint whose ``put``
+returned survives a ``kill -9`` of its writer.
+
+Serialization is LangGraph's own serde (``JsonPlusSerializer``, pickle fallback off). Nothing read
+back is ever unpickled: a serde with ``pickle_fallback=True`` is refused, and a stored value typed
+``pickle`` raises :class:`CheckpointCorrupt` instead of loading.
+
+Integrity: every body, channel value and write is checked (its kvmem blob's CRC32C and length, and
+a value's content hash against the key its checkpoint names) before anything of it is returned. A
+checkpoint that fails a check is never returned, nor a tuple built around it: ``get_tuple`` and
+``list`` raise :class:`CheckpointCorrupt`, naming the thread, namespace and checkpoint. They do not
+fall back to an older checkpoint on their own: that would resume the graph from an earlier step
+without anyone asking. ``list(config, before=...)`` past the bad one, or ``get_tuple`` with an older
+``checkpoint_id``, still reads every intact checkpoint (time travel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from itertools import islice
+from typing import Any
+from uuid import UUID
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_serializable_checkpoint_metadata,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+import kvmem
+from kvmem.errors import ConfigError, IntegrityError
+from langchain_kvmem._checkpoint_rows import (
+    Blob,
+    CheckpointRows,
+    NewCheckpoint,
+    StoredCheckpoint,
+    all_but_latest,
+    everything_of,
+    of_runs,
+)
+
+__all__ = ["CheckpointCorrupt", "KVMemSaver"]
+
+Fail = Callable[[str], "CheckpointCorrupt"]  # makes the error naming the checkpoint being read
+_DOMAIN = "kvmem/langgraph/value"  # folded into each value's content hash
+_PAGE = 64  # checkpoints read per round trip by list()
+_STRATEGIES = ("keep_latest", "delete")
+
+
+class CheckpointCorrupt(IntegrityError):
+    """A stored checkpoint (its body, a channel value or a pending write) failed its check; nothing of it is returned.
+
+    Attributes:
+        thread_id, checkpoint_ns, checkpoint_id: the checkpoint.
+    """
+
+    def __init__(self, message: str, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> None:
+        super().__init__(
+            f"thread {thread_id!r} namespace {checkpoint_ns!r} checkpoint {checkpoint_id}: {message}; "
+            "older checkpoints stay readable (list(config, before=...) or an older checkpoint_id)"
+        )
+        self.thread_id, self.checkpoint_ns, self.checkpoint_id = thread_id, checkpoint_ns, checkpoint_id
+
+
+class KVMemSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer (``graph.compile(checkpointer=...)``) over a :class:`kvmem.Memory` (see the module
+    docstring).
+
+    Sync and async in one class: the async methods run the sync ones in a worker thread, so database work
+    never blocks the event loop.
+
+    Args:
+        memory: whose catalog database holds the threads (default: :func:`kvmem.default_memory`).
+        serde: LangGraph serializer (default: ``JsonPlusSerializer(pickle_fallback=False)``).
+        compression: kvmem codec of the stored blobs (default ``"lz4"``; ``"none"`` stores them as serialized).
+
+    Raises:
+        ConfigError: a serde that falls back to pickle, or a bad ``compression``.
+    """
+
+    def __init__(
+        self, memory: kvmem.Memory | None = None, *, serde: SerializerProtocol | None = None, compression: str = "lz4"
+    ) -> None:
+        super().__init__(serde=serde if serde is not None else JsonPlusSerializer(pickle_fallback=False))
+        for part in (serde, getattr(serde, "serde", None)):  # EncryptedSerializer wraps another
+            if getattr(part, "pickle_fallback", False):
+                raise ConfigError(
+                    f"serde={serde!r} falls back to pickle: KVMemSaver never unpickles what it reads back; "
+                    "pass JsonPlusSerializer(pickle_fallback=False) or leave serde unset"
+                )
+        self.memory = memory if memory is not None else kvmem.default_memory()
+        try:
+            self.memory.compress(b"", compression)
+        except kvmem.KVMemError as exc:
+            raise ConfigError(f"compression={compression!r}: {exc}") from None
+        self.compression = compression
+        self._rows = CheckpointRows(self.memory.database)
+
+    # -- reads ------------------------------------------------------------------------------------
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint ``config`` names (its newest when it names no ``checkpoint_id``), or ``None``.
+
+        Raises:
+            CheckpointCorrupt: that checkpoint failed a check (see the module docstring).
+            ConfigError: ``config`` names no thread.
+        """
+        thread_id, checkpoint_ns = _thread(config), _namespace(config)
+        stored = self._rows.one(thread_id, checkpoint_ns, get_checkpoint_id(config))
+        return None if stored is None else self._tuple(stored)
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """Checkpoints newest first: of ``config``'s thread (every thread for ``None``), of its ``checkpoint_ns``
+        when it names one (else of every namespace), whose metadata equals ``filter`` on each of its keys,
+        older than ``before``'s checkpoint, at most ``limit``.
+
+        Raises:
+            CheckpointCorrupt: when the iteration reaches a checkpoint that failed a check.
+        """
+        conf = (config or {}).get("configurable") or {}
+        index = self._rows.index(
+            _thread(config) if config else None,
+            _namespace(config) if "checkpoint_ns" in conf else None,
+            get_checkpoint_id(config) if config else None,
+            get_checkpoint_id(before) if before else None,
+        )
+        matched = (row.id for row in index if not filter or all(row.metadata.get(k) == v for k, v in filter.items()))
+        ids = list(islice(matched, limit)) if limit is not None else list(matched)
+        for start in range(0, len(ids), _PAGE):
+            for stored in self._rows.load(ids[start : start + _PAGE]):
+                yield self._tuple(stored)
+
+    # -- writes -----------------------------------------------------------------------------------
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Store ``checkpoint`` as the child of ``config``'s checkpoint; the config that names it.
+
+        Channels in ``new_versions`` are serialized and stored (once per distinct value); the others
+        point at the parent's blob when the parent holds them at the same version.
+        """
+        thread_id, checkpoint_ns = _thread(config), _namespace(config)
+        values = checkpoint["channel_values"]
+        meta = get_serializable_checkpoint_metadata(config, metadata)
+        body = {
+            "checkpoint": self._typed({k: v for k, v in checkpoint.items() if k != "channel_values"}),
+            "metadata": self._typed(meta),
+        }
+        versions = {ch: json.dumps(v) for ch, v in checkpoint["channel_versions"].items()}
+        fresh = {ch: self._blob(values[ch]) for ch in new_versions if ch in values and ch in versions}
+        run_id = meta.get("run_id")
+        self._rows.put(
+            NewCheckpoint(
+                thread_id,
+                checkpoint_ns,
+                checkpoint["id"],
+                get_checkpoint_id(config),
+                None if run_id is None else str(run_id),
+                _json_safe(meta),
+                self.memory.compress(body, self.compression),
+                versions,
+            ),
+            fresh,
+            lambda ch: self._blob(values[ch]) if ch in values else None,
+        )
+        return {
+            "configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint["id"]}
+        }
+
+    def put_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        """Store the writes of task ``task_id`` to ``config``'s checkpoint (its pending writes).
+
+        Raises:
+            ConfigError: ``config`` names no thread or no ``checkpoint_id``.
+        """
+        thread_id, checkpoint_ns = _thread(config), _namespace(config)
+        checkpoint_id = get_checkpoint_id(config)
+        if not isinstance(checkpoint_id, str):
+            raise ConfigError(
+                f"config['configurable']['checkpoint_id'] is {checkpoint_id!r}: put_writes needs the id of the "
+                "checkpoint the writes belong to"
+            )
+        rows = [
+            {
+                "task_id": task_id,
+                "idx": WRITES_IDX_MAP.get(channel, idx),
+                "channel": channel,
+                "task_path": task_path,
+                "body": self._seal(value),
+            }
+            for idx, (channel, value) in enumerate(writes)
+        ]
+        self._rows.put_writes(thread_id, checkpoint_ns, checkpoint_id, rows)
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete every checkpoint and write of ``thread_id``, in every namespace (none: nothing happens)."""
+        self._rows.delete(*everything_of([_thread_value(thread_id)]))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints whose metadata names one of ``run_ids``, with their writes."""
+        if run_ids:
+            self._rows.delete(of_runs([str(r) for r in run_ids]))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint and write of ``source_thread_id`` to ``target_thread_id`` (values are shared)."""
+        self._rows.copy_thread(_thread_value(source_thread_id), _thread_value(target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """``keep_latest``: keep only the newest checkpoint of each namespace of ``thread_ids`` (with its writes);
+        ``delete``: delete the threads.
+
+        NOTE: ``keep_latest`` keeps each kept checkpoint whole (every channel value), but the ancestors
+        a beta ``DeltaChannel`` rebuilds its value from go: do not prune threads of graphs that use one.
+
+        Raises:
+            ConfigError: another ``strategy``.
+        """
+        if strategy not in _STRATEGIES:
+            raise ConfigError(f"strategy={strategy!r}: accepted {', '.join(map(repr, _STRATEGIES))}")
+        threads = [_thread_value(t) for t in thread_ids]
+        if not threads:
+            return
+        if strategy == "delete":
+            self._rows.delete(*everything_of(threads))
+        else:
+            self._rows.delete(all_but_latest(threads))
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """The version after ``current``: zero-padded (it sorts as text), with a random suffix as LangGraph's own
+        savers make it, so the versions two forks give one channel differ."""
+        number = 0 if current is None else current if isinstance(current, int) else int(str(current).split(".")[0])
+        return f"{number + 1:032}.{random.random():016}"
+
+    # -- async ------------------------------------------------------------------------------------
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """:meth:`get_tuple` in a worker thread."""
+        return await asyncio.to_thread(self.get_tuple, config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """:meth:`list`, each step in a worker thread."""
+        found = self.list(config, filter=filter, before=before, limit=limit)
+        while (item := await asyncio.to_thread(next, found, None)) is not None:
+            yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """:meth:`put` in a worker thread."""
+        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        """:meth:`put_writes` in a worker thread."""
+        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """:meth:`delete_thread` in a worker thread."""
+        await asyncio.to_thread(self.delete_thread, thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """:meth:`delete_for_runs` in a worker thread."""
+        await asyncio.to_thread(self.delete_for_runs, run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """:meth:`copy_thread` in a worker thread."""
+        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """:meth:`prune` in a worker thread."""
+        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+
+    def __repr__(self) -> str:
+        return f"KVMemSaver(path={self.memory.config.path!r}, compression={self.compression!r})"
+
+    # -- blobs ------------------------------------------------------------------------------------
+    def _typed(self, value: Any) -> dict[str, Any]:
+        kind, data = self.serde.dumps_typed(value)
+        return {"type": kind, "data": data}
+
+    def _seal(self, value: Any) -> bytes:
+        """``value`` serialized, as a kvmem blob."""
+        return self.memory.compress(self._typed(value), self.compression)
+
+    def _blob(self, value: Any) -> Blob:
+        """``value`` as a channel blob, keyed by the content hash of its serialized bytes."""
+        typed = self._typed(value)
+        key = kvmem.content_hash(typed["data"], _DOMAIN, typed["type"])
+        return Blob(key, self.memory.compress(typed, self.compression))
+
+    def _tuple(self, stored: StoredCheckpoint) -> CheckpointTuple:
+        """``stored`` checked and deserialized.
+
+        Raises:
+            CheckpointCorrupt: any part of it failed a check.
+        """
+
+        def fail(what: str) -> CheckpointCorrupt:
+            return CheckpointCorrupt(what, stored.thread_id, stored.checkpoint_ns, stored.checkpoint_id)
+
+        body = _open(stored.body, fail, "its body")
+        if not isinstance(body, dict) or set(body) != {"checkpoint", "metadata"}:
+            raise fail("its body is not a checkpoint")
+        checkpoint: Checkpoint = self._loads(body["checkpoint"], fail, "its body")
+        values = {}
+        for channel, (key, blob) in stored.channels.items():
+            what = f"the value of channel {channel!r} (blob {key[:12]}…)"
+            if blob is None:
+                raise fail(f"{what} is missing")
+            typed = _open(blob, fail, what)
+            if not _is_typed(typed) or kvmem.content_hash(typed["data"], _DOMAIN, typed["type"]) != key:
+                raise fail(f"{what} was altered: its content no longer hashes to its key")
+            values[channel] = self._loads(typed, fail, what)
+        writes = [
+            (task_id, channel, self._loads(_open(blob, fail, f"a write of task {task_id}"), fail, "a write"))
+            for task_id, channel, blob in stored.writes
+        ]
+        ids = {"thread_id": stored.thread_id, "checkpoint_ns": stored.checkpoint_ns}
+        return CheckpointTuple(
+            config={"configurable": {**ids, "checkpoint_id": stored.checkpoint_id}},
+            checkpoint={**checkpoint, "channel_values": values},
+            metadata=self._loads(body["metadata"], fail, "its metadata"),
+            parent_config=None
+            if stored.parent_id is None
+            else {"configurable": {**ids, "checkpoint_id": stored.parent_id}},
+            pending_writes=writes,
+        )
+
+    def _loads(self, typed: object, fail: Fail, what: str) -> Any:
+        """A checked ``{"type", "data"}`` deserialized by the serde; never unpickled."""
+        if not _is_typed(typed):
+            raise fail(f"{what} is not a serialized value")
+        assert isinstance(typed, dict)
+        if typed["type"].split("+")[0] == "pickle":
+            raise fail(f"{what} is pickled: KVMemSaver never unpickles what it reads back")
+        return self.serde.loads_typed((typed["type"], typed["data"]))
+
+
+def _open(blob: bytes, fail: Fail, what: str) -> Any:
+    """The value of a kvmem blob, its CRC checked."""
+    try:
+        return kvmem.Memory.decompress(blob)
+    except IntegrityError as exc:
+        raise fail(f"{what} failed its check ({exc})") from None
+
+
+def _is_typed(value: object) -> bool:
+    return (
+        isinstance(value, dict)
+        and set(value) == {"type", "data"}
+        and isinstance(value["type"], str)
+        and isinstance(value["data"], bytes)
+    )
+
+
+def _thread_value(thread_id: object) -> str:
+    """A thread id as stored: a str (ints and UUIDs as their text).
+
+    Raises:
+        ConfigError: any other type.
+    """
+    if isinstance(thread_id, str):
+        return thread_id
+    if isinstance(thread_id, (int, UUID)) and not isinstance(thread_id, bool):
+        return str(thread_id)
+    raise ConfigError(f"thread_id={thread_id!r}: expected a str (an int or UUID is taken as its text)")
+
+
+def _thread(config: RunnableConfig | None) -> str:
+    conf = (config or {}).get("configurable") or {}
+    if conf.get("thread_id") is None:
+        raise ConfigError(
+            f"config {config!r:.200} names no thread: KVMemSaver needs {{'configurable': {{'thread_id': ...}}}}"
+        )
+    return _thread_value(conf["thread_id"])
+
+
+def _namespace(config: RunnableConfig | None) -> str:
+    namespace = ((config or {}).get("configurable") or {}).get("checkpoint_ns") or ""
+    if not isinstance(namespace, str):
+        raise ConfigError(f"checkpoint_ns={namespace!r}: expected a str ('' for the root graph)")
+    return namespace
+
+
+def _json_safe(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of ``metadata`` whose values are plain JSON (what ``list(filter=)`` compares)."""
+    safe = {}
+    for key, value in metadata.items():
+        try:
+            safe[key] = json.loads(json.dumps(value, allow_nan=False))
+        except (TypeError, ValueError):
+            continue
+    return safe
