@@ -63,7 +63,8 @@ class KVMemConnector(KVConnectorBase_V1):
 
     Raises:
         ConfigError: no ``path``, a bad kvmem setting, a chunk that is not a whole number of vLLM blocks,
-            the scheduler side without a persistent tier (disk or remote), or an unsupported engine layout.
+            the scheduler side without a persistent tier (disk or remote), or an unsupported engine layout
+            (pipeline parallelism, several KV cache groups).
     """
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
@@ -115,6 +116,7 @@ class KVMemConnector(KVConnectorBase_V1):
                 load=transfer.is_kv_consumer,
                 save=transfer.is_kv_producer,
                 load_async=load_async(transfer.kv_connector_extra_config or {}),
+                ranks=vllm_config.parallel_config.tensor_parallel_size,
             )
             if transfer.kv_load_failure_policy != "recompute":
                 logger.warning(
@@ -123,7 +125,10 @@ class KVMemConnector(KVConnectorBase_V1):
                     transfer.kv_load_failure_policy,
                 )
         else:
-            self._worker = WorkerSide(memory, ns, kv_cache_config.num_blocks, codec)
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+            rank = get_tensor_model_parallel_rank()
+            self._worker = WorkerSide(memory, ns, kv_cache_config.num_blocks, codec, rank)
 
     @property
     def requires_kv_delivery(self) -> bool:

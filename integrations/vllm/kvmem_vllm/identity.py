@@ -29,7 +29,15 @@ if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
-__all__ = ["attention_backend", "chunk_blocks", "load_async", "memory_settings", "namespace", "request_scope"]
+__all__ = [
+    "attention_backend",
+    "chunk_blocks",
+    "load_async",
+    "memory_settings",
+    "namespace",
+    "rank_key",
+    "request_scope",
+]
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 _SAMPLES_PER_FILE = 16
@@ -124,18 +132,20 @@ def namespace(
         chunk_tokens: kvmem's chunk, in tokens.
         backend: the attention backend's name (:func:`attention_backend`).
 
+    The tensor-parallel size is part of it (each rank stores its own shard of a block, under the block's key
+    and its rank: :func:`rank_key`): a block stored by an engine of one size never loads into another's.
+
     Raises:
-        ConfigError: the engine runs tensor or pipeline parallel (each rank would hold a shard of a
-            block under one key; not supported yet), or has more than one KV cache group.
+        ConfigError: the engine runs pipeline parallel (not supported yet), or has more than one KV cache group.
     """
     from vllm.platforms import current_platform
     from vllm.v1.kv_cache_interface import AttentionSpec
 
     parallel = vllm_config.parallel_config
-    if parallel.tensor_parallel_size != 1 or parallel.pipeline_parallel_size != 1:
+    if parallel.pipeline_parallel_size != 1:
         raise ConfigError(
-            f"tensor_parallel_size={parallel.tensor_parallel_size}, pipeline_parallel_size="
-            f"{parallel.pipeline_parallel_size}: kvmem-vllm supports one worker (both 1) so far"
+            f"pipeline_parallel_size={parallel.pipeline_parallel_size}: kvmem-vllm supports tensor parallelism "
+            "(any tensor_parallel_size), not pipeline parallelism, so far: expected pipeline_parallel_size=1"
         )
     group = _group(kv_cache_config)
     spec = group.kv_cache_spec
@@ -152,6 +162,7 @@ def namespace(
         "cache_dtype": vllm_config.cache_config.cache_dtype,
         "cache_dtype_skip_layers": list(vllm_config.cache_config.kv_cache_dtype_skip_layers),
         "layers": list(group.layer_names),
+        "tensor_parallel_size": parallel.tensor_parallel_size,
     }
     model = vllm_config.model_config
     parts = {
@@ -165,6 +176,11 @@ def namespace(
     }
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
     return f"vllm/{digest}"
+
+
+def rank_key(key: str, rank: int) -> str:
+    """The key of tensor-parallel rank ``rank``'s shard of the block (or chunk) stored under ``key``."""
+    return f"{key}/r{rank}"
 
 
 def request_scope(cache_salt: str | None, lora: LoRARequest | None) -> str:

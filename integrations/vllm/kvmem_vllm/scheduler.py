@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from kvmem import Memory
 from kvmem.keys import chunk_hashes
-from kvmem_vllm.identity import request_scope
+from kvmem_vllm.identity import rank_key, request_scope
 from kvmem_vllm.log import logger
 from kvmem_vllm.metadata import BlockTransfer, KVMemMetadata
 
@@ -72,6 +72,7 @@ class SchedulerSide:
         save: whether this engine saves (``kv_both``, ``kv_producer``).
         load_async: when loads are asynchronous: ``"remote"``, ``"always"`` or ``"never"``
             (:func:`kvmem_vllm.identity.load_async`).
+        ranks: tensor-parallel ranks: a block is stored when every rank's shard is.
     """
 
     def __init__(
@@ -84,6 +85,7 @@ class SchedulerSide:
         load: bool,
         save: bool,
         load_async: str = "remote",
+        ranks: int = 1,
     ) -> None:
         self.memory = memory
         self.namespace = namespace
@@ -92,6 +94,7 @@ class SchedulerSide:
         self.load = load
         self.save = save
         self.load_async = load_async
+        self.ranks = ranks
         self._requests: dict[str, _Request] = {}
         self._loads: list[BlockTransfer] = []
         self._async_loads: list[BlockTransfer] = []
@@ -134,15 +137,16 @@ class SchedulerSide:
 
     def _stored_run(self, keys: list[str]) -> tuple[int, bool]:
         """How many leading blocks of ``keys`` are stored now, in whole chunks (one batched lookup a chunk, up
-        to the first chunk with a block missing or whose load failed before), and whether some of them are
-        held only by the remote tier."""
+        to the first chunk with a block's shard missing or whose load failed before), and whether some of
+        them are held only by the remote tier."""
         blocks = 0
         remote = False
         while blocks < len(keys):
             chunk = keys[blocks : blocks + self.chunk_blocks]
             if self._failed_keys.intersection(chunk):
                 break
-            tiers = self.memory.locate_many(chunk, namespace=self.namespace)
+            shards = [rank_key(k, r) for k in chunk for r in range(self.ranks)]
+            tiers = self.memory.locate_many(shards, namespace=self.namespace)
             if None in tiers:
                 break
             remote = remote or not _LOCAL_TIERS.issuperset(tiers)

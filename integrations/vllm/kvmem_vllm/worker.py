@@ -19,6 +19,7 @@ import torch
 
 from kvmem import Memory
 from kvmem.errors import ConfigError
+from kvmem_vllm.identity import rank_key
 from kvmem_vllm.log import logger
 from kvmem_vllm.metadata import BlockTransfer, KVMemMetadata
 from kvmem_vllm.saver import Saver
@@ -87,10 +88,13 @@ class WorkerSide:
         namespace: the keys' namespace (:func:`kvmem_vllm.identity.namespace`).
         num_blocks: blocks per layer in vLLM's KV cache.
         compression: codec of the saved blocks.
+        rank: this worker's tensor-parallel rank: it stores and loads its shard of each block under
+            :func:`~kvmem_vllm.identity.rank_key`.
     """
 
-    def __init__(self, memory: Memory, namespace: str, num_blocks: int, compression: str) -> None:
+    def __init__(self, memory: Memory, namespace: str, num_blocks: int, compression: str, rank: int = 0) -> None:
         self.memory = memory
+        self.rank = rank
         self.namespace = namespace
         self.num_blocks = num_blocks
         self.views: BlockViews | None = None
@@ -163,7 +167,9 @@ class WorkerSide:
         views = self._views()
         try:
             got = self.memory.load_many(
-                transfer.keys, namespace=self.namespace, out=[views(b) for b in transfer.block_ids]
+                [rank_key(k, self.rank) for k in transfer.keys],
+                namespace=self.namespace,
+                out=[views(b) for b in transfer.block_ids],
             )
         except Exception as exc:
             logger.warning("kvmem: loading %d block(s) failed (%s): %s", len(transfer.keys), type(exc).__name__, exc)
@@ -175,7 +181,7 @@ class WorkerSide:
         saves nothing): the forward pass of the next step does not wait for them."""
         views = self._views()
         items = [
-            (key, views(b))
+            (rank_key(key, self.rank), views(b))
             for transfer in meta.saves
             if transfer.req_id not in self._failed_reqs
             for key, b in zip(transfer.keys, transfer.block_ids)

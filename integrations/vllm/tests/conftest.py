@@ -70,6 +70,11 @@ def engine_run(workdir: Path, name: str, **job: Any) -> dict[str, Any]:
         "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"),
         "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor"),
     }
+    ranks = job.get("tensor_parallel_size", 1)
+    if ranks > 1:
+        # NOTE: vLLM-CPU binds each rank's threads to its own cores only when told which (else it refuses:
+        # "Not enough allowed NUMA nodes"): one core a rank here
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(r % (os.cpu_count() or 1)) for r in range(ranks))
     proc = subprocess.run(
         [sys.executable, str(HERE / "engine_run.py"), str(path)],
         env=env,

@@ -3,8 +3,8 @@
 The job names the model directory, the prompts (token ids, or ``{"prompt_token_ids": [...], "cache_salt":
 "..."}``) and the connector's extra config (none: vLLM alone); optionally ``batch`` (every prompt in one
 ``generate`` call, so they run together, instead of one at a time), ``num_gpu_blocks_override`` (vLLM's KV
-space in blocks) and ``remove_before`` (``{"i": [file, ...]}``: files removed, under the running engine,
-before prompt ``i`` is served; each must exist). Before each ``generate`` call the run writes
+space in blocks), ``tensor_parallel_size`` and ``remove_before`` (``{"i": [file, ...]}``: files removed,
+under the running engine, before prompt ``i`` is served; each must exist). Before each ``generate`` call the run writes
 ``engine_run: prompt i`` to stdout, where vLLM's processes log, so the log can be cut by prompt. The result
 holds, per prompt, the greedy tokens, their top logprobs and how many prompt tokens vLLM did not compute
 (``num_cached_tokens``; vLLM's own prefix cache is off, so these are the tokens the connector loaded), plus
@@ -46,6 +46,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         enable_prefix_caching=False,
         kv_transfer_config=transfer,
         num_gpu_blocks_override=job.get("num_gpu_blocks_override"),
+        tensor_parallel_size=job.get("tensor_parallel_size", 1),
         disable_log_stats=False,  # NOTE: for vllm:num_preemptions
         seed=0,
     )

