@@ -628,3 +628,20 @@ def test_regenerate_copies_the_new_tensors_rows_in(make_memory: MemoryFactory, s
     with pytest.raises(OutputMismatch, match="cannot hold a dict"):
         mem.load("third", out=rows, regenerate=lambda: {"k": value})
     assert_blocks(cache, "layer-major", {b: value[i] for i, b in enumerate(BLOCKS) if i != 2})
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tier", ["cpu", "disk", "cpu+disk"])
+def test_load_into_rows_on_the_gpu(make_memory: MemoryFactory, tier: str) -> None:
+    """Blocks of a paged cache in GPU memory: each row copied to the device; a disk hit promoted from them."""
+    mem = make_memory(stack=tier)
+    value = chunk_of("layer-major", torch.bfloat16)
+    mem.store("chunk", value)
+    below_cpu(mem, "chunk")
+    cache = paged_cache("layer-major", torch.bfloat16).cuda()
+    rows = [block(cache, "layer-major", b) for b in BLOCKS]
+    assert mem.load("chunk", out=rows) == rows
+    assert_blocks(cache.cpu(), "layer-major", {b: value[i] for i, b in enumerate(BLOCKS)})
+    if tier == "cpu+disk":
+        assert tiers_holding(mem, "chunk")[0] == "cpu"
+    assert_bit_exact(value, mem.load("chunk"))
