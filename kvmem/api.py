@@ -29,6 +29,7 @@ from kvmem.errors import CapacityError, IntegrityError, OutputMismatch, TierUnav
 from kvmem.loads import check_out, copy_into, fill, read_back
 from kvmem.lookup import SemanticLookup
 from kvmem.ops.maintenance import Maintenance
+from kvmem.outputs import Out, out_nbytes
 from kvmem.stores import CpuTier, Stored
 from kvmem.threads import copy_pool, io_pool
 
@@ -270,7 +271,7 @@ class Memory(SemanticLookup, Maintenance):
         device: torch.device | str | None = None,
         regenerate: Callable[[], Any] | None = None,
         strict: bool | None = None,
-        out: torch.Tensor | None = None,
+        out: torch.Tensor | Sequence[torch.Tensor | None] | None = None,
     ) -> Any:
         """The value stored under ``key``, or ``default``.
 
@@ -289,16 +290,24 @@ class Memory(SemanticLookup, Maintenance):
             out: a tensor of the stored tensor's shape and dtype, of any layout and device
                 (e.g. a slice of a KV cache): the value is written into it, with no other
                 buffer allocated (one copy for lossless values), and ``out`` is returned.
-                On a miss it is left as it is, unless a corrupt copy was read into it first.
+                Or a sequence of row tensors (a scatter load, e.g. the blocks ``cache[:, b]``
+                of a paged KV cache in any order): the stored tensor must be of shape
+                ``[len(out), *row_shape]``; its row ``i`` is written into ``out[i]`` (a tensor
+                of ``row_shape`` and the stored dtype, any layout and device), a ``None`` row
+                is skipped, and the rows are returned as a list. The whole value is
+                CRC-checked either way. On a miss ``out`` is left as it is, unless a
+                corrupt copy was read into it first (never returned as a hit).
 
         Raises:
-            OutputMismatch: ``out`` does not match the stored value (nothing is written).
+            OutputMismatch: ``out`` does not match the stored value (wrong shape or dtype, the wrong
+                number of rows, a value that is not one tensor): nothing is written.
         """
         start = time.perf_counter()
         skey = self.storage_key(key, namespace)
-        if out is not None:
-            hit, corrupt = self._fetch_into(skey, check_out(out))
-            value: Any = out
+        target = check_out(out) if out is not None else None
+        if target is not None:
+            hit, corrupt = self._fetch_into(skey, target)
+            value: Any = target
         else:
             loaded, corrupt = self._fetch(skey, device)
             hit, value = loaded is not None, loaded.value if loaded is not None else None
@@ -311,7 +320,7 @@ class Memory(SemanticLookup, Maintenance):
         if regenerate is not None:
             value = regenerate()
             self.store(key, value, namespace=namespace)
-            return self._loaded(copy_into(out, value) if out is not None else value, start)
+            return self._loaded(copy_into(target, value) if target is not None else value, start)
         return self._loaded(default, start)
 
     def _loaded(self, value: V, start: float) -> V:
@@ -325,7 +334,7 @@ class Memory(SemanticLookup, Maintenance):
         keys: Sequence[str | bytes],
         *,
         namespace: str | None = None,
-        out: Sequence[torch.Tensor] | None = None,
+        out: Sequence[torch.Tensor | Sequence[torch.Tensor | None]] | None = None,
         device: torch.device | str | None = None,
     ) -> list[Any]:
         """:meth:`load` for several keys: one after another on this thread when they are small (under 1 MiB),
@@ -335,20 +344,25 @@ class Memory(SemanticLookup, Maintenance):
         Args:
             keys: the keys given to :meth:`store`.
             namespace: their namespace.
-            out: one tensor per key to load into (see :meth:`load`), e.g. the slices of a KV cache.
+            out: one output per key to load into (see :meth:`load`): a tensor (e.g. a slice of a KV
+                cache) or a sequence of row tensors and ``None`` (e.g. the blocks of a paged KV cache
+                that one stored chunk fills); tensors and row sequences may be mixed.
             device: put tensors on this device (without ``out``).
 
         Returns:
-            Per key: the value (``out[i]`` itself with ``out``), or ``None`` on a miss.
+            Per key: the value (with ``out``: ``out[i]`` itself, or its rows as a list), or ``None`` on a miss.
 
         Raises:
-            OutputMismatch: ``out`` is not one tensor per key, or one does not match its stored value.
+            OutputMismatch: ``out`` is not one output per key, or one does not match its stored value.
         """
         start = time.perf_counter()
         skeys = [self.storage_key(k, namespace) for k in keys]
         outs = [check_out(t) for t in out] if out is not None else None
         if outs is not None and len(outs) != len(skeys):
-            raise OutputMismatch(f"out holds {len(outs)} tensors for {len(skeys)} keys: expected one per key")
+            raise OutputMismatch(
+                f"out holds {len(outs)} tensors for {len(skeys)} keys: expected one per key "
+                "(a tensor, or a sequence of row tensors)"
+            )
 
         def one(i: int) -> Any:
             if outs is not None:
@@ -365,13 +379,13 @@ class Memory(SemanticLookup, Maintenance):
                 continue
             values[group[0]] = one(group[0])  # NOTE: on this thread: its size says whether the others are worth threads
             rest = group[1:]
-            threaded = len(rest) > 1 and not _small(values[group[0]])
+            threaded = len(rest) > 1 and not _small(values[group[0]], None if outs is None else outs[group[0]])
             for i, value in zip(rest, pool().map(one, rest) if threaded else map(one, rest)):
                 values[i] = value
         self.metrics.load_seconds.observe(time.perf_counter() - start)
         return values
 
-    def _from_ram(self, skey: str, out: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, Any], str] | None:
+    def _from_ram(self, skey: str, out: Out | None) -> tuple[Out, dict[str, Any], str] | None:
         """``skey``'s tensor copied once out of the CPU tier into ``out`` (or a new tensor), its hit counted:
         ``(tensor, header, tier)``; ``None``: not there as one tensor ``out`` can hold (the general path
         reads it, or says why not)."""
@@ -384,9 +398,9 @@ class Memory(SemanticLookup, Maintenance):
         self.record_hits([skey], top.name, "tensor")
         return got[0], got[1], top.name
 
-    def _fetch_into(self, skey: str, out: torch.Tensor) -> tuple[bool, int]:
-        """Write ``skey``'s tensor into ``out``; ``(hit, corrupt copies found)``. A hit below the top tier is
-        promoted from ``out`` (no second read)."""
+    def _fetch_into(self, skey: str, out: Out) -> tuple[bool, int]:
+        """Write ``skey``'s tensor into ``out`` (a tensor or rows); ``(hit, corrupt copies found)``. A hit below
+        the top tier is promoted from ``out`` (no second read) when ``out`` holds all of it (no ``None`` row)."""
         if self._from_ram(skey, out) is not None:
             return True, 0
         header, reader, corrupt = self._tiers.read(skey, lambda r: fill(r, skey, out))
@@ -416,9 +430,14 @@ class _Job(NamedTuple):
     metadata: dict[str, Any]
 
 
-def _small(value: Any) -> bool:
-    """Whether ``value`` (a loaded value, or ``None``: a miss) is a tensor under :data:`_THREADED_READ_BYTES`."""
-    return isinstance(value, torch.Tensor) and value.numel() * value.element_size() < _THREADED_READ_BYTES
+def _small(value: Any, out: Out | None) -> bool:
+    """Whether ``value`` (a loaded value, or ``None``: a miss) is a tensor under :data:`_THREADED_READ_BYTES`
+    (with ``out``: whether what was written into ``out`` is)."""
+    if value is None:
+        return False
+    if out is not None:
+        return out_nbytes(out) < _THREADED_READ_BYTES
+    return isinstance(value, torch.Tensor) and out_nbytes(value) < _THREADED_READ_BYTES
 
 
 def _crc_of(blob: EncodedBlob) -> int | Callable[[], int | None]:

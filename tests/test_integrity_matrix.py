@@ -74,6 +74,39 @@ def _strided_out(mem: kvmem.Memory, key: str) -> Any:
     return mem.load(key, out=cache[:, 0, :].T)
 
 
+BLOCKS = torch.randperm(80, generator=torch.Generator().manual_seed(0))[: SHAPE[0]].tolist()  # row i -> block
+
+
+def _stacked(got: Any, rows: list[torch.Tensor | None], skipped: torch.Tensor) -> Any:
+    """A rows load's result as one tensor (its ``None`` rows taken from ``skipped``), or ``None`` on a miss."""
+    if got is None:
+        return None
+    assert got == rows
+    return torch.stack([skipped[i] if row is None else row for i, row in enumerate(rows)])
+
+
+def _rows_out(mem: kvmem.Memory, key: str) -> Any:
+    """Into the rows of a bigger tensor, strided, in no order (blocks of a paged KV cache)."""
+    cache = torch.full((SHAPE[1], 80), float("nan"))
+    rows: list[torch.Tensor | None] = [cache[:, b] for b in BLOCKS]
+    return _stacked(mem.load(key, out=rows), rows, cache.T)
+
+
+def _rows_holding_it_one_none(mem: kvmem.Memory, key: str) -> Any:
+    """Into rows that already hold the stored value (a read that stops short would leave them looking right),
+    one of them skipped: it must stay as it was."""
+    held = _value(1)
+    rows: list[torch.Tensor | None] = list(held.clone())
+    rows[7] = None
+    return _stacked(mem.load(key, out=rows), rows, held)
+
+
+def _many_rows(mem: kvmem.Memory, key: str) -> Any:
+    cache = torch.full((80, SHAPE[1]), float("nan"))
+    rows: list[torch.Tensor | None] = [cache[b] for b in BLOCKS]
+    return _stacked(mem.load_many([key], out=[rows])[0], rows, cache)
+
+
 def _fetch(mem: kvmem.Memory, key: str) -> Any:
     got = mem.fetch(key)
     return None if got is None else got.value
@@ -93,6 +126,9 @@ PATHS: dict[str, Callable[[kvmem.Memory, str], Any]] = {
     "load(out= holding the value)": _out_holding_it,
     "load_many": _many,
     "load_many(out=)": _many_out,
+    "load(out=rows)": _rows_out,
+    "load(out=rows holding the value, one None)": _rows_holding_it_one_none,
+    "load_many(out=[rows])": _many_rows,
     "fetch": _fetch,
     "load(strict=True)": _strict,
 }

@@ -20,6 +20,7 @@ from kvmem.errors import IntegrityError, KVMemError, OutputMismatch
 from kvmem.stores import CpuTier, DiskTier, files
 from tests.bounds import assert_bit_exact, error_bound
 from tests.conftest import MemoryFactory
+from tests.stores.redis_helpers import unique_prefix, with_options
 
 STACKS = ["cpu", "disk", "cpu+disk"]
 SENTINEL = -7.0  # exact in bf16, fp16 and fp32
@@ -442,3 +443,205 @@ def test_a_durable_store_starts_the_writeback_of_its_payload_as_it_writes(
     with make_memory(stack=stack, fsync="batch") as mem:
         mem.store("big2", value)
     assert started == []
+
+
+# -- load(out=rows): one stored chunk scattered into blocks (a paged KV cache, as vLLM keeps it) -----------------
+# the tier a value is read from ("cpu+disk": the disk, under a CPU tier it is promoted to; "redis": the same)
+ROW_TIERS = ["cpu", "disk", "cpu+disk", "redis"]
+ROW_CODECS = {"none": torch.bfloat16, "fp16": torch.float32, "int8": torch.bfloat16, "lz4": torch.bfloat16}
+BLOCKS = [9, 2, 7, 0, 11]  # the block ids one chunk fills, in no order
+# layout -> (layers, tokens per block, hidden) of a paged cache; a block is ``cache[:, b]`` (layer-major: one
+# strided row per layer) or ``cache[b]`` (block-major: contiguous); "large" blocks are 2 MiB (streaming copies)
+LAYOUTS = {"layer-major": (3, 16, 64), "block-major": (3, 16, 64), "large": (2, 64, 8192)}
+
+
+def row_memory(make_memory: MemoryFactory, tier: str, request: pytest.FixtureRequest, redis_url: str) -> kvmem.Memory:
+    if tier == "redis":
+        return make_memory(disk_bytes=0, remote_url=with_options(redis_url, prefix=unique_prefix(request)))
+    return make_memory(stack=tier)
+
+
+def below_cpu(mem: kvmem.Memory, key: str) -> None:
+    """Leave ``key`` in the tiers below the CPU tier only (as after the CPU tier evicted it)."""
+    mem.flush()
+    cpu = mem._tiers.tiers[0]
+    if isinstance(cpu, CpuTier) and len(mem._tiers.tiers) > 1:
+        cpu.delete(mem.storage_key(key))
+
+
+def tiers_holding(mem: kvmem.Memory, key: str) -> list[str]:
+    return [t.name for t in mem._tiers.tiers if t.contains(mem.storage_key(key))]
+
+
+def paged_cache(layout: str, dtype: torch.dtype, blocks: int = 12) -> torch.Tensor:
+    layers, tokens, hidden = LAYOUTS[layout]
+    if layout == "block-major":
+        return torch.full((blocks, layers, tokens, hidden), SENTINEL, dtype=dtype)
+    return torch.full((layers, blocks, tokens, hidden), SENTINEL, dtype=dtype)
+
+
+def block(cache: torch.Tensor, layout: str, b: int) -> torch.Tensor:
+    return cache[b] if layout == "block-major" else cache[:, b]
+
+
+def chunk_of(layout: str, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """One stored chunk: ``[len(BLOCKS), layers, tokens, hidden]``."""
+    return torch.randn(len(BLOCKS), *LAYOUTS[layout], generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def assert_blocks(cache: torch.Tensor, layout: str, expected: dict[int, torch.Tensor]) -> None:
+    """Block ``b`` holds ``expected[b]``; every other block only the sentinel."""
+    for b in range(cache.shape[0 if layout == "block-major" else 1]):
+        want = expected.get(b)
+        got = block(cache, layout, b)
+        if want is None:
+            assert as_bytes(got) == as_bytes(torch.full_like(got, SENTINEL)), f"block {b} was written"
+        else:
+            assert_bit_exact(want, got.contiguous())
+
+
+@pytest.mark.parametrize(
+    ("codec", "layout"),
+    [(codec, layout) for codec in ROW_CODECS for layout in LAYOUTS if layout != "large" or codec == "none"],
+)  # the large blocks are for the one-copy lanes (streaming copies)
+@pytest.mark.parametrize("tier", ROW_TIERS)
+def test_load_into_rows_fills_the_blocks_in_any_order(
+    make_memory: MemoryFactory, request: pytest.FixtureRequest, redis_url: str, tier: str, codec: str, layout: str
+) -> None:
+    dtype = ROW_CODECS[codec]
+    mem = row_memory(make_memory, tier, request, redis_url)
+    value = chunk_of(layout, dtype)
+    mem.store("chunk", value, compression=codec)
+    expected = mem.load("chunk")  # as the plain load decodes it
+    below_cpu(mem, "chunk")
+    cache = paged_cache(layout, dtype)
+    rows = [block(cache, layout, b) for b in BLOCKS]
+
+    got = mem.load("chunk", out=rows)
+
+    assert isinstance(got, list) and len(got) == len(rows) and all(g is r for g, r in zip(got, rows))
+    assert_blocks(cache, layout, {b: expected[i] for i, b in enumerate(BLOCKS)})
+    if codec in ("none", "lz4"):
+        assert_bit_exact(value, expected)
+    if tier in ("cpu+disk", "redis") and codec == "none":  # promoted from the rows: the next load is from RAM
+        assert tiers_holding(mem, "chunk")[0] == "cpu"
+    for r in rows:
+        r.fill_(0)  # a promoted copy is the tier's own, not a view of the rows
+    assert mem.load("chunk", out=tuple(rows)) == rows  # any sequence; returned as a list
+    assert_blocks(cache, layout, {b: expected[i] for i, b in enumerate(BLOCKS)})
+    assert_bit_exact(expected, mem.load("chunk"))
+
+
+@pytest.mark.parametrize("codec", ["none", "int8"])
+@pytest.mark.parametrize("tier", ROW_TIERS)
+def test_a_none_row_is_left_as_it_is_and_the_load_not_promoted(
+    make_memory: MemoryFactory, request: pytest.FixtureRequest, redis_url: str, tier: str, codec: str
+) -> None:
+    mem = row_memory(make_memory, tier, request, redis_url)
+    mem.store("chunk", chunk_of("layer-major", torch.bfloat16), compression=codec)
+    expected = mem.load("chunk")
+    below_cpu(mem, "chunk")
+    before = tiers_holding(mem, "chunk")
+    cache = paged_cache("layer-major", torch.bfloat16)
+    rows: list[torch.Tensor | None] = [block(cache, "layer-major", b) for b in BLOCKS]
+    rows[1] = rows[4] = None  # blocks the cache holds already
+
+    got = mem.load("chunk", out=rows)
+
+    assert got == rows and got[1] is None and got[4] is None
+    assert_blocks(cache, "layer-major", {b: expected[i] for i, b in enumerate(BLOCKS) if i not in (1, 4)})
+    assert tiers_holding(mem, "chunk") == before, "a load of some rows was promoted"
+    assert mem.load("chunk", out=[None] * len(BLOCKS)) == [None] * len(BLOCKS)  # nothing to write: still a hit
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_mismatched_rows_are_refused_with_nothing_written(make_memory: MemoryFactory, stack: str) -> None:
+    mem = make_memory(stack=stack)
+    mem.store("chunk", chunk_of("layer-major", torch.bfloat16))
+    mem.store("tree", {"k": torch.ones(2, 3)})
+    mem.store("scalar", torch.tensor(1.0))
+    cache = paged_cache("layer-major", torch.bfloat16)
+    other = torch.full((len(BLOCKS), 3, 16, 64), SENTINEL, dtype=torch.float16)
+    rows = [block(cache, "layer-major", b) for b in BLOCKS]
+    cases: list[tuple[str, object, str]] = [
+        ("chunk", rows[:4], "4 rows cannot hold"),  # too few rows
+        ("chunk", [*rows, None], "6 rows cannot hold"),  # too many
+        ("chunk", [*rows[:4], cache[:, 5, :8]], "row 4 of shape"),  # a row of the wrong shape, last
+        ("chunk", [*rows[:4], other[0]], "dtype float16"),  # a row of the wrong dtype
+        ("chunk", [rows[0], "row", *rows[2:]], r"out\[1\]=str"),  # not a tensor
+        ("chunk", "rows", "out=str"),  # a str is no sequence of rows
+        ("tree", rows, "not one tensor"),
+        ("scalar", [torch.zeros(())], "no rows"),
+    ]
+    for key, out, message in cases:
+        with pytest.raises(OutputMismatch, match=message):
+            mem.load(key, out=out)  # type: ignore[arg-type]
+        assert_blocks(cache, "layer-major", {})
+    with pytest.raises(OutputMismatch, match="row 4 of shape"):
+        mem.load_many(["chunk"], out=[[*rows[:4], cache[:, 5, :8]]])
+    assert_blocks(cache, "layer-major", {})
+    assert mem.stats().crc_failures == 0
+
+
+@pytest.mark.parametrize("tier", ROW_TIERS)
+def test_load_many_mixes_tensors_and_row_lists(
+    make_memory: MemoryFactory, request: pytest.FixtureRequest, redis_url: str, tier: str
+) -> None:
+    mem = row_memory(make_memory, tier, request, redis_url)
+    chunks = {f"c{i}": chunk_of("layer-major", torch.bfloat16, seed=i) for i in range(3)}
+    mem.store_many(chunks)
+    for key in chunks:
+        below_cpu(mem, key)
+    cache = paged_cache("layer-major", torch.bfloat16, blocks=16)
+    flat = torch.full_like(chunks["c1"], SENTINEL)
+    outs: list[object] = [
+        [block(cache, "layer-major", b) for b in BLOCKS],  # c0 into blocks
+        flat,  # c1 into one tensor
+        [block(cache, "layer-major", b) for b in (1, 3, 5, 6, 8)],  # a miss: its blocks stay as they are
+        [None, *(block(cache, "layer-major", b) for b in (10, 12, 13, 14))],  # c2, its first row skipped
+    ]
+
+    got = mem.load_many(["c0", "c1", "gone", "c2"], out=outs)  # type: ignore[arg-type]
+
+    assert got[0] == outs[0] and got[1] is flat and got[2] is None and got[3] == outs[3]
+    assert_bit_exact(chunks["c1"], flat)
+    want = {b: chunks["c0"][i] for i, b in enumerate(BLOCKS)}
+    want.update({b: chunks["c2"][i + 1] for i, b in enumerate((10, 12, 13, 14))})
+    assert_blocks(cache, "layer-major", want)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_regenerate_copies_the_new_tensors_rows_in(make_memory: MemoryFactory, stack: str) -> None:
+    mem = make_memory(stack=stack)
+    value = chunk_of("layer-major", torch.bfloat16)
+    cache = paged_cache("layer-major", torch.bfloat16)
+    rows: list[torch.Tensor | None] = [block(cache, "layer-major", b) for b in BLOCKS]
+    rows[2] = None
+
+    got = mem.load("chunk", out=rows, regenerate=lambda: value)
+
+    assert got == rows
+    assert_blocks(cache, "layer-major", {b: value[i] for i, b in enumerate(BLOCKS) if i != 2})
+    assert_bit_exact(value, mem.load("chunk"))  # stored as regenerated
+    with pytest.raises(OutputMismatch, match="6 rows cannot hold"):
+        mem.load("other", out=[*rows, None], regenerate=lambda: value)
+    with pytest.raises(OutputMismatch, match="cannot hold a dict"):
+        mem.load("third", out=rows, regenerate=lambda: {"k": value})
+    assert_blocks(cache, "layer-major", {b: value[i] for i, b in enumerate(BLOCKS) if i != 2})
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tier", ["cpu", "disk", "cpu+disk"])
+def test_load_into_rows_on_the_gpu(make_memory: MemoryFactory, tier: str) -> None:
+    """Blocks of a paged cache in GPU memory: each row copied to the device; a disk hit promoted from them."""
+    mem = make_memory(stack=tier)
+    value = chunk_of("layer-major", torch.bfloat16)
+    mem.store("chunk", value)
+    below_cpu(mem, "chunk")
+    cache = paged_cache("layer-major", torch.bfloat16).cuda()
+    rows = [block(cache, "layer-major", b) for b in BLOCKS]
+    assert mem.load("chunk", out=rows) == rows
+    assert_blocks(cache.cpu(), "layer-major", {b: value[i] for i, b in enumerate(BLOCKS)})
+    if tier == "cpu+disk":
+        assert tiers_holding(mem, "chunk")[0] == "cpu"
+    assert_bit_exact(value, mem.load("chunk"))

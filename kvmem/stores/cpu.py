@@ -25,6 +25,7 @@ from kvmem import blob as blobfmt
 from kvmem.blob import EncodedBlob, Piece, PlainTensor
 from kvmem.codecs.serialization import plain_tensor
 from kvmem.errors import CapacityError, IntegrityError
+from kvmem.outputs import Out, mismatch
 from kvmem.pool import Allocation, HostPool
 from kvmem.rows import (
     TORCH_COPY_FROM,
@@ -213,12 +214,14 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
         copy_rows([out.numpy()], entry.alloc.array())
         return out
 
-    def copy_plain(self, key: str, out: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, Any]] | None:
-        """``key``'s tensor copied once into ``out`` (or into a new CPU tensor) and the blob's header, when the
-        entry is one tensor stored as it is that ``out`` can hold and this tier does not re-check CRCs;
-        ``None`` otherwise, with nothing written (a reader then loads it, or says why it cannot).
+    def copy_plain(self, key: str, out: Out | None) -> tuple[Out, dict[str, Any]] | None:
+        """``key``'s tensor copied once into ``out`` (a tensor, or rows: row ``i`` into ``out[i]``, ``None`` rows
+        skipped; or into a new CPU tensor) and the blob's header, when the entry is one tensor stored as it is
+        that ``out`` can hold and this tier does not re-check CRCs; ``None`` otherwise, with nothing written (a
+        reader then loads it, or says why it cannot).
 
-        NOTE: the loads of small tensors come this way: one lookup and one copy (~5x the copy in all).
+        NOTE: the loads of small tensors come this way: one lookup and one copy (~5x the copy in all); rows
+        are one copy each, straight out of the pages, chosen as for a whole tensor.
         """
         entry = None if self.checks_crc else self.lookup(key)
         if entry is None or entry.plain is None:
@@ -226,15 +229,25 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
         plain, address = entry.plain, entry.payload + entry.plain.offset
         if out is None:
             out = self._fresh(plain)
-        elif out.dtype is not plain.dtype or out.shape != plain.shape:
+        elif mismatch(out, plain.shape, plain.dtype) is not None:
             return None
-        to = flat_address(out) if plain.nbytes < TORCH_COPY_FROM else None
-        if to is not None:
-            memmove(to, address, plain.nbytes)
-        elif not stream_copy(out, pages := self.pool.array(address, plain.nbytes)):
-            # NOTE: strided in short rows or on a device: torch's copy (threads, strides, transfers)
-            out.copy_(torch.from_numpy(pages).view(plain.dtype).view(plain.shape))
+        if isinstance(out, torch.Tensor):
+            self._copy_out(address, plain.nbytes, out)
+        else:
+            step = plain.nbytes // len(out) if out else 0
+            for i, dst in enumerate(out):
+                if dst is not None:
+                    self._copy_out(address + i * step, step, dst)
         return out, entry.blob.header or {}
+
+    def _copy_out(self, address: int, nbytes: int, dst: torch.Tensor) -> None:
+        """Copy ``nbytes`` of the pool at host ``address`` (one run of pages) into ``dst`` (any layout, device)."""
+        to = flat_address(dst) if nbytes < TORCH_COPY_FROM else None
+        if to is not None:
+            memmove(to, address, nbytes)
+        elif not stream_copy(dst, pages := self.pool.array(address, nbytes)):
+            # NOTE: strided in short rows or on a device: torch's copy (threads, strides, transfers)
+            dst.copy_(torch.from_numpy(pages).view(dst.dtype).view(dst.shape))
 
     def _fresh(self, plain: PlainTensor) -> torch.Tensor:
         """A new tensor for a plain load of ``plain``: the pool's own pages when it is large and a run of them is

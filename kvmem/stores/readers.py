@@ -10,7 +10,10 @@ from the same version of it (a file stays open; a memory tier's pages stay held)
   layout: one copy from a memory tier's pages, one ``preadv`` from a file, with the
   part's CRC segment checked in the same pass where the tier checks CRCs;
 - :meth:`BlobReader.read` returns whole CRC segments, checked, for parts a codec
-  must decode first (int8/int4, lz4).
+  must decode first (int8/int4, lz4);
+- :meth:`BlobReader.rows_into` puts a part's bytes into several tensors (the rows of
+  a "scatter load" into a paged KV cache's blocks): its segment read and checked once,
+  then one copy per row.
 
 :class:`RangeReader` reads a blob by ranges through a tier's ``read_range`` (Redis,
 the GPU tier); :class:`FileReader` reads a file; the CPU tier has a reader of its own
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import crc32c
@@ -40,6 +43,7 @@ __all__ = [
     "Guard",
     "GuardedReader",
     "RangeReader",
+    "check_rows",
     "check_size",
     "copy_part",
     "open_by_ranges",
@@ -109,6 +113,23 @@ class BlobReader:
         # its CRC is checked before a byte of it reaches dst (``read`` checks where the tier needs it)
         data = self.read(seg_lo, int(part["off"]) + int(part["n"]))
         copy_part(data[int(part["off"]) - seg_lo :], dst)
+
+    def rows_into(self, part: dict[str, Any], rows: Sequence[torch.Tensor | None]) -> None:
+        """Put the bytes of ``part`` into ``rows``: its ``i``-th ``1/len(rows)`` into ``rows[i]`` (``None``: skipped).
+
+        The part's segment is read once (:meth:`read`: a view of a memory tier's pages, or the bytes a file or
+        socket returned) and checked before a byte of it reaches a row; then each row is one copy out of it.
+
+        Raises:
+            IntegrityError: the rows do not hold exactly ``part["n"]`` bytes, or the segment fails its CRC.
+        """
+        step = check_rows(part, rows)
+        seg_lo, _crc, _i = self.segment_of(part)
+        data = self.read(seg_lo, int(part["off"]) + int(part["n"]))
+        at = int(part["off"]) - seg_lo
+        for i, dst in enumerate(rows):
+            if dst is not None:
+                copy_part(data[at + i * step : at + (i + 1) * step], dst)
 
     def read_bytes(self, lo: int, hi: int) -> torch.Tensor:
         """Blob bytes ``[lo, hi)`` (fewer if the blob is shorter), unchecked: :meth:`read` checks."""
@@ -327,6 +348,23 @@ def check_size(part: dict[str, Any], dst: torch.Tensor) -> None:
             f"a part of {part['n']} bytes{' (lz4)' if 'raw' in part else ''} cannot be read "
             f"into a tensor of {dst.numel() * dst.element_size()} bytes"
         )
+
+
+def check_rows(part: dict[str, Any], rows: Sequence[torch.Tensor | None]) -> int:
+    """Bytes per row when ``part`` splits evenly into ``rows`` and each given row holds that many.
+
+    Raises:
+        IntegrityError: it does not (the header does not describe a tensor of that many rows), or is lz4.
+    """
+    n = int(part["n"])
+    step = n // len(rows) if rows else 0
+    sizes = {dst.numel() * dst.element_size() for dst in rows if dst is not None}
+    if "raw" in part or step * len(rows) != n or not sizes <= {step}:
+        raise IntegrityError(
+            f"a part of {n} bytes{' (lz4)' if 'raw' in part else ''} cannot be read into "
+            f"{len(rows)} rows of {sorted(sizes)} bytes"
+        )
+    return step
 
 
 def _pread(fd: int, lo: int, hi: int) -> torch.Tensor:
