@@ -6,22 +6,30 @@ from dataclasses import dataclass, field
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
-__all__ = ["BlockTransfer", "KVMemMetadata"]
+__all__ = ["ChunkTransfer", "KVMemMetadata"]
 
 
 @dataclass
-class BlockTransfer:
-    """Blocks of one request to load into or save from vLLM's KV cache.
+class ChunkTransfer:
+    """Chunks of one request to load into or save from vLLM's KV cache: a chunk is one kvmem entry holding
+    its vLLM blocks (of every layer) as the rows of one tensor.
 
     Attributes:
         req_id: the request.
-        keys: one kvmem key per block (in the connector's namespace).
-        block_ids: vLLM block ids, ``keys[i]`` <-> ``block_ids[i]``.
+        keys: one kvmem key per chunk (in the connector's namespace; each rank adds its own, see
+            :func:`kvmem_vllm.identity.rank_key`).
+        blocks: per chunk, the vLLM block id of each of its blocks, in order; ``None`` for a block not to
+            load (vLLM's own prefix cache holds it, or it holds the prompt's last token). A save has them all.
     """
 
     req_id: str
     keys: list[str]
-    block_ids: list[int]
+    blocks: list[list[int | None]]
+
+    @property
+    def block_ids(self) -> list[int]:
+        """The vLLM blocks transferred (every one not ``None``)."""
+        return [b for chunk in self.blocks for b in chunk if b is not None]
 
 
 @dataclass
@@ -41,8 +49,8 @@ class KVMemMetadata(KVConnectorMetadata):
     the blocks computed after a failed load were computed from the wrong KV.
     """
 
-    loads: list[BlockTransfer] = field(default_factory=list)
-    async_loads: list[BlockTransfer] = field(default_factory=list)
-    saves: list[BlockTransfer] = field(default_factory=list)
+    loads: list[ChunkTransfer] = field(default_factory=list)
+    async_loads: list[ChunkTransfer] = field(default_factory=list)
+    saves: list[ChunkTransfer] = field(default_factory=list)
     preempted: set[str] = field(default_factory=set)
     idle: bool = False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import Counter
 from collections.abc import Collection, Sequence
 from typing import NamedTuple
@@ -24,10 +25,10 @@ __all__ = ["Saver"]
 
 
 class _Save(NamedTuple):
-    """One step's blocks to store, and the requests they belong to."""
+    """One step's chunks to store (a key and its blocks' views each), and the requests they belong to."""
 
     req_ids: frozenset[str]
-    items: list[tuple[str, torch.Tensor]]
+    items: list[tuple[str, list[torch.Tensor]]]
 
 
 class Saver:
@@ -44,6 +45,8 @@ class Saver:
         self.namespace = namespace
         self.compression = compression
         self.saved_blocks = 0
+        self.save_seconds = 0.0  # spent storing (on this thread)
+        self.queued_blocks = 0  # blocks submitted and not stored (or skipped) yet
         self._queue: queue.SimpleQueue[_Save | None] = queue.SimpleQueue()
         self._done = threading.Condition()
         self._pending: Counter[str] = Counter()  # request -> its saves not done yet
@@ -52,8 +55,9 @@ class Saver:
         self._thread = threading.Thread(target=self._run, name="kvmem-vllm-saver", daemon=True)
         self._thread.start()
 
-    def submit(self, req_ids: Collection[str], items: Sequence[tuple[str, torch.Tensor]]) -> None:
-        """Store ``items`` (key, view of vLLM's KV cache) in the background, on behalf of ``req_ids``.
+    def submit(self, req_ids: Collection[str], items: Sequence[tuple[str, list[torch.Tensor]]]) -> None:
+        """Store ``items`` (a chunk's key, the views of its blocks in vLLM's KV cache) in the background, on
+        behalf of ``req_ids``: each chunk is one entry, its blocks the rows of one tensor.
 
         Every request in ``req_ids`` is reported by :meth:`finished` once finished, even with no items (its
         saves dropped): the scheduler side holds the blocks of every request it planned a save for.
@@ -64,6 +68,8 @@ class Saver:
             if items:
                 self._pending.update(ids)
         if items:
+            with self._done:
+                self.queued_blocks += sum(len(blocks) for _, blocks in items)
             self._queue.put(_Save(ids, list(items)))
 
     def finished(self, req_ids: Collection[str]) -> set[str]:
@@ -101,19 +107,23 @@ class Saver:
 
     def _run(self) -> None:
         while (save := self._queue.get()) is not None:
+            start = time.perf_counter()
             try:
                 self._store(save.items)
             except KVMemError as exc:  # NOTE: a save that fails costs a future hit, never the request
-                logger.warning("kvmem: saving %d block(s) failed: %s", len(save.items), exc)
+                logger.warning("kvmem: saving %d chunk(s) failed: %s", len(save.items), exc)
             except Exception:  # NOTE: the thread must go on: a request waiting for its saves would never be freed
-                logger.exception("kvmem: saving %d block(s) failed", len(save.items))
+                logger.exception("kvmem: saving %d chunk(s) failed", len(save.items))
             finally:
                 with self._done:
+                    self.save_seconds += time.perf_counter() - start
+                    self.queued_blocks -= sum(len(blocks) for _, blocks in save.items)
                     self._pending.subtract(save.req_ids)
                     self._done.notify_all()
 
-    def _store(self, items: list[tuple[str, torch.Tensor]]) -> None:
-        """Store the blocks not stored yet.
+    def _store(self, items: list[tuple[str, list[torch.Tensor]]]) -> None:
+        """Store the chunks not stored yet (each gathered from its blocks into one tensor, here, off the
+        forward pass's thread).
 
         NOTE: a request that came while another one's saves of the same chunks were in flight (or was
         computed in the same step) missed them, computed them and saves them too; the keys name the content,
@@ -123,5 +133,6 @@ class Saver:
         stored = self.memory.contains_many(list(unique), namespace=self.namespace)
         todo = [item for item, there in zip(unique.items(), stored) if not there]
         if todo:
-            self.memory.store_many(todo, namespace=self.namespace, compression=self.compression)
-        self.saved_blocks += len(todo)
+            chunks = [(key, torch.stack(blocks)) for key, blocks in todo]
+            self.memory.store_many(chunks, namespace=self.namespace, compression=self.compression)
+        self.saved_blocks += sum(len(blocks) for _, blocks in todo)

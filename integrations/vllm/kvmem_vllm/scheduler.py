@@ -2,8 +2,9 @@
 
 A prompt is cut into chunks of ``chunk_blocks`` vLLM blocks with prefix-chained hashes
 (:func:`kvmem.keys.chunk_hashes`, folding in the engine's namespace and the request's cache salt and LoRA
-adapter); block ``j`` of chunk ``i`` is stored under ``"{h_i}/{j}"``, so a request whose first blocks
-vLLM's own prefix cache already holds loads only the blocks after them.
+adapter); chunk ``i`` is one kvmem entry under ``h_i`` (with the rank: one file, one catalog row, one CRC
+whatever vLLM's block size), its blocks the rows of one tensor, so a request whose first blocks vLLM's own
+prefix cache already holds loads only the rows after them.
 
 A probe answers from what is stored when it runs (the persistent tiers' files or server, not an index
 read at start-up), chunk by chunk, and stops at the first chunk not wholly there; a block whose load
@@ -18,13 +19,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
 from kvmem import Memory
 from kvmem.keys import chunk_hashes
 from kvmem_vllm.identity import rank_key, request_scope
 from kvmem_vllm.log import logger
-from kvmem_vllm.metadata import BlockTransfer, KVMemMetadata
+from kvmem_vllm.metadata import ChunkTransfer, KVMemMetadata
 
 _LOCAL_TIERS = frozenset({"gpu", "cpu", "disk"})
+_SLOWNESS = {"gpu": 0, "cpu": 1, "disk": 2, "redis": 3}
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -40,13 +44,13 @@ class _Request:
     """What the scheduler side keeps about one request.
 
     Attributes:
-        keys: one key per block of the prompt's full chunks.
+        keys: one key per full chunk of the prompt.
         stored: leading blocks known to be stored (the probe's hit, then what was saved).
         local: tokens vLLM had computed itself when the load was planned (block-aligned).
         block_ids: the request's vLLM blocks, in order.
         saving: a save was planned for it: once finished, its blocks are freed when the worker says its
             saves are done.
-        remote: some of the stored run is held only by the remote tier (none of this machine's).
+        tiers: per stored chunk, the tier the probe found it in (the slowest of its ranks' shards).
         load_async: its load was reported to vLLM as asynchronous.
     """
 
@@ -55,8 +59,13 @@ class _Request:
     local: int = 0
     block_ids: list[int] = field(default_factory=list)
     saving: bool = False
-    remote: bool = False
+    tiers: list[str] = field(default_factory=list)
     load_async: bool = False
+
+    @property
+    def remote(self) -> bool:
+        """Whether some of the stored run is held only by the remote tier (none of this machine's)."""
+        return not _LOCAL_TIERS.issuperset(self.tiers)
 
 
 class SchedulerSide:
@@ -96,10 +105,10 @@ class SchedulerSide:
         self.load_async = load_async
         self.ranks = ranks
         self._requests: dict[str, _Request] = {}
-        self._loads: list[BlockTransfer] = []
-        self._async_loads: list[BlockTransfer] = []
+        self._loads: list[ChunkTransfer] = []
+        self._async_loads: list[ChunkTransfer] = []
         self._held: set[str] = set()  # finished requests whose blocks wait for their saves
-        self._failed_keys: set[str] = set()  # NOTE: blocks whose load failed: never probed as present again
+        self._failed_keys: set[str] = set()  # NOTE: chunks whose load failed: never probed as present again
         self.failed_blocks = 0  # NOTE: blocks whose load failed (CRC or tier) and were recomputed
 
     def matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
@@ -123,52 +132,66 @@ class SchedulerSide:
         return tokens, state.load_async
 
     def _probe(self, request: Request) -> _Request:
-        """The request's block keys and how many leading blocks are stored (whole chunks)."""
+        """The request's chunk keys and how many leading blocks are stored (whole chunks)."""
         tokens = request.prompt_token_ids
         if tokens is None or request.mm_features:
             return _Request([], 0)  # NOTE: KV that depends on more than token ids and the request's scope
         scope = request_scope(request.cache_salt, request.lora_request)
         seed = f"{self.namespace}/{scope}" if scope else self.namespace
-        hashes = chunk_hashes(tokens, self.block_size * self.chunk_blocks, seed)
-        keys = [f"{h}/{j}" for h in hashes for j in range(self.chunk_blocks)]
+        keys = chunk_hashes(tokens, self.block_size * self.chunk_blocks, seed)
         # NOTE: a producer probes too, so it does not store again the chunks it finds stored
-        stored, remote = self._stored_run(keys)
-        return _Request(keys, stored, remote=remote)
+        tiers = self._stored_run(keys)
+        return _Request(keys, len(tiers) * self.chunk_blocks, tiers=tiers)
 
-    def _stored_run(self, keys: list[str]) -> tuple[int, bool]:
-        """How many leading blocks of ``keys`` are stored now, in whole chunks (one batched lookup a chunk, up
-        to the first chunk with a block's shard missing or whose load failed before), and whether some of
-        them are held only by the remote tier."""
-        blocks = 0
-        remote = False
-        while blocks < len(keys):
-            chunk = keys[blocks : blocks + self.chunk_blocks]
-            if self._failed_keys.intersection(chunk):
+    def _stored_run(self, keys: list[str]) -> list[str]:
+        """The tier of each leading chunk of ``keys`` stored now (one lookup a chunk, of every rank's shard, up
+        to the first chunk with a shard missing or whose load failed before): the slowest of its shards'."""
+        tiers: list[str] = []
+        for key in keys:
+            if key in self._failed_keys:
                 break
-            shards = [rank_key(k, r) for k in chunk for r in range(self.ranks)]
-            tiers = self.memory.locate_many(shards, namespace=self.namespace)
-            if None in tiers:
+            found = self.memory.locate_many([rank_key(key, r) for r in range(self.ranks)], namespace=self.namespace)
+            held = [tier for tier in found if tier is not None]
+            if len(held) < len(found):
                 break
-            remote = remote or not _LOCAL_TIERS.issuperset(tiers)
-            blocks += len(chunk)
-        return blocks, remote
+            tiers.append(max(held, key=lambda tier: _SLOWNESS.get(tier, len(_SLOWNESS))))
+        return tiers
+
+    def hit_sources(self, request: Request, tokens: int) -> dict[CacheHitSource, int]:
+        """The ``tokens`` about to be loaded for ``request``, by the tier the probe found them in (vLLM's
+        prefix-cache metrics by source): the disk tier's as ``disk``, Redis's as ``external_unspecified``."""
+        state = self._requests.get(request.request_id)
+        if state is None or tokens == 0:
+            return {}
+        first = state.local // self.block_size
+        sources: dict[CacheHitSource, int] = {}
+        for b in range(first, first + tokens // self.block_size):
+            tier = state.tiers[b // self.chunk_blocks]
+            source = CacheHitSource.DISK if tier in _LOCAL_TIERS else CacheHitSource.EXTERNAL_UNSPECIFIED
+            sources[source] = sources.get(source, 0) + self.block_size
+        return sources
+
+    def _transfer(self, req_id: str, state: _Request, first: int, last: int) -> ChunkTransfer:
+        """Blocks ``[first, last)`` of a request, by chunk (the chunks' other blocks ``None``)."""
+        cb = self.chunk_blocks
+        chunks = range(first // cb, -(-last // cb))
+        return ChunkTransfer(
+            req_id,
+            [state.keys[c] for c in chunks],
+            [[state.block_ids[b] if first <= b < last else None for b in range(c * cb, (c + 1) * cb)] for c in chunks],
+        )
 
     def after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         """Plan the load of ``num_external_tokens`` into the request's newly allocated blocks."""
         state = self._requests.get(request.request_id)
         if state is None or num_external_tokens == 0:
             return
-        block_ids = blocks.get_block_ids()[0]
+        # NOTE: an asynchronously loaded request is scheduled (and its block ids sent) only once its KV is in:
+        # a failed block is found among these
+        state.block_ids = list(blocks.get_block_ids()[0])
         first = state.local // self.block_size
-        last = first + num_external_tokens // self.block_size
-        transfer = BlockTransfer(request.request_id, state.keys[first:last], list(block_ids[first:last]))
-        if state.load_async:
-            # NOTE: the request is scheduled (and its block ids sent) only once its KV is in: a failed block is
-            # found among these
-            state.block_ids = list(block_ids)
-            self._async_loads.append(transfer)
-        else:
-            self._loads.append(transfer)
+        transfer = self._transfer(request.request_id, state, first, first + num_external_tokens // self.block_size)
+        (self._async_loads if state.load_async else self._loads).append(transfer)
 
     def build_meta(self, scheduler_output: SchedulerOutput) -> KVMemMetadata:
         """This step's loads (planned since the last step) and the saves of chunks this step completes."""
@@ -202,12 +225,10 @@ class SchedulerSide:
         """Save the chunks whose every token is computed once this step has run, and not stored yet."""
         if not self.save:
             return
-        done = min(computed // self.block_size, len(state.keys), len(state.block_ids))
+        done = min(computed // self.block_size, len(state.keys) * self.chunk_blocks, len(state.block_ids))
         done -= done % self.chunk_blocks
         if done > state.stored:
-            meta.saves.append(
-                BlockTransfer(req_id, state.keys[state.stored : done], state.block_ids[state.stored : done])
-            )
+            meta.saves.append(self._transfer(req_id, state, state.stored, done))
             state.stored = done
             state.saving = True
 
@@ -223,7 +244,7 @@ class SchedulerSide:
         for state in self._requests.values():
             bad = [i for i, b in enumerate(state.block_ids[: state.stored]) if b in failed]
             if bad:
-                self._failed_keys.update(state.keys[i] for i in bad)
+                self._failed_keys.update(state.keys[i // self.chunk_blocks] for i in bad)
                 state.stored = bad[0] - bad[0] % self.chunk_blocks
 
     def finished(self, request: Request) -> bool:

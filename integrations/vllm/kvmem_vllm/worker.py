@@ -2,8 +2,9 @@
 
 Every layer's KV cache is a view of one buffer at equal strides (vLLM's CPU backend:
 ``[num_blocks, num_kv_heads, block_size, 2 * head_dim]`` per layer), so one block of every layer is
-one strided view, ``[num_layers, *block]``: a block is stored as one tensor and loaded with
-``Memory.load_many(out=...)`` into that view, one copy, no buffer in between. Synchronous loads run before
+one strided view, ``[num_layers, *block]``. A chunk of blocks is stored as one tensor whose rows are its
+blocks, and loaded with ``Memory.load_many(out=[[view, ...], ...])``: each row straight into its block's
+view, one copy, no buffer in between (a block vLLM already holds is skipped). Synchronous loads run before
 the forward pass of the step that needs them; asynchronous ones on the loader's threads, into the blocks of
 requests that wait for them (vLLM schedules those once :meth:`WorkerSide.finished` reports them). Saves
 are stored from those views on the saver's thread (:mod:`kvmem_vllm.saver`), after the forward pass that
@@ -21,8 +22,9 @@ from kvmem import Memory
 from kvmem.errors import ConfigError
 from kvmem_vllm.identity import rank_key
 from kvmem_vllm.log import logger
-from kvmem_vllm.metadata import BlockTransfer, KVMemMetadata
+from kvmem_vllm.metadata import ChunkTransfer, KVMemMetadata
 from kvmem_vllm.saver import Saver
+from kvmem_vllm.stats import TIERS
 
 __all__ = ["BlockViews", "WorkerSide"]
 
@@ -70,6 +72,7 @@ class BlockViews:
             )
         self._first = first
         self._layer_stride = step
+        self.block_bytes = len(layers) * first.select(self.block_dim, 0).numel() * first.element_size()
         block = first.select(self.block_dim, 0)
         self.shape = [len(layers), *block.shape]
         self._strides = [step, *block.stride()]
@@ -103,11 +106,11 @@ class WorkerSide:
         self.loaded_blocks = 0
         self.failed_blocks = 0
         self.load_seconds = 0.0  # NOTE: spent loading before forward passes (what layer-by-layer loads could hide)
-        self.async_blocks = 0  # of loaded_blocks and failed_blocks, those loaded asynchronously
+        self.async_blocks = 0  # blocks loaded asynchronously (or tried: their failures are in failed_blocks)
         self.async_load_seconds = 0.0  # spent on the loader's threads (beside the forward passes)
         self.saver = Saver(memory, namespace, compression)
         self._loader = ThreadPoolExecutor(max_workers=_LOADER_THREADS, thread_name_prefix="kvmem-vllm-loader")
-        self._loading: dict[str, tuple[BlockTransfer, Future[tuple[set[int], float]]]] = {}  # asynchronous loads
+        self._loading: dict[str, tuple[ChunkTransfer, Future[tuple[set[int], float]]]] = {}  # asynchronous loads
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Map vLLM's per-layer KV cache tensors (see :class:`BlockViews`)."""
@@ -133,13 +136,13 @@ class WorkerSide:
             self._count(transfer, failed)
         self.load_seconds += time.perf_counter() - start
 
-    def _count(self, transfer: BlockTransfer, failed: set[int]) -> None:
+    def _count(self, transfer: ChunkTransfer, failed: set[int]) -> None:
         """Note a finished load: its failed blocks are reported to vLLM by :meth:`take_failed`."""
         self._failed |= failed
         self.failed_blocks += len(failed)
         self.loaded_blocks += len(transfer.block_ids) - len(failed)
 
-    def _timed_load(self, transfer: BlockTransfer) -> tuple[set[int], float]:
+    def _timed_load(self, transfer: ChunkTransfer) -> tuple[set[int], float]:
         """An asynchronous load (on a loader thread): the ids of the blocks not loaded, and the seconds it took."""
         start = time.perf_counter()
         failed = self._load_one(transfer)
@@ -157,10 +160,10 @@ class WorkerSide:
             self._count(transfer, failed)
         return done
 
-    def _load_one(self, transfer: BlockTransfer) -> set[int]:
-        """Load one request's blocks; the ids of those not loaded (all of them when the load raised).
+    def _load_one(self, transfer: ChunkTransfer) -> set[int]:
+        """Load one request's chunks; the ids of the blocks not loaded (all of them when the load raised).
 
-        NOTE: any exception is a failed load, not the step's: a stored block that does not fit this layout
+        NOTE: any exception is a failed load, not the step's: a stored chunk that does not fit this layout
         (``KVMemError``), a fault in a tier or a copy (``OSError``, ``RuntimeError``...) is recomputed by
         vLLM, never injected, and the engine goes on serving.
         """
@@ -169,22 +172,22 @@ class WorkerSide:
             got = self.memory.load_many(
                 [rank_key(k, self.rank) for k in transfer.keys],
                 namespace=self.namespace,
-                out=[views(b) for b in transfer.block_ids],
+                out=[[None if b is None else views(b) for b in chunk] for chunk in transfer.blocks],
             )
         except Exception as exc:
-            logger.warning("kvmem: loading %d block(s) failed (%s): %s", len(transfer.keys), type(exc).__name__, exc)
+            logger.warning("kvmem: loading %d chunk(s) failed (%s): %s", len(transfer.keys), type(exc).__name__, exc)
             return set(transfer.block_ids)
-        return {b for b, value in zip(transfer.block_ids, got) if value is None}
+        return {b for chunk, value in zip(transfer.blocks, got) if value is None for b in chunk if b is not None}
 
     def save(self, meta: KVMemMetadata) -> None:
         """Queue this step's completed chunks for the saver thread (a request whose load failed this step
         saves nothing): the forward pass of the next step does not wait for them."""
         views = self._views()
         items = [
-            (rank_key(key, self.rank), views(b))
+            (rank_key(key, self.rank), [views(b) for b in chunk if b is not None])
             for transfer in meta.saves
             if transfer.req_id not in self._failed_reqs
-            for key, b in zip(transfer.keys, transfer.block_ids)
+            for key, chunk in zip(transfer.keys, transfer.blocks)
         ]
         self.saver.submit({t.req_id for t in meta.saves}, items)
 
@@ -217,6 +220,28 @@ class WorkerSide:
     def saved_blocks(self) -> int:
         """Blocks stored so far."""
         return self.saver.saved_blocks
+
+    def totals(self) -> dict[str, float]:
+        """This worker's numbers since it started (:data:`kvmem_vllm.stats.COUNTERS`), and the blocks queued for
+        saving now (``saves_pending``)."""
+        block_bytes = self.views.block_bytes if self.views is not None else 0
+        hits = {
+            f"loaded_chunks_{tier}": self.memory.metrics.value("kvmem_hits_total", tier=tier, kind="tensor")
+            for tier in TIERS
+        }
+        return {
+            "loaded_blocks": self.loaded_blocks,
+            "loaded_async_blocks": self.async_blocks,
+            "failed_blocks": self.failed_blocks,
+            "loaded_bytes": self.loaded_blocks * block_bytes,
+            "load_seconds": self.load_seconds,
+            "async_load_seconds": self.async_load_seconds,
+            "saved_blocks": self.saver.saved_blocks,
+            "saved_bytes": self.saver.saved_blocks * block_bytes,
+            "save_seconds": self.saver.save_seconds,
+            **hits,
+            "saves_pending": self.saver.queued_blocks,
+        }
 
     def close(self) -> None:
         """Finish the loads and saves in flight (before the memory is closed)."""

@@ -7,12 +7,12 @@ Seven engine starts cover everything (each start costs ~30-70 s on two cores):
    Redis: everything computed, saved, A also for a tenant (``cache_salt="tenant-a"``);
 3. ``shared``: a consumer (``kv_consumer``: loads, never saves), a second instance with empty local tiers
    and the same Redis: it decodes with the first one's KV (the prefill/decode hand-off), loaded
-   asynchronously (the KV is only in Redis: each request waits for it while others run); one block of B's
-   own chunk has a byte flipped in Redis first: its load fails, is reported, and vLLM recomputes it;
+   asynchronously (the KV is only in Redis: each request waits for it while others run); B's own chunk has
+   a byte flipped in Redis first: its load fails (both its blocks), is reported, and vLLM recomputes it;
 4. ``restart``: ``kv_both`` on the first store reopened without Redis (an engine restart, from disk), with
    faults made on disk first: A is served unsalted, for tenant-a (all loaded) and for tenant-b (nothing
-   loaded); one block of C is truncated and another has a byte flipped: both are recomputed and stored
-   again; one block of D is replaced by a valid blob that does not fit: its load fails once, and D served
+   loaded); C's first chunk is truncated and its second has a byte flipped: both are recomputed and stored
+   again; D's chunk is replaced by a valid blob that does not fit: its load fails once, and D served
    again is computed without trying it; B's own chunk is removed under the running engine before B is
    served: B loads only the chunks still stored, and no load fails;
 5. ``preempt``: ``kv_both`` on a fresh store, the prompts run together in a KV space of 17 blocks (and the
@@ -72,14 +72,14 @@ def runs(tiny_llama: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
 
     run("base", None, list(PROMPTS))
     run("store", {"path": first, "remote_url": redis_url, **LOCAL}, [*PROMPTS, "A@tenant-a"], role="kv_producer")
-    out["corrupted_remote"] = _fault_remote_block(first, redis_url, B, chunk=2, block=1)
+    out["corrupted_remote"] = _fault_remote_chunk(first, redis_url, B, chunk=2)
     run("shared", {"path": second, "remote_url": redis_url, **LOCAL}, ["A", "B", "C"], role="kv_consumer")
     out["corrupted"] = [
-        _fault_stored_block(first, C, chunk=1, block=0, fault="flip"),
-        _fault_stored_block(first, C, chunk=0, block=1, fault="truncate"),
+        _fault_stored_chunk(first, C, chunk=1, fault="flip"),
+        _fault_stored_chunk(first, C, chunk=0, fault="truncate"),
     ]
-    _fault_stored_block(first, D, chunk=0, block=1, fault="misfit")
-    removed = [_stored_file(first, B, chunk=2, block=j) for j in range(CHUNK_TOKENS // 128)]
+    _fault_stored_chunk(first, D, chunk=0, fault="misfit")
+    removed = [_stored_file(first, B, chunk=2)]
     restart = ["A", "A@tenant-a", "A@tenant-b", "C", "D", "D#2", "B"]
     run("restart", {"path": first, **LOCAL}, restart, remove_before={str(restart.index("B")): removed})
     # NOTE: A takes 9 blocks, B 8 (C waits): B's 9th block, at its 125th token, is not there
@@ -113,26 +113,26 @@ def _namespace(path: str) -> str:
     return next(iter(spaces))
 
 
-def _stored_file(path: str, tokens: list[int], *, chunk: int, block: int) -> str:
-    """The file of a stored block of ``tokens`` (unsalted)."""
+def _stored_file(path: str, tokens: list[int], *, chunk: int) -> str:
+    """The file of a stored chunk of ``tokens`` (unsalted, rank 0)."""
     ns = _namespace(path)
-    key = rank_key(f"{chunk_hashes(tokens, CHUNK_TOKENS, ns)[chunk]}/{block}", 0)
+    key = rank_key(chunk_hashes(tokens, CHUNK_TOKENS, ns)[chunk], 0)
     with kvmem.Memory(path, cpu_bytes=0) as mem:
         skey = mem.storage_key(key, ns)
     (file,) = [p for p in Path(path).rglob(f"*{skey}*") if p.is_file()]
     return str(file)
 
 
-def _fault_stored_block(path: str, tokens: list[int], *, chunk: int, block: int, fault: str) -> dict[str, str]:
-    """Damage a stored block for real; its key and namespace.
+def _fault_stored_chunk(path: str, tokens: list[int], *, chunk: int, fault: str) -> dict[str, str]:
+    """Damage a stored chunk for real; its key and namespace.
 
     ``flip``: one payload byte flipped (bit rot on disk); ``truncate``: the file cut to half (a short
-    write); ``misfit``: the block replaced by a valid blob of the same size and another shape (CRC intact,
+    write); ``misfit``: the chunk replaced by a valid blob of the same size and another shape (CRC intact,
     but it does not fit vLLM's block).
     """
     ns = _namespace(path)
-    key = rank_key(f"{chunk_hashes(tokens, CHUNK_TOKENS, ns)[chunk]}/{block}", 0)
-    file = Path(_stored_file(path, tokens, chunk=chunk, block=block))
+    key = rank_key(chunk_hashes(tokens, CHUNK_TOKENS, ns)[chunk], 0)
+    file = Path(_stored_file(path, tokens, chunk=chunk))
     data = bytearray(file.read_bytes())
     if fault == "flip":
         data[len(data) - 100] ^= 0xFF
@@ -141,17 +141,17 @@ def _fault_stored_block(path: str, tokens: list[int], *, chunk: int, block: int,
         file.write_bytes(bytes(data[: len(data) // 2]))
     else:
         with kvmem.Memory(path, cpu_bytes=0) as mem:
-            block_value = mem.load(key, namespace=ns)
-            assert isinstance(block_value, torch.Tensor)
-            misfit = torch.randn(block_value.numel() // 2, 2, generator=torch.Generator().manual_seed(0))
+            chunk_value = mem.load(key, namespace=ns)
+            assert isinstance(chunk_value, torch.Tensor)
+            misfit = torch.randn(chunk_value.numel() // 2, 2, generator=torch.Generator().manual_seed(0))
             mem.store(key, misfit, namespace=ns, compression="none")
     return {"key": key, "namespace": ns}
 
 
-def _fault_remote_block(path: str, redis_url: str, tokens: list[int], *, chunk: int, block: int) -> dict[str, str]:
-    """Flip one payload byte of a stored block's value in Redis (bit rot on the server); its key and namespace."""
+def _fault_remote_chunk(path: str, redis_url: str, tokens: list[int], *, chunk: int) -> dict[str, str]:
+    """Flip one payload byte of a stored chunk's value in Redis (bit rot on the server); its key and namespace."""
     ns = _namespace(path)
-    key = rank_key(f"{chunk_hashes(tokens, CHUNK_TOKENS, ns)[chunk]}/{block}", 0)
+    key = rank_key(chunk_hashes(tokens, CHUNK_TOKENS, ns)[chunk], 0)
     with kvmem.Memory(path + "-redis", cpu_bytes=0, disk_bytes=0, remote_url=redis_url) as mem:
         (tier,) = mem._tiers.tiers
         name = tier._key(mem.storage_key(key, ns))  # type: ignore[attr-defined]
@@ -187,16 +187,16 @@ def test_a_consumer_instance_decodes_with_the_producer_s_kv_through_redis(runs: 
     assert shared["A"]["cached"] >= 0.9 * len(A)
     assert shared["A"]["cached"] == 1024  # every full chunk; the last prompt token is always computed
     assert shared["C"]["cached"] == 512  # whole chunks only
-    # NOTE: all 18 blocks were loaded asynchronously (the KV was only in Redis); the one corrupted there failed
+    # NOTE: all 18 blocks were loaded asynchronously (the KV was only in Redis); the chunk corrupted there failed
     log = (runs["work"] / "shared.log").read_text()
-    assert "17 block(s) loaded, 1 failed and recomputed, 0 saved" in log
+    assert "16 block(s) loaded, 2 failed and recomputed, 0 saved" in log
     assert "18 block(s) loaded asynchronously" in log
 
 
 def test_a_block_corrupted_in_redis_fails_its_asynchronous_load_and_is_recomputed(runs: dict[str, Any]) -> None:
     shared = runs["shared"]
     assert_same_output(shared["B"], runs["base"]["B"])  # NOTE: computed from the failed block on, not loaded
-    assert shared["failed"] == {"A": 0, "B": 1, "C": 0}
+    assert shared["failed"] == {"A": 0, "B": 2, "C": 0}
 
 
 def test_an_engine_restart_reuses_from_disk(runs: dict[str, Any]) -> None:
@@ -215,7 +215,7 @@ def test_a_tenant_gets_its_own_kv_and_never_another_tenant_s(runs: dict[str, Any
 
 def test_corrupted_blocks_are_recomputed_not_used(runs: dict[str, Any]) -> None:
     assert_same_output(runs["restart"]["C"], runs["base"]["C"])
-    assert runs["restart"]["failed"]["C"] == 2  # counted and reported to vLLM, which recomputed them
+    assert runs["restart"]["failed"]["C"] == 4  # both chunks' blocks, reported to vLLM, which recomputed them
     with (
         kvmem.Memory(runs["first"], cpu_bytes=0) as restored,
         kvmem.Memory(str(runs["work"] / "kv-check"), cpu_bytes=0, disk_bytes=0, remote_url=runs["redis_url"]) as intact,
@@ -231,7 +231,7 @@ def test_a_block_whose_load_failed_is_not_tried_again(runs: dict[str, Any]) -> N
     restart = runs["restart"]
     for name in ("D", "D#2"):
         assert_same_output(restart[name], runs["base"]["D"])
-    assert restart["failed"]["D"] > 0  # the misfit block is still stored (its CRC is intact) ...
+    assert restart["failed"]["D"] > 0  # the misfit chunk is still stored (its CRC is intact) ...
     assert restart["failed"]["D#2"] == 0 and restart["D#2"]["cached"] == 0  # ... and never loaded again
 
 

@@ -14,7 +14,7 @@ import kvmem
 from kvmem.errors import ConfigError
 from kvmem.keys import chunk_hashes
 from kvmem_vllm.identity import chunk_blocks, load_async, memory_settings, rank_key
-from kvmem_vllm.metadata import BlockTransfer, KVMemMetadata
+from kvmem_vllm.metadata import ChunkTransfer, KVMemMetadata
 from kvmem_vllm.scheduler import SchedulerSide
 from kvmem_vllm.worker import BlockViews, WorkerSide
 
@@ -91,7 +91,7 @@ def test_a_load_that_raises_anything_is_a_failed_load_not_the_step_s(
             raise RuntimeError("short read: 100 of 4096 bytes")
 
         monkeypatch.setattr(mem, "load_many", short_read)
-        worker.load(KVMemMetadata(loads=[BlockTransfer("r1", ["k1", "k2"], [8, 9])]))
+        worker.load(KVMemMetadata(loads=[ChunkTransfer("r1", ["k1"], [[8, 9]])]))
         worker.close()
     assert worker.take_failed() == {8, 9}  # reported to vLLM, which recomputes them
     assert worker.failed_blocks == 2 and worker.loaded_blocks == 0
@@ -109,9 +109,9 @@ def test_a_probe_answers_from_the_files_and_stops_at_the_first_missing_chunk(
 ) -> None:
     ns, block = "vllm/test", 4
     tokens = list(range(4 * 2 * block + 1))  # 4 chunks of 2 blocks, and a last token
-    keys = [rank_key(f"{h}/{j}", 0) for h in chunk_hashes(tokens, 2 * block, ns) for j in range(2)]
+    keys = [rank_key(h, 0) for h in chunk_hashes(tokens, 2 * block, ns)]
     with kvmem.Memory(str(tmp_path), cpu_bytes=0, disk_bytes="64MiB") as other:  # the worker, in effect
-        other.store_many([(k, torch.zeros(8)) for i, k in enumerate(keys) if i not in (2, 3)], namespace=ns)
+        other.store_many([(k, torch.zeros(2, 8)) for i, k in enumerate(keys) if i != 1], namespace=ns)
     with kvmem.Memory(str(tmp_path), cpu_bytes=0, disk_bytes="64MiB") as mem:
         sched = SchedulerSide(mem, ns, block, 2, load=True, save=True)
         asked: list[str] = []
@@ -119,20 +119,20 @@ def test_a_probe_answers_from_the_files_and_stops_at_the_first_missing_chunk(
         monkeypatch.setattr(mem, "locate_many", lambda ks, **kw: asked.extend(ks) or probe(ks, **kw))
         # NOTE: chunk 0, on this machine's disk: loaded synchronously; chunk 1 is missing
         assert sched.matched_tokens(probe_request(tokens), 0) == (2 * block, False)
-        assert asked == keys[:4]  # chunks 2 and 3, stored, are never looked up
+        assert asked == keys[:2]  # one lookup a chunk; chunks 2 and 3, stored, are never looked up
         with kvmem.Memory(str(tmp_path), cpu_bytes=0, disk_bytes="64MiB") as other:
-            other.delete(keys[1], namespace=ns)  # removed by another process after this one opened
+            other.delete(keys[0], namespace=ns)  # removed by another process after this one opened
         assert sched.matched_tokens(probe_request(tokens, "r2"), 0) == (0, False)
 
 
 def test_kv_held_only_in_redis_is_loaded_asynchronously(tmp_path: Path, redis_url: str) -> None:
     ns, block = f"vllm/test-{tmp_path.name}", 4
     tokens = list(range(2 * 2 * block + 1))  # 2 chunks of 2 blocks, and a last token
-    keys = [rank_key(f"{h}/{j}", 0) for h in chunk_hashes(tokens, 2 * block, ns) for j in range(2)]
+    keys = [rank_key(h, 0) for h in chunk_hashes(tokens, 2 * block, ns)]
     with kvmem.Memory(str(tmp_path / "a"), cpu_bytes=0, disk_bytes="64MiB", remote_url=redis_url) as writer:
-        writer.store_many([(k, torch.zeros(8)) for k in keys[:2]], namespace=ns)  # chunk 0: disk and Redis
+        writer.store(keys[0], torch.zeros(2, 8), namespace=ns)  # chunk 0: disk and Redis
     with kvmem.Memory(str(tmp_path / "b"), cpu_bytes=0, disk_bytes="64MiB", remote_url=redis_url) as writer:
-        writer.store_many([(k, torch.zeros(8)) for k in keys[2:]], namespace=ns)  # chunk 1: another disk and Redis
+        writer.store(keys[1], torch.zeros(2, 8), namespace=ns)  # chunk 1: another disk and Redis
     with kvmem.Memory(str(tmp_path / "a"), cpu_bytes=0, disk_bytes="64MiB", remote_url=redis_url) as mem:
         for mode, want in (("remote", True), ("always", True), ("never", False)):
             sched = SchedulerSide(mem, ns, block, 2, load=True, save=True, load_async=mode)
@@ -149,9 +149,10 @@ def test_an_asynchronous_load_is_reported_done_with_its_failed_blocks_in_the_sam
     with kvmem.Memory(str(tmp_path), cpu_bytes="16MiB", disk_bytes="64MiB") as mem:
         worker = WorkerSide(mem, "vllm/test", BLOCKS, "none")
         worker.register(caches)
-        mem.store_many([(rank_key(f"k{b}", 0), worker.views(b)) for b in (1, 2)], namespace="vllm/test")
+        mem.store(rank_key("c0", 0), torch.stack([worker.views(1), worker.views(2)]), namespace="vllm/test")
         want = per_layer[:, 1:3].clone()
-        meta = KVMemMetadata(async_loads=[BlockTransfer("r1", ["k1", "k2", "gone"], [7, 8, 9])], idle=True)
+        transfer = ChunkTransfer("r1", ["c0", "gone"], [[7, 8], [9, None]])
+        meta = KVMemMetadata(async_loads=[transfer], idle=True)
         worker.load(meta)
         assert worker.take_failed() == set()  # nothing is reported before the request is
         loaded: set[str] = set()
@@ -166,14 +167,29 @@ def test_an_asynchronous_load_is_reported_done_with_its_failed_blocks_in_the_sam
         worker.close()
 
 
+def test_a_chunk_loads_into_its_blocks_skipping_those_vllm_holds(tmp_path: Path) -> None:
+    per_layer, caches = cpu_caches()
+    with kvmem.Memory(str(tmp_path), cpu_bytes="16MiB", disk_bytes="64MiB") as mem:
+        worker = WorkerSide(mem, "vllm/test", BLOCKS, "none")
+        worker.register(caches)
+        worker.save(KVMemMetadata(saves=[ChunkTransfer("r1", ["c0"], [[3, 1]])]))  # blocks 3 and 1, in that order
+        worker.saver.wait_for({"r1"})
+        assert mem.locate_many([rank_key("c0", 0)], namespace="vllm/test") == ["cpu"]  # one entry for the chunk
+        want, held = per_layer[:, 1].clone(), per_layer[:, 5].clone()
+        worker.load(KVMemMetadata(loads=[ChunkTransfer("r2", ["c0"], [[None, 6]])]))  # block 5 is vLLM's own
+        assert torch.equal(per_layer[:, 6], want) and torch.equal(per_layer[:, 5], held)
+        assert worker.take_failed() == set() and worker.loaded_blocks == 1
+        worker.close()
+
+
 def test_with_tensor_parallel_ranks_a_block_is_stored_when_every_rank_s_shard_is(tmp_path: Path) -> None:
     ns, block = "vllm/test", 4
     tokens = list(range(2 * 2 * block + 1))  # 2 chunks of 2 blocks, and a last token
-    blocks = [f"{h}/{j}" for h in chunk_hashes(tokens, 2 * block, ns) for j in range(2)]
+    chunks = chunk_hashes(tokens, 2 * block, ns)
     with kvmem.Memory(str(tmp_path), cpu_bytes=0, disk_bytes="64MiB") as mem:
         # NOTE: rank 0 stored both chunks; rank 1 only the first (its saves of the second lost, say)
-        mem.store_many([(rank_key(b, 0), torch.zeros(8)) for b in blocks], namespace=ns)
-        mem.store_many([(rank_key(b, 1), torch.zeros(8)) for b in blocks[:2]], namespace=ns)
+        mem.store_many([(rank_key(c, 0), torch.zeros(2, 8)) for c in chunks], namespace=ns)
+        mem.store(rank_key(chunks[0], 1), torch.zeros(2, 8), namespace=ns)
         tp2 = SchedulerSide(mem, ns, block, 2, load=True, save=True, ranks=2)
         assert tp2.matched_tokens(probe_request(tokens), 0) == (2 * block, False)
         tp1 = SchedulerSide(mem, ns, block, 2, load=True, save=True)

@@ -1,5 +1,5 @@
-"""The saver thread on real memories: a finished request is reported only once its blocks are stored, and
-closing finishes every save queued."""
+"""The saver thread on real memories: a finished request is reported only once its chunks are stored, each
+one entry of its blocks, and closing finishes every save queued."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from kvmem_vllm.saver import Saver
 NS = "vllm/test"
 
 
-def blocks(n: int) -> list[torch.Tensor]:
-    """``n`` distinct blocks of 256 KiB (a block of every layer, as the worker's views are)."""
-    return [torch.full((4, 2, 64, 128), float(i)) for i in range(n)]
+def blocks(n: int) -> list[list[torch.Tensor]]:
+    """``n`` distinct chunks of 2 blocks of 256 KiB (a block of every layer, as the worker's views are)."""
+    return [[torch.full((4, 2, 64, 128), float(i) + j / 2) for j in range(2)] for i in range(n)]
 
 
 def stored(path: Path, keys: list[str]) -> list[bool]:
@@ -35,10 +35,10 @@ def test_a_finished_request_is_reported_only_with_its_blocks_stored(tmp_path: Pa
             reported |= saver.finished({"a"})
             if "a" in reported:  # NOTE: at the moment it is reported, every one of its blocks is loadable
                 got = mem.load_many([f"a/{i}" for i in range(5)], namespace=NS)
-                assert all(torch.equal(g, v) for g, v in zip(got, values))
+                assert all(torch.equal(g, torch.stack(v)) for g, v in zip(got, values))  # a chunk: rows = blocks
         assert "b" not in reported  # running: its blocks stay vLLM's, never reported
         saver.close()
-        assert saver.saved_blocks == 6
+        assert saver.saved_blocks == 12  # 6 chunks of 2 blocks
 
 
 def test_a_request_whose_saves_were_dropped_is_still_reported(tmp_path: Path) -> None:
@@ -79,5 +79,5 @@ def test_blocks_already_stored_are_not_stored_again(tmp_path: Path) -> None:
         saver.submit({"q2"}, doc)  # a second question on the document, computed while q1's saves were in flight
         saver.submit({"q3", "q4"}, [*doc, *doc])  # two more, computed in one step: one batch
         saver.close()
-        assert saver.saved_blocks == 3
+        assert saver.saved_blocks == 6  # 3 chunks of 2 blocks, once
         assert saver.finished({"q1", "q2", "q3", "q4"}) == {"q1", "q2", "q3", "q4"}
