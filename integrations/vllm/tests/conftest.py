@@ -40,7 +40,19 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model = LlamaForCausalLM(config)
     path = tmp_path_factory.mktemp("tiny-llama")
     model.save_pretrained(path)
+    _word_tokenizer(config.vocab_size).save_pretrained(path)  # NOTE: for `vllm serve`; engine runs pass token ids
     return path
+
+
+def _word_tokenizer(vocab_size: int) -> Any:
+    """A word-level tokenizer, ``w0`` ... ``w{n-1}``, built here (nothing can be downloaded)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(vocab_size - 1)} | {"<unk>": vocab_size - 1}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
 
 
 @pytest.fixture(scope="module")
