@@ -36,6 +36,7 @@ BENCHMARKS = (
     "bench_blend",
     "bench_prefetch",
     "bench_serving",
+    "bench_connector_chunks",
     "bench_remote",
     "bench_visual",
     "bench_semantic",
