@@ -17,7 +17,7 @@ import hashlib
 import json
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +27,7 @@ from kvmem_vllm.log import logger
 if TYPE_CHECKING:
     from vllm.config import ModelConfig, VllmConfig
     from vllm.lora.request import LoRARequest
+    from vllm.multimodal.inputs import MultiModalFeatureSpec
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
 __all__ = [
@@ -176,6 +177,24 @@ def namespace(
     }
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
     return f"vllm/{digest}"
+
+
+def keyed_tokens(tokens: Sequence[int], mm_features: Sequence[MultiModalFeatureSpec] | None) -> list[int]:
+    """A prompt's token ids as its chunk hashes see them: each multimodal input's placeholder tokens (the same
+    ids for every image) replaced by values drawn from the input's content hash and position, so the chunks
+    from the first placeholder on name the image, the chunks before it are those of the text alone, and a
+    different image never shares a chunk's key.
+
+    The values are negative (``-1 - h``, ``h`` 63 bits of ``sha256(modality, hash, index)``): never a token id.
+    """
+    keyed = list(tokens)
+    for feature in mm_features or ():
+        digest = feature.mm_hash or feature.identifier
+        place = feature.mm_position
+        for i in range(place.offset, min(place.offset + place.length, len(keyed))):
+            h = hashlib.sha256(f"{feature.modality}/{digest}/{i - place.offset}".encode()).digest()
+            keyed[i] = -1 - (int.from_bytes(h[:8], "little") >> 1)
+    return keyed
 
 
 def rank_key(key: str, rank: int) -> str:

@@ -1,10 +1,11 @@
 """The scheduler side: how much of a prompt kvmem holds, and which blocks to load or save each step.
 
 A prompt is cut into chunks of ``chunk_blocks`` vLLM blocks with prefix-chained hashes
-(:func:`kvmem.keys.chunk_hashes`, folding in the engine's namespace and the request's cache salt and LoRA
-adapter); chunk ``i`` is one kvmem entry under ``h_i`` (with the rank: one file, one catalog row, one CRC
-whatever vLLM's block size), its blocks the rows of one tensor, so a request whose first blocks vLLM's own
-prefix cache already holds loads only the rows after them.
+(:func:`kvmem.keys.chunk_hashes`, folding in the engine's namespace, the request's cache salt and LoRA
+adapter, and the content hash of each image or other multimodal input in place of its placeholder tokens:
+:func:`kvmem_vllm.identity.keyed_tokens`); chunk ``i`` is one kvmem entry under ``h_i`` (with the rank:
+one file, one catalog row, one CRC whatever vLLM's block size), its blocks the rows of one tensor, so a
+request whose first blocks vLLM's own prefix cache already holds loads only the rows after them.
 
 A probe answers from what is stored when it runs (the persistent tiers' files or server, not an index
 read at start-up), chunk by chunk, and stops at the first chunk not wholly there; a block whose load
@@ -23,7 +24,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvmem import Memory
 from kvmem.keys import chunk_hashes
-from kvmem_vllm.identity import rank_key, request_scope
+from kvmem_vllm.identity import keyed_tokens, rank_key, request_scope
 from kvmem_vllm.log import logger
 from kvmem_vllm.metadata import ChunkTransfer, KVMemMetadata
 
@@ -134,11 +135,11 @@ class SchedulerSide:
     def _probe(self, request: Request) -> _Request:
         """The request's chunk keys and how many leading blocks are stored (whole chunks)."""
         tokens = request.prompt_token_ids
-        if tokens is None or request.mm_features:
-            return _Request([], 0)  # NOTE: KV that depends on more than token ids and the request's scope
+        if tokens is None:
+            return _Request([], 0)  # NOTE: prompt embeddings: KV that depends on more than token ids
         scope = request_scope(request.cache_salt, request.lora_request)
         seed = f"{self.namespace}/{scope}" if scope else self.namespace
-        keys = chunk_hashes(tokens, self.block_size * self.chunk_blocks, seed)
+        keys = chunk_hashes(keyed_tokens(tokens, request.mm_features), self.block_size * self.chunk_blocks, seed)
         # NOTE: a producer probes too, so it does not store again the chunks it finds stored
         tiers = self._stored_run(keys)
         return _Request(keys, len(tiers) * self.chunk_blocks, tiers=tiers)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
 from kvmem.errors import ConfigError
-from kvmem_vllm.identity import attention_backend, namespace, request_scope
+from kvmem.keys import chunk_hashes
+from kvmem_vllm.identity import attention_backend, keyed_tokens, namespace, request_scope
 
 LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
 
@@ -137,3 +139,26 @@ def test_quantization_and_kv_cache_scales_name_the_keys(engine_config: Any, tiny
         weights.append(_model_fingerprint(str(model), None, {}))
     assert weights[0] == weights[1]  # the sampled weights cannot tell the two apart ...
     assert len({plain, *spaces}) == 3  # ... the scales, hashed whole, can
+
+
+def image(digest: str, offset: int, length: int) -> Any:
+    """A multimodal input as vLLM hands it to a connector (``request.mm_features[i]``)."""
+    return SimpleNamespace(
+        modality="image", mm_hash=digest, identifier=digest, mm_position=SimpleNamespace(offset=offset, length=length)
+    )
+
+
+def test_an_image_s_content_hash_keys_the_chunks_from_its_placeholders_on() -> None:
+    tokens = [7] * 10 + [4] * 64 + [9] * 182  # text, 64 placeholder tokens (the same for every image), text
+    cat, dog = "a" * 64, "b" * 64
+    with_cat = chunk_hashes(keyed_tokens(tokens, [image(cat, 10, 64)]), 64, "ns")
+    with_dog = chunk_hashes(keyed_tokens(tokens, [image(dog, 10, 64)]), 64, "ns")
+    again = chunk_hashes(keyed_tokens(tokens, [image(cat, 10, 64)]), 64, "ns")
+    text = chunk_hashes(keyed_tokens(tokens, None), 64, "ns")
+    assert with_cat == again  # the same image: the same keys
+    assert all(c != d for c, d in zip(with_cat, with_dog))  # the chunk holding the image and every later one
+    assert text == chunk_hashes(tokens, 64, "ns") and all(c != t for c, t in zip(with_cat, text))
+    before = [1] * 128 + [4] * 64  # two text-only chunks, then an image
+    assert chunk_hashes(keyed_tokens(before, [image(cat, 128, 64)]), 64, "ns")[:2] == chunk_hashes(before, 64, "ns")[:2]
+    keyed = keyed_tokens(tokens, [image(cat, 10, 64)])
+    assert all(k < 0 for k in keyed[10:74]) and keyed[:10] == tokens[:10] and keyed[74:] == tokens[74:]

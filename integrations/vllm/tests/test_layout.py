@@ -13,7 +13,7 @@ import torch
 import kvmem
 from kvmem.errors import ConfigError
 from kvmem.keys import chunk_hashes
-from kvmem_vllm.identity import chunk_blocks, load_async, memory_settings, rank_key
+from kvmem_vllm.identity import chunk_blocks, keyed_tokens, load_async, memory_settings, rank_key
 from kvmem_vllm.metadata import ChunkTransfer, KVMemMetadata
 from kvmem_vllm.scheduler import SchedulerSide
 from kvmem_vllm.worker import BlockViews, WorkerSide
@@ -194,3 +194,20 @@ def test_with_tensor_parallel_ranks_a_block_is_stored_when_every_rank_s_shard_is
         assert tp2.matched_tokens(probe_request(tokens), 0) == (2 * block, False)
         tp1 = SchedulerSide(mem, ns, block, 2, load=True, save=True)
         assert tp1.matched_tokens(probe_request(tokens), 0) == (4 * block, False)  # rank 0's shards: all there
+
+
+def test_a_request_with_an_image_is_probed_under_its_image_s_keys(tmp_path: Path) -> None:
+    ns, block = "vllm/test", 4
+    tokens = [1] * 8 + [4] * 8 + [2] * 9  # a text chunk, an image's placeholders, and a last token
+    cat = SimpleNamespace(
+        modality="image", mm_hash="c" * 64, identifier="c" * 64, mm_position=SimpleNamespace(offset=8, length=8)
+    )
+    dog = SimpleNamespace(**{**vars(cat), "mm_hash": "d" * 64, "identifier": "d" * 64})
+    keys = chunk_hashes(keyed_tokens(tokens, [cat]), 2 * block, ns)
+    with kvmem.Memory(str(tmp_path), cpu_bytes=0, disk_bytes="64MiB") as mem:
+        mem.store_many([(rank_key(k, 0), torch.zeros(2, 8)) for k in keys], namespace=ns)  # stored with the cat
+        sched = SchedulerSide(mem, ns, block, 2, load=True, save=True)
+        with_cat = SimpleNamespace(**{**vars(probe_request(tokens)), "mm_features": [cat]})
+        with_dog = SimpleNamespace(**{**vars(probe_request(tokens, "r2")), "mm_features": [dog]})
+        assert sched.matched_tokens(with_cat, 0) == (6 * block, False)  # text, image, text: all stored
+        assert sched.matched_tokens(with_dog, 0) == (2 * block, False)  # the text chunk only: another image
