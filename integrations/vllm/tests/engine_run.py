@@ -3,9 +3,11 @@
 The job names the model directory, the prompts (token ids, or ``{"prompt_token_ids": [...], "cache_salt":
 "..."}``) and the connector's extra config (none: vLLM alone); optionally ``batch`` (every prompt in one
 ``generate`` call, so they run together, instead of one at a time), ``num_gpu_blocks_override`` (vLLM's KV
-space in blocks), ``tensor_parallel_size`` and ``remove_before`` (``{"i": [file, ...]}``: files removed,
-under the running engine, before prompt ``i`` is served; each must exist). Before each ``generate`` call the run writes
-``engine_run: prompt i`` to stdout, where vLLM's processes log, so the log can be cut by prompt. The result
+space in blocks), ``tensor_parallel_size``, ``lora`` (``{"name": adapter directory}``: LoRA on, and a
+prompt ``{"lora": "name", ...}`` is served with that adapter) and ``remove_before`` (``{"i": [file, ...]}``:
+files removed, under the running engine, before prompt ``i`` is served; each must exist). Before each
+``generate`` call the run writes ``engine_run: prompt i`` to stdout, where vLLM's processes log, so the log
+can be cut by prompt. The result
 holds, per prompt, the greedy tokens, their top logprobs and how many prompt tokens vLLM did not compute
 (``num_cached_tokens``; vLLM's own prefix cache is off, so these are the tokens the connector loaded), plus
 the engine's start and generation times and how many times vLLM preempted a request.
@@ -26,6 +28,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
 
     transfer = None
     if job["extra_config"] is not None:
@@ -47,6 +50,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         kv_transfer_config=transfer,
         num_gpu_blocks_override=job.get("num_gpu_blocks_override"),
         tensor_parallel_size=job.get("tensor_parallel_size", 1),
+        **({"enable_lora": True, "max_lora_rank": 8, "max_loras": 2} if job.get("lora") else {}),
         disable_log_stats=False,  # NOTE: for vllm:num_preemptions
         seed=0,
     )
@@ -54,9 +58,16 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     params = SamplingParams(
         temperature=0.0, max_tokens=job["max_tokens"], logprobs=TOP_LOGPROBS, detokenize=False, ignore_eos=True
     )
-    prompts = [TokensPrompt(**p) if isinstance(p, dict) else TokensPrompt(prompt_token_ids=p) for p in job["prompts"]]
+    adapters = {name: LoRARequest(name, i + 1, path) for i, (name, path) in enumerate(job.get("lora", {}).items())}
+    loras = [adapters[p["lora"]] if isinstance(p, dict) and "lora" in p else None for p in job["prompts"]]
+    prompts = [
+        TokensPrompt(**{k: v for k, v in p.items() if k != "lora"})
+        if isinstance(p, dict)
+        else TokensPrompt(prompt_token_ids=p)
+        for p in job["prompts"]
+    ]
     # NOTE: one prompt at a time unless batched: a later prompt may reuse an earlier one's chunks
-    groups = [prompts] if job.get("batch") else [[p] for p in prompts]
+    groups = [list(zip(prompts, loras))] if job.get("batch") else [[(p, lora)] for p, lora in zip(prompts, loras)]
     remove = job.get("remove_before", {})
     outs = []
     generate_s = []
@@ -65,7 +76,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
             Path(file).unlink()  # NOTE: FileNotFoundError fails the run: the test named a file that is not there
         print(f"engine_run: prompt {i}", flush=True)  # NOTE: on stdout, where vLLM's processes log
         t = time.perf_counter()
-        outs += llm.generate(group, params, use_tqdm=False)
+        outs += llm.generate([p for p, _ in group], params, use_tqdm=False, lora_request=[lora for _, lora in group])
         generate_s.append(time.perf_counter() - t)
     results = [
         {

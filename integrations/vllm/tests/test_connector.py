@@ -1,6 +1,6 @@
 """KVMemConnector on vLLM-CPU: real engines on a random-weight tiny Llama, each in a process of its own.
 
-Seven engine starts cover everything (each start costs ~30-70 s on two cores):
+Nine engine starts cover everything (each start costs ~30-70 s on two cores):
 
 1. ``base``: vLLM alone (no connector), the reference tokens and top logprobs;
 2. ``store``: a producer (``kv_producer``: saves, never loads) over an empty local store and a throwaway
@@ -20,7 +20,10 @@ Seven engine starts cover everything (each start costs ~30-70 s on two cores):
    finished before its blocks are written again, and it comes back loading its saved chunks;
 6. ``base-tp2`` and ``tp2``: vLLM alone and ``kv_both`` at tensor parallel 2 (two worker processes, each
    storing and loading its shard of every block) on the first store, where A was stored at TP=1: A is
-   computed (a TP=1 block never loads into TP=2) and saved, A again loads its TP=2 shards.
+   computed (a TP=1 block never loads into TP=2) and saved, A again loads its TP=2 shards;
+7. ``base-lora`` and ``lora``: vLLM alone and ``kv_both`` with two LoRA adapters on the first store, where A
+   was stored without one: A with adapter a is computed and saved, again loads it, and A with adapter b
+   loads nothing.
 
 vLLM's own prefix cache is off in every run, so ``num_cached_tokens`` counts the tokens the connector loaded.
 A prompt's name is a prompt of ``PROMPTS``, with ``@salt`` for its ``cache_salt`` and ``#n`` to serve it again.
@@ -54,7 +57,9 @@ PROMPTS = {"A": A, "B": B, "C": C, "D": D}
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_llama: Path, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def runs(
+    tiny_llama: Path, redis_url: str, lora_adapters: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("engines")
     first, second = str(work / "kv-first"), str(work / "kv-second")
     model = str(tiny_llama)
@@ -86,13 +91,23 @@ def runs(tiny_llama: Path, redis_url: str, tmp_path_factory: pytest.TempPathFact
     run("preempt", {"path": str(work / "kv-third"), **LOCAL}, ["A", "B", "C"], batch=True, num_gpu_blocks_override=18)
     run("base-tp2", None, ["A"], tensor_parallel_size=2)
     run("tp2", {"path": first, **LOCAL}, ["A", "A#2"], tensor_parallel_size=2)  # NOTE: first holds A, stored at TP=1
+    lora = ["A%adapter-a", "A%adapter-b"]
+    run("base-lora", None, lora, lora=lora_adapters)
+    # NOTE: first holds A without an adapter: A with adapter a computes and saves, again loads, with b computes
+    run("lora", {"path": first, **LOCAL}, ["A%adapter-a", "A%adapter-a#2", "A%adapter-b"], lora=lora_adapters)
     return out
 
 
 def _prompt(name: str) -> dict[str, Any]:
-    """The prompt a name stands for: ``X``, ``X@salt`` (with that ``cache_salt``), ``X#n`` (X again)."""
-    base, _, salt = name.split("#")[0].partition("@")
-    return {"prompt_token_ids": PROMPTS[base], **({"cache_salt": salt} if salt else {})}
+    """The prompt a name stands for: ``X``, ``X@salt`` (with that ``cache_salt``), ``X%adapter`` (with that LoRA
+    adapter), ``X#n`` (X again)."""
+    base, _, adapter = name.split("#")[0].partition("%")
+    base, _, salt = base.partition("@")
+    return {
+        "prompt_token_ids": PROMPTS[base],
+        **({"cache_salt": salt} if salt else {}),
+        **({"lora": adapter} if adapter else {}),
+    }
 
 
 def _failed_loads(log: str, which: list[str]) -> dict[str, int]:
@@ -266,3 +281,18 @@ def test_tensor_parallel_ranks_store_and_load_their_shards_and_never_another_siz
         (runs["work"] / "tp2.log").read_text(),
     )
     assert sorted(lines) == [("8", "0", "8"), ("8", "0", "8")]
+
+
+def test_a_lora_adapter_s_kv_is_its_own(runs: dict[str, Any]) -> None:
+    lora, base = runs["lora"], runs["base-lora"]
+    for name, want in (
+        ("A%adapter-a", "A%adapter-a"),
+        ("A%adapter-a#2", "A%adapter-a"),
+        ("A%adapter-b", "A%adapter-b"),
+    ):
+        assert_same_output(lora[name], base[want])
+        assert lora["failed"][name] == 0
+    assert base["A%adapter-a"]["tokens"] != base["A%adapter-b"]["tokens"]  # the adapters change the model
+    assert lora["A%adapter-a"]["cached"] == 0  # A is stored without an adapter only
+    assert lora["A%adapter-a#2"]["cached"] == 1024  # its own, saved by the first request
+    assert lora["A%adapter-b"]["cached"] == 0  # adapter a's KV never loads for adapter b
