@@ -33,7 +33,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from kvmem import Memory
 from kvmem.codecs import parse_codec
 from kvmem.errors import ConfigError
-from kvmem_vllm.identity import attention_backend, chunk_blocks, load_async, memory_settings, namespace
+from kvmem_vllm.identity import ConnectorOptions, attention_backend, chunk_blocks, memory_settings, namespace
 from kvmem_vllm.log import logger
 from kvmem_vllm.metadata import KVMemMetadata
 from kvmem_vllm.scheduler import SchedulerSide
@@ -117,6 +117,7 @@ class KVMemConnector(KVConnectorBase_V1):
             vllm_config, kv_cache_config, codec, chunk_tokens, attention_backend(vllm_config, kv_cache_config)
         )
         if role == KVConnectorRole.SCHEDULER:
+            options = ConnectorOptions.from_extra_config(transfer.kv_connector_extra_config or {})
             self._scheduler = SchedulerSide(
                 memory,
                 ns,
@@ -124,8 +125,9 @@ class KVMemConnector(KVConnectorBase_V1):
                 chunk_blocks(chunk_tokens, block_size),
                 load=transfer.is_kv_consumer,
                 save=transfer.is_kv_producer,
-                load_async=load_async(transfer.kv_connector_extra_config or {}),
+                load_async=options.load_async,
                 ranks=vllm_config.parallel_config.tensor_parallel_size,
+                handoff_wait_s=options.handoff_wait_s,
             )
             if transfer.kv_load_failure_policy != "recompute":
                 logger.warning(
@@ -167,8 +169,9 @@ class KVMemConnector(KVConnectorBase_V1):
         self._sched().after_step(connector_output)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        """Whether the blocks wait for saves in flight (True: freed once :meth:`get_finished` reports them)."""
-        return self._sched().finished(request), None
+        """Whether the blocks wait for saves in flight (True: freed once :meth:`get_finished` reports them), and
+        the ``kv_transfer_params`` that hand the prompt's KV to a decode instance (:mod:`kvmem_vllm.proxy`)."""
+        return self._sched().finished(request)
 
     def has_pending_block_frees(self) -> bool:
         """Finished requests whose saves are in flight will free blocks: vLLM waits rather than preempting."""

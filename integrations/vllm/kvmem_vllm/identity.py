@@ -31,9 +31,10 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
 __all__ = [
+    "ConnectorOptions",
     "attention_backend",
     "chunk_blocks",
-    "load_async",
+    "keyed_tokens",
     "memory_settings",
     "namespace",
     "rank_key",
@@ -52,36 +53,56 @@ _ADAPTER_CONFIG = "adapter_config.json"
 LOAD_ASYNC = ("remote", "always", "never")
 
 
+@dataclasses.dataclass(frozen=True)
+class ConnectorOptions:
+    """The connector's own keys of ``kv_connector_extra_config`` (every other key is a kvmem Config field).
+
+    Attributes:
+        load_async: when a request's stored KV is loaded asynchronously: ``"remote"`` (default: when some of
+            it is in no tier of this machine, only in Redis), ``"always"`` or ``"never"``. A request loaded
+            asynchronously waits for its KV while others run; one loaded synchronously has it before the
+            forward pass of the step that schedules it.
+        handoff_wait_s: how long a decode instance waits for the KV a prefill instance said it stored for a
+            request (its ``kv_transfer_params``; its saves may still be on their way) before computing the
+            rest itself (default 10 s).
+    """
+
+    load_async: str = "remote"
+    handoff_wait_s: float = 10.0
+
+    @classmethod
+    def from_extra_config(cls, extra_config: Mapping[str, Any]) -> ConnectorOptions:
+        """The options in ``extra_config``.
+
+        Raises:
+            ConfigError: a value out of range.
+        """
+        mode = extra_config.get("load_async", cls.load_async)
+        if mode not in LOAD_ASYNC:
+            raise ConfigError(f"load_async={mode!r}: expected one of {', '.join(map(repr, LOAD_ASYNC))}")
+        wait = extra_config.get("handoff_wait_s", cls.handoff_wait_s)
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= 600:
+            raise ConfigError(f"handoff_wait_s={wait!r}: expected a number of seconds from 0 to 600")
+        return cls(str(mode), float(wait))
+
+
+_CONNECTOR_KEYS = frozenset(f.name for f in dataclasses.fields(ConnectorOptions))
+
+
 def memory_settings(extra_config: Mapping[str, Any]) -> dict[str, Any]:
     """The :class:`kvmem.Memory` settings in ``kv_connector_extra_config``: every key but the connector's own
-    (``load_async``, see :func:`load_async`) is a Config field.
+    (:class:`ConnectorOptions`) is a Config field.
 
     Raises:
         ConfigError: ``path`` is missing (a connector never writes to a default directory by surprise).
     """
-    settings = {k: v for k, v in extra_config.items() if k != "load_async"}
+    settings = {k: v for k, v in extra_config.items() if k not in _CONNECTOR_KEYS}
     if not settings.get("path"):
         raise ConfigError(
             'kv_connector_extra_config has no "path": expected {"path": DIR, ...} with any kvmem Config '
             "field beside it (cpu_bytes, disk_bytes, remote_url, catalog_url, block_size, compression, ...)"
         )
     return settings
-
-
-def load_async(extra_config: Mapping[str, Any]) -> str:
-    """When a request's stored KV is loaded asynchronously (``kv_connector_extra_config["load_async"]``).
-
-    ``"remote"`` (default): when some of it is in no tier of this machine (only in Redis), ``"always"``,
-    or ``"never"``. A request loaded asynchronously waits for its KV while others run; one loaded
-    synchronously has it before the forward pass of the step that schedules it.
-
-    Raises:
-        ConfigError: another value.
-    """
-    mode = extra_config.get("load_async", "remote")
-    if mode not in LOAD_ASYNC:
-        raise ConfigError(f"load_async={mode!r}: expected one of {', '.join(map(repr, LOAD_ASYNC))}")
-    return str(mode)
 
 
 def chunk_blocks(chunk_tokens: int, vllm_block_size: int) -> int:

@@ -44,6 +44,8 @@ class KVMemMetadata(KVConnectorMetadata):
         preempted: requests preempted this step: their blocks were freed, so their saves in flight are
             waited for before the forward pass.
         idle: nothing is scheduled this step.
+        handoff: a request waits for a prefill instance's KV (its saves on their way): an idle step then waits a
+            little on the worker, so the engine's loop leaves the cores to the instance that is saving.
 
     NOTE: a request with a load that fails this step has its saves of this step dropped by the worker:
     the blocks computed after a failed load were computed from the wrong KV.
@@ -54,3 +56,4 @@ class KVMemMetadata(KVConnectorMetadata):
     saves: list[ChunkTransfer] = field(default_factory=list)
     preempted: set[str] = field(default_factory=set)
     idle: bool = False
+    handoff: bool = False

@@ -17,8 +17,9 @@ step that schedules it.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
@@ -28,6 +29,7 @@ from kvmem_vllm.identity import keyed_tokens, rank_key, request_scope
 from kvmem_vllm.log import logger
 from kvmem_vllm.metadata import ChunkTransfer, KVMemMetadata
 
+HANDOFF = "kvmem"  # the key of kvmem's part of vLLM's kv_transfer_params
 _LOCAL_TIERS = frozenset({"gpu", "cpu", "disk"})
 _SLOWNESS = {"gpu": 0, "cpu": 1, "disk": 2, "redis": 3}
 
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-__all__ = ["SchedulerSide"]
+__all__ = ["HANDOFF", "SchedulerSide"]
 
 
 @dataclass
@@ -52,6 +54,7 @@ class _Request:
         saving: a save was planned for it: once finished, its blocks are freed when the worker says its
             saves are done.
         tiers: per stored chunk, the tier the probe found it in (the slowest of its ranks' shards).
+        asked: when vLLM first asked about it (``time.monotonic()``): how long it has waited for a hand-off.
         load_async: its load was reported to vLLM as asynchronous.
     """
 
@@ -62,6 +65,7 @@ class _Request:
     saving: bool = False
     tiers: list[str] = field(default_factory=list)
     load_async: bool = False
+    asked: float = 0.0
 
     @property
     def remote(self) -> bool:
@@ -83,6 +87,8 @@ class SchedulerSide:
         load_async: when loads are asynchronous: ``"remote"``, ``"always"`` or ``"never"``
             (:func:`kvmem_vllm.identity.load_async`).
         ranks: tensor-parallel ranks: a block is stored when every rank's shard is.
+        handoff_wait_s: how long a request handed off by a prefill instance waits for the blocks it said it
+            stored (its saves may still be on their way) before the rest is computed here.
     """
 
     def __init__(
@@ -96,6 +102,7 @@ class SchedulerSide:
         save: bool,
         load_async: str = "remote",
         ranks: int = 1,
+        handoff_wait_s: float = 10.0,
     ) -> None:
         self.memory = memory
         self.namespace = namespace
@@ -105,32 +112,50 @@ class SchedulerSide:
         self.save = save
         self.load_async = load_async
         self.ranks = ranks
+        self.handoff_wait_s = handoff_wait_s
         self._requests: dict[str, _Request] = {}
         self._loads: list[ChunkTransfer] = []
         self._async_loads: list[ChunkTransfer] = []
+        self._handoff = False  # a request waited for a hand-off since the last step's metadata
         self._held: set[str] = set()  # finished requests whose blocks wait for their saves
         self._failed_keys: set[str] = set()  # NOTE: chunks whose load failed: never probed as present again
         self.failed_blocks = 0  # NOTE: blocks whose load failed (CRC or tier) and were recomputed
 
-    def matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
+    def matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         """Tokens after ``num_computed_tokens`` that kvmem can load (whole blocks; never the last prompt token),
-        and whether they are loaded asynchronously.
+        and whether they are loaded asynchronously; ``None``: not yet (a prefill instance's saves of this
+        request's prompt are still on their way: asked again at the next step, for ``handoff_wait_s`` at most).
 
         A request not scheduled yet is probed again each time vLLM asks (it may wait while blocks are
         removed or stored); a scheduled one (back from preemption) keeps what was loaded and saved for it.
         """
         state = self._requests.get(request.request_id)
         if state is None or not state.block_ids:
+            first_asked = state.asked if state is not None else time.monotonic()
             state = self._requests[request.request_id] = self._probe(request)
+            state.asked = first_asked
         state.local = num_computed_tokens
         if not self.load:
             return 0, False
-        loadable = min(state.stored, (len(request.prompt_token_ids or ()) - 1) // self.block_size)
+        cap = (len(request.prompt_token_ids or ()) - 1) // self.block_size
+        if min(self._handed_off(request), cap) > state.stored and time.monotonic() - state.asked < self.handoff_wait_s:
+            self._handoff = True
+            return None, False
+        loadable = min(state.stored, cap)
         tokens = max(0, loadable * self.block_size - num_computed_tokens)
         state.load_async = tokens > 0 and (
             self.load_async == "always" or (self.load_async == "remote" and state.remote)
         )
         return tokens, state.load_async
+
+    def _handed_off(self, request: Request) -> int:
+        """The blocks a prefill instance said it stored for this request (its ``kv_transfer_params``), when it
+        ran this engine's model and layout; else 0."""
+        params = (getattr(request, "kv_transfer_params", None) or {}).get(HANDOFF)
+        if not isinstance(params, dict) or params.get("namespace") != self.namespace:
+            return 0
+        blocks = params.get("blocks")
+        return blocks if isinstance(blocks, int) and not isinstance(blocks, bool) else 0
 
     def _probe(self, request: Request) -> _Request:
         """The request's chunk keys and how many leading blocks are stored (whole chunks)."""
@@ -201,8 +226,9 @@ class SchedulerSide:
             async_loads=self._async_loads,
             preempted=set(scheduler_output.preempted_req_ids or ()),
             idle=scheduler_output.total_num_scheduled_tokens == 0,
+            handoff=self._handoff,
         )
-        self._loads, self._async_loads = [], []
+        self._loads, self._async_loads, self._handoff = [], [], False
         tokens = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             state = self._requests.get(new.req_id)
@@ -248,14 +274,19 @@ class SchedulerSide:
                 self._failed_keys.update(state.keys[i // self.chunk_blocks] for i in bad)
                 state.stored = bad[0] - bad[0] % self.chunk_blocks
 
-    def finished(self, request: Request) -> bool:
+    def finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
         """Forget a finished request; whether its blocks must wait for its saves in flight (the worker
-        reports them done in ``finished_sending``)."""
+        reports them done in ``finished_sending``), and the hand-off for a decode instance: the blocks of its
+        prompt stored or being stored (``{"kvmem": {"namespace": ..., "blocks": n}}``, vLLM's
+        ``kv_transfer_params``, which a disaggregated-serving proxy passes on: :mod:`kvmem_vllm.proxy`)."""
         state = self._requests.pop(request.request_id, None)
-        if state is None or not state.saving:
-            return False
+        if state is None:
+            return False, None
+        params = {HANDOFF: {"namespace": self.namespace, "blocks": state.stored}} if state.stored else None
+        if not state.saving:
+            return False, params
         self._held.add(request.request_id)
-        return True
+        return True, params
 
     def holds_blocks(self) -> bool:
         """Whether finished requests hold blocks until their saves are done (vLLM waits for them rather

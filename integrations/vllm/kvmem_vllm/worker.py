@@ -196,8 +196,8 @@ class WorkerSide:
         whose asynchronous load has finished (vLLM schedules them).
 
         NOTE: on a step with nothing scheduled, vLLM steps again at once while a finished request holds its
-        blocks or a request waits for its KV: waiting here (briefly) for a save or a load to end keeps that
-        loop from taking the CPU they need.
+        blocks or a request waits for its KV: waiting here (briefly) for a save or a load to end, or for
+        another instance to save the KV handed off, keeps that loop from taking the CPU they need.
         """
         saved = self.saver.finished(finished_req_ids)
         loaded = self._loads_done()
@@ -208,6 +208,8 @@ class WorkerSide:
             loaded = self._loads_done()
         elif self.saver.waiting():
             self.saver.wait_any(_IDLE_WAIT_S)
+        elif meta.handoff:  # NOTE: the KV comes from another instance, which needs the cores to save it
+            time.sleep(_IDLE_WAIT_S)
         return saved | self.saver.finished(()), loaded
 
     def preempted(self, meta: KVMemMetadata) -> None:

@@ -13,7 +13,7 @@ import torch
 import kvmem
 from kvmem.errors import ConfigError
 from kvmem.keys import chunk_hashes
-from kvmem_vllm.identity import chunk_blocks, keyed_tokens, load_async, memory_settings, rank_key
+from kvmem_vllm.identity import ConnectorOptions, chunk_blocks, keyed_tokens, memory_settings, rank_key
 from kvmem_vllm.metadata import ChunkTransfer, KVMemMetadata
 from kvmem_vllm.scheduler import SchedulerSide
 from kvmem_vllm.worker import BlockViews, WorkerSide
@@ -67,10 +67,14 @@ def test_the_config_needs_a_path_and_whole_vllm_blocks() -> None:
     with pytest.raises(ConfigError, match='has no "path"'):
         memory_settings({"cpu_bytes": "1GiB"})
     assert memory_settings({"path": "/x", "cpu_bytes": "1GiB"}) == {"path": "/x", "cpu_bytes": "1GiB"}
-    assert memory_settings({"path": "/x", "load_async": "always"}) == {"path": "/x"}  # the connector's own
-    assert load_async({}) == "remote" and load_async({"load_async": "never"}) == "never"
+    own = {"path": "/x", "load_async": "always", "handoff_wait_s": 3}
+    assert memory_settings(own) == {"path": "/x"}  # the connector's own keys are not kvmem's
+    assert ConnectorOptions.from_extra_config(own) == ConnectorOptions("always", 3.0)
+    assert ConnectorOptions.from_extra_config({}) == ConnectorOptions("remote", 10.0)
     with pytest.raises(ConfigError, match="load_async='sometimes': expected one of 'remote', 'always', 'never'"):
-        load_async({"load_async": "sometimes"})
+        ConnectorOptions.from_extra_config({"load_async": "sometimes"})
+    with pytest.raises(ConfigError, match="handoff_wait_s='5': expected a number of seconds from 0 to 600"):
+        ConnectorOptions.from_extra_config({"handoff_wait_s": "5"})
     assert chunk_blocks(256, 128) == 2
     with pytest.raises(ConfigError, match="block_size=200: kvmem's chunk must be a whole number of vLLM blocks of 128"):
         chunk_blocks(200, 128)
@@ -211,3 +215,30 @@ def test_a_request_with_an_image_is_probed_under_its_image_s_keys(tmp_path: Path
         with_dog = SimpleNamespace(**{**vars(probe_request(tokens, "r2")), "mm_features": [dog]})
         assert sched.matched_tokens(with_cat, 0) == (6 * block, False)  # text, image, text: all stored
         assert sched.matched_tokens(with_dog, 0) == (2 * block, False)  # the text chunk only: another image
+
+
+def test_a_handed_off_request_waits_for_the_blocks_the_prefill_instance_stored(tmp_path: Path) -> None:
+    ns, block = "vllm/test", 4
+    tokens = list(range(2 * 2 * block + 1))
+    keys = [rank_key(h, 0) for h in chunk_hashes(tokens, 2 * block, ns)]
+    with kvmem.Memory(str(tmp_path), cpu_bytes=0, disk_bytes="64MiB") as mem:
+        producer = SchedulerSide(mem, ns, block, 2, load=False, save=True)
+        request = probe_request(tokens)
+        assert producer.matched_tokens(request, 0) == (0, False)  # a producer never loads
+        producer._requests["r1"].stored = 4  # NOTE: as build_meta leaves it once the prompt's saves are planned
+        assert producer.finished(request) == (False, {"kvmem": {"namespace": ns, "blocks": 4}})
+        handed = SimpleNamespace(
+            **vars(probe_request(tokens, "r2")), kv_transfer_params={"kvmem": {"namespace": ns, "blocks": 4}}
+        )
+        consumer = SchedulerSide(mem, ns, block, 2, load=True, save=False, handoff_wait_s=30)
+        mem.store(keys[0], torch.zeros(2, 8), namespace=ns)  # the first chunk's save is in, the second's is not
+        assert consumer.matched_tokens(handed, 0) == (None, False)  # not yet: asked again at the next step
+        mem.store(keys[1], torch.zeros(2, 8), namespace=ns)
+        assert consumer.matched_tokens(handed, 0) == (4 * block, False)
+        other = SimpleNamespace(
+            **vars(probe_request(tokens, "r3")), kv_transfer_params={"kvmem": {"namespace": "x", "blocks": 9}}
+        )
+        assert consumer.matched_tokens(other, 0) == (4 * block, False)  # another engine's hand-off: not waited for
+        impatient = SchedulerSide(mem, ns, block, 2, load=True, save=False, handoff_wait_s=0)
+        mem.delete(keys[1], namespace=ns)
+        assert impatient.matched_tokens(handed, 0) == (2 * block, False)  # waited long enough: the rest is computed
