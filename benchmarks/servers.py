@@ -7,14 +7,16 @@ binary is missing, TLS certificates, ACL users, PostgreSQL).
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-__all__ = ["RedisServer", "free_port", "wait_port"]
+__all__ = ["RedisServer", "free_port", "stop_group", "wait_port"]
 
 
 def free_port() -> int:
@@ -22,6 +24,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def stop_group(proc: subprocess.Popen[bytes], seconds: float = 60.0) -> None:
+    """Stop a server started in a process group of its own (``start_new_session=True``): SIGINT to the group
+    (a server's clean shutdown), SIGKILL after ``seconds``."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def wait_port(port: int, seconds: float = 20.0, alive: Callable[[], bool] = lambda: True) -> None:

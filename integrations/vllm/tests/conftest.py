@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.servers import free_port, stop_group
 from tests.servers import RedisServer
 
 HERE = Path(__file__).resolve().parent
@@ -142,7 +142,6 @@ class Served:
     """
 
     def __init__(self, workdir: Path, name: str, model: Path, transfer: dict[str, Any] | None, *args: str) -> None:
-        from benchmarks.servers import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -176,13 +175,7 @@ class Served:
             return response.read().decode()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        stop_group(self.proc)
 
     def __enter__(self) -> Served:
         return self
