@@ -53,7 +53,7 @@ class _Request:
         block_ids: the request's vLLM blocks, in order.
         saving: a save was planned for it: once finished, its blocks are freed when the worker says its
             saves are done.
-        tiers: per stored chunk, the tier the probe found it in (the slowest of its ranks' shards).
+        found_in: per stored chunk, the tier the probe found it in (the slowest of its ranks' shards).
         asked: when vLLM first asked about it (``time.monotonic()``): how long it has waited for a hand-off.
         load_async: its load was reported to vLLM as asynchronous.
     """
@@ -63,14 +63,14 @@ class _Request:
     local: int = 0
     block_ids: list[int] = field(default_factory=list)
     saving: bool = False
-    tiers: list[str] = field(default_factory=list)
+    found_in: list[str] = field(default_factory=list)
     load_async: bool = False
     asked: float = 0.0
 
     @property
     def remote(self) -> bool:
         """Whether some of the stored run is held only by the remote tier (none of this machine's)."""
-        return not _LOCAL_TIERS.issuperset(self.tiers)
+        return not _LOCAL_TIERS.issuperset(self.found_in)
 
 
 class SchedulerSide:
@@ -167,7 +167,7 @@ class SchedulerSide:
         keys = chunk_hashes(keyed_tokens(tokens, request.mm_features), self.block_size * self.chunk_blocks, seed)
         # NOTE: a producer probes too, so it does not store again the chunks it finds stored
         tiers = self._stored_run(keys)
-        return _Request(keys, len(tiers) * self.chunk_blocks, tiers=tiers)
+        return _Request(keys, len(tiers) * self.chunk_blocks, found_in=tiers)
 
     def _stored_run(self, keys: list[str]) -> list[str]:
         """The tier of each leading chunk of ``keys`` stored now (one lookup a chunk, of every rank's shard, up
@@ -192,7 +192,7 @@ class SchedulerSide:
         first = state.local // self.block_size
         sources: dict[CacheHitSource, int] = {}
         for b in range(first, first + tokens // self.block_size):
-            tier = state.tiers[b // self.chunk_blocks]
+            tier = state.found_in[b // self.chunk_blocks]
             source = CacheHitSource.DISK if tier in _LOCAL_TIERS else CacheHitSource.EXTERNAL_UNSPECIFIED
             sources[source] = sources.get(source, 0) + self.block_size
         return sources
