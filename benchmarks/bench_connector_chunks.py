@@ -135,7 +135,7 @@ def _load_pass(
 
 
 def main() -> None:
-    run = records.start("bench_connector_chunks")
+    run = records.start("bench_connector_chunks", python='"$VENV/bin/python"')
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chunks", type=int, default=32, help="chunks stored and loaded (default 32)")
     parser.add_argument("--chunk-tokens", type=int, default=256, help="kvmem's chunk, in tokens (default 256)")

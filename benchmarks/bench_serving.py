@@ -190,7 +190,7 @@ def figures(rows: dict[str, Result | str]) -> list[dict[str, object]]:
 
 
 def main() -> None:
-    run = records.start("bench_serving")
+    run = records.start("bench_serving", python='"$VENV/bin/python"')
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--docs", type=int, default=24)
     p.add_argument("--questions", type=int, default=3)

@@ -123,17 +123,18 @@ def _plain(value: Value) -> Value:
 class Run:
     """What a benchmark knows about its run from its start: the time, the load, the command line."""
 
-    def __init__(self, benchmark: str, argv: Sequence[str] | None = None) -> None:
+    def __init__(self, benchmark: str, argv: Sequence[str] | None = None, python: str = "python") -> None:
         self.benchmark = benchmark
         self.started = time.time()
         self.load_start = [round(x, 2) for x in os.getloadavg()]
         args = list(sys.argv[1:] if argv is None else argv)
-        self.command = shlex.join(["python", f"benchmarks/{benchmark}.py", *args])
+        self.command = " ".join([python, shlex.join([f"benchmarks/{benchmark}.py", *args])])
 
 
-def start(benchmark: str, argv: Sequence[str] | None = None) -> Run:
-    """Call first thing in ``main``: notes the load average and the command line of ``benchmark``'s run."""
-    return Run(benchmark, argv)
+def start(benchmark: str, argv: Sequence[str] | None = None, python: str = "python") -> Run:
+    """Call first thing in ``main``: notes the load average and the command line of ``benchmark``'s run
+    (``python``: the interpreter as the command line names it, e.g. ``"$VENV/bin/python"`` for the vLLM venv's)."""
+    return Run(benchmark, argv, python)
 
 
 def write(
