@@ -10,7 +10,9 @@ evicts a document before its next question comes. Rows, measured one after anoth
 - ``vLLM OffloadingConnector`` and ``vLLM SimpleCPUOffloadConnector`` (vLLM's built-in CPU offloading, given
   the host memory kvmem's CPU tier gets): reported as not running where their workers need CUDA;
 - ``vLLM + kvmem (CPU tier)``: a fresh store; ``kvmem after restart (disk)``: a new server on that store;
-- ``kvmem 2nd instance (Redis)``: a server with empty local tiers over the Redis a first instance filled.
+- ``kvmem 2nd instance (Redis)``: a server with empty local tiers over the Redis a first instance filled,
+  its loads asynchronous (a request waits for its KV while others run); ``(Redis, synchronous loads)``: the
+  same with ``load_async="never"`` (every load before the forward pass of the step that needs it).
 
 Run it with the vLLM venv (``integrations/vllm/venv.sh``)::
 
@@ -304,6 +306,11 @@ def _rows(work: Path, redis_url: str, cpu_bytes: int) -> list[tuple[str, list[st
         ("kvmem after restart (disk)", kvmem_config(work / "kv", cpu_bytes=cpu_bytes), work / "kv"),
         ("kvmem 1st instance (Redis)", kvmem_config(work / "kv-a", remote_url=redis_url), work / "kv-a"),
         ("kvmem 2nd instance (Redis)", kvmem_config(work / "kv-b", remote_url=redis_url), work / "kv-b"),
+        (
+            "kvmem 2nd instance (Redis, synchronous loads)",
+            kvmem_config(work / "kv-c", remote_url=redis_url, load_async="never"),
+            work / "kv-c",
+        ),
     ]
 
 
