@@ -18,6 +18,7 @@ step that schedules it.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ from kvmem_vllm.metadata import ChunkTransfer, KVMemMetadata
 
 HANDOFF = "kvmem"  # the key of kvmem's part of vLLM's kv_transfer_params
 _LOCAL_TIERS = frozenset({"gpu", "cpu", "disk"})
+_FAILED_KEPT = 65536  # chunks whose load failed, remembered (oldest forgotten first: tried again once)
 _SLOWNESS = {"gpu": 0, "cpu": 1, "disk": 2, "redis": 3}
 
 if TYPE_CHECKING:
@@ -118,7 +120,8 @@ class SchedulerSide:
         self._async_loads: list[ChunkTransfer] = []
         self._handoff = False  # a request waited for a hand-off since the last step's metadata
         self._held: set[str] = set()  # finished requests whose blocks wait for their saves
-        self._failed_keys: set[str] = set()  # NOTE: chunks whose load failed: never probed as present again
+        # NOTE: chunks whose load failed: not probed as present again (the most recent _FAILED_KEPT of them)
+        self._failed_keys: OrderedDict[str, None] = OrderedDict()
         self.failed_blocks = 0  # NOTE: blocks whose load failed (CRC or tier) and were recomputed
 
     def matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -271,7 +274,10 @@ class SchedulerSide:
         for state in self._requests.values():
             bad = [i for i, b in enumerate(state.block_ids[: state.stored]) if b in failed]
             if bad:
-                self._failed_keys.update(state.keys[i // self.chunk_blocks] for i in bad)
+                for i in bad:
+                    self._failed_keys[state.keys[i // self.chunk_blocks]] = None
+                while len(self._failed_keys) > _FAILED_KEPT:
+                    self._failed_keys.popitem(last=False)
                 state.stored = bad[0] - bad[0] % self.chunk_blocks
 
     def finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:

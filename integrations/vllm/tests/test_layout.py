@@ -242,3 +242,28 @@ def test_a_handed_off_request_waits_for_the_blocks_the_prefill_instance_stored(t
         impatient = SchedulerSide(mem, ns, block, 2, load=True, save=False, handoff_wait_s=0)
         mem.delete(keys[1], namespace=ns)
         assert impatient.matched_tokens(handed, 0) == (2 * block, False)  # waited long enough: the rest is computed
+
+
+def test_the_chunks_whose_load_failed_are_remembered_up_to_a_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kvmem_vllm.scheduler as scheduler_module
+
+    monkeypatch.setattr(scheduler_module, "_FAILED_KEPT", 2)
+    ns, block = "vllm/test", 4
+    prompts = [[p] * (2 * block + 1) for p in range(3)]  # three prompts of one chunk each
+    with kvmem.Memory(str(tmp_path), cpu_bytes=0, disk_bytes="64MiB") as mem:
+        for tokens in prompts:
+            mem.store(rank_key(chunk_hashes(tokens, 2 * block, ns)[0], 0), torch.zeros(2, 8), namespace=ns)
+        sched = SchedulerSide(mem, ns, block, 2, load=True, save=True)
+        for i, tokens in enumerate(prompts):
+            request = probe_request(tokens, f"r{i}")
+            assert sched.matched_tokens(request, 0) == (2 * block, False)
+            sched._requests[f"r{i}"].block_ids = [10 * i + 1, 10 * i + 2]  # NOTE: as after_alloc leaves them
+            sched.after_step(SimpleNamespace(finished_sending=None, invalid_block_ids={10 * i + 1}))
+        # NOTE: the first failure was forgotten (tried again once); the two latest are not probed as stored
+        assert [sched.matched_tokens(probe_request(t, f"again{i}"), 0)[0] for i, t in enumerate(prompts)] == [
+            2 * block,
+            0,
+            0,
+        ]
