@@ -187,9 +187,15 @@ class KVMemConnector(KVConnectorBase_V1):
         if isinstance(kv_connector_metadata, KVMemMetadata):
             self._work().preempted(kv_connector_metadata)
 
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        """Take this step's metadata, and start its asynchronous loads at once (vLLM starts loads after the
+        forward pass of a step without synchronous ones: a step's time later)."""
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None and isinstance(connector_metadata, KVMemMetadata):
+            self._worker.start_async(connector_metadata)
+
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
-        """Load this step's synchronous blocks (vLLM calls this before the forward pass when the step has any)
-        and start its asynchronous loads."""
+        """Load this step's synchronous blocks (vLLM calls this before the forward pass when the step has any)."""
         self._work().load(self._meta())
 
     def wait_for_layer_load(self, layer_name: str) -> None:

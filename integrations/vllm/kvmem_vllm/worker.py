@@ -116,9 +116,15 @@ class WorkerSide:
         """Map vLLM's per-layer KV cache tensors (see :class:`BlockViews`)."""
         self.views = BlockViews(kv_caches, self.num_blocks)
 
+    def start_async(self, meta: KVMemMetadata) -> None:
+        """Start this step's asynchronous loads on the loader's threads (as soon as the step's metadata is
+        bound, before its forward pass: a load that ends within the step is reported at its end)."""
+        for transfer in meta.async_loads:
+            self._loading[transfer.req_id] = (transfer, self._loader.submit(self._timed_load, transfer))
+
     def load(self, meta: KVMemMetadata) -> None:
-        """Write this step's synchronous loads into their blocks, and start its asynchronous ones; the blocks
-        that could not be loaded are remembered.
+        """Write this step's synchronous loads into their blocks; the blocks that could not be loaded are
+        remembered.
 
         NOTE: a block is loaded or reported failed, never half-trusted: a copy that fails its CRC is
         quarantined by kvmem and its load is a miss, a failing tier is skipped, a load that raises anything
@@ -126,8 +132,6 @@ class WorkerSide:
         recomputes the block (overwriting whatever a failed load wrote into it).
         """
         self._failed_reqs = set()
-        for transfer in meta.async_loads:
-            self._loading[transfer.req_id] = (transfer, self._loader.submit(self._timed_load, transfer))
         start = time.perf_counter()
         for transfer in meta.loads:
             failed = self._load_one(transfer)

@@ -157,7 +157,7 @@ def test_an_asynchronous_load_is_reported_done_with_its_failed_blocks_in_the_sam
         want = per_layer[:, 1:3].clone()
         transfer = ChunkTransfer("r1", ["c0", "gone"], [[7, 8], [9, None]])
         meta = KVMemMetadata(async_loads=[transfer], idle=True)
-        worker.load(meta)
+        worker.start_async(meta)
         assert worker.take_failed() == set()  # nothing is reported before the request is
         loaded: set[str] = set()
         for _ in range(200):  # NOTE: an idle step waits up to 50 ms for a load to end
