@@ -209,7 +209,7 @@ class ChatTransformersKV(BaseChatModel):
                 sent = ready
         else:
             reason = "length" if len(out) >= self.max_new_tokens else "stop"
-        self._prefix.flush()  # NOTE: this prompt's chunks are stored when the call returns: the next one reuses them
+        self._store_reply(ids, out, result)
         yield self._last_chunk(text[sent:], len(ids), len(out), result.reused_tokens, reason)
 
     def _tokens(self, result: PrefillResult, out: list[int]) -> Iterator[int]:
@@ -226,6 +226,16 @@ class ChatTransformersKV(BaseChatModel):
             with torch.no_grad():
                 cache = {self._cache_arg: result.cache}
                 logits = self.model(input_ids=step, use_cache=True, **cache).logits[0, -1]
+
+    def _store_reply(self, prompt: list[int], reply: list[int], result: PrefillResult) -> None:
+        """Store the full chunks decoded since the prefill (which stored the prompt's), and wait for both.
+
+        NOTE: stored when the call returns, so the next call of the conversation, whose prompt re-renders this
+        reply, reuses them as far as the template writes the reply as the model did, token for token.
+        """
+        fed = (prompt + reply)[: result.cache.get_seq_length()]  # the last token picked was never fed
+        self._prefix.store(fed, result.cache, wait=False, start=len(prompt) // self._prefix.block_size)
+        self._prefix.flush()
 
     def _pick_token(self, logits: torch.Tensor, generated: Sequence[int]) -> int:
         """The next token from the last position's ``logits`` (``generated``: the reply's tokens so far).
