@@ -11,6 +11,7 @@
 - :class:`KVMemChatMessageHistory`: a legacy chat-history shim over kvmem agent sessions.
 """
 
+from langchain_kvmem._chat_format import UnsupportedMessage
 from langchain_kvmem.bytestore import KVMemByteStore
 from langchain_kvmem.cache import KVMemCache
 from langchain_kvmem.chat import ChatTransformersKV
@@ -27,4 +28,5 @@ __all__ = [
     "KVMemEmbeddings",
     "KVMemSaver",
     "KVMemStore",
+    "UnsupportedMessage",
 ]

@@ -56,6 +56,7 @@ class ChatTransformersKV(BaseChatModel):
         seed: the sampler's seed (``None``: torch's default generator).
         block_size: tokens per chunk of a ``PrefixCache`` made here (default: the memory's).
         compression: its codec (default: the memory's); ``"none"`` reproduces a plain decode token for token.
+        **kwargs: fields of ``BaseChatModel`` (``callbacks``, ``tags``, ``metadata``, ...) or of a subclass.
 
     Raises:
         ConfigError: ``max_new_tokens`` below 1, a negative ``temperature``, a tokenizer without a chat
@@ -79,8 +80,30 @@ class ChatTransformersKV(BaseChatModel):
     _generator: torch.Generator | None = PrivateAttr(default=None)
     _cache_arg: str = PrivateAttr(default="past_key_values")
 
-    def __init__(self, **data: Any) -> None:
-        super().__init__(**data)
+    def __init__(
+        self,
+        *,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        memory: kvmem.Memory | PrefixCache,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        block_size: int | None = None,
+        compression: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        fields: dict[str, Any] = {
+            "model": model,
+            "tokenizer": tokenizer,
+            "memory": memory,
+            "max_new_tokens": max_new_tokens,
+            "temperature": temperature,
+            "seed": seed,
+            "block_size": block_size,
+            "compression": compression,
+        }
+        super().__init__(**fields, **kwargs)  # NOTE: pydantic validates the fields
         self._check()
         if isinstance(self.memory, PrefixCache):
             self._prefix = self.memory

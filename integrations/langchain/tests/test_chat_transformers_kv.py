@@ -4,7 +4,7 @@ kvmem Memory: reuse across turns and agent steps, identity with a plain greedy d
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -17,8 +17,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import kvmem
 from kvmem.errors import ConfigError, KVMemError
-from langchain_kvmem import ChatTransformersKV
-from langchain_kvmem._chat_format import UnsupportedMessage, parse_tool_calls
+from langchain_kvmem import ChatTransformersKV, UnsupportedMessage
+from langchain_kvmem._chat_format import parse_tool_calls
 
 BLOCK = 16
 SPECIALS = ["<s>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
@@ -108,7 +108,7 @@ def chat(
     llama: LlamaForCausalLM,
     tok: PreTrainedTokenizerFast,
     memory: kvmem.Memory,
-    **kwargs: object,
+    **kwargs: Any,
 ) -> M:
     return cls(model=llama, tokenizer=tok, memory=memory, block_size=BLOCK, compression="none", **kwargs)
 
