@@ -3,6 +3,7 @@ kvmem Memory: reuse across turns and agent steps, identity with a plain greedy d
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -80,13 +81,15 @@ def llama(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
 
 
 class Recording(ChatTransformersKV):
-    """Records every token it picks (the end-of-sequence one included)."""
+    """Records every token it picks (the end-of-sequence one included) and the logits it picked it from."""
 
     picked: list[int] = []
+    logits: list[torch.Tensor] = []
 
     def _pick_token(self, logits: torch.Tensor, generated: Sequence[int]) -> int:
         token = super()._pick_token(logits, generated)
         self.picked.append(token)
+        self.logits.append(logits.clone())
         return token
 
 
@@ -113,18 +116,29 @@ def chat(
     return cls(model=llama, tokenizer=tok, memory=memory, block_size=BLOCK, compression="none", **kwargs)
 
 
-def plain_greedy(model: LlamaForCausalLM, ids: list[int], max_new_tokens: int, eos: int) -> list[int]:
-    """``model.generate`` greedily over the whole prompt, no kvmem; up to and with the first end-of-sequence."""
+def plain_greedy(
+    model: LlamaForCausalLM, ids: list[int], max_new_tokens: int, eos: int
+) -> tuple[list[int], torch.Tensor]:
+    """``model.generate`` greedily over the whole prompt, no kvmem: its tokens up to and with the first
+    end-of-sequence, and each one's logits (``[tokens, vocab]``)."""
     out = model.generate(
-        torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos
-    )[0, len(ids) :].tolist()
-    return out[: out.index(eos) + 1] if eos in out else out
+        torch.tensor([ids]),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    tokens = out.sequences[0, len(ids) :].tolist()
+    tokens = tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
+    return tokens, torch.cat(out.logits)[: len(tokens)]
 
 
 def test_second_turn_reuses_the_first_prompt_and_decodes_as_plain_generate(
     llama: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, memory: kvmem.Memory
 ) -> None:
-    model = chat(Recording, llama, tokenizer, memory, max_new_tokens=12, picked=[])
+    model = chat(Recording, llama, tokenizer, memory, max_new_tokens=12, picked=[], logits=[])
     turn1 = [SystemMessage(SYSTEM), HumanMessage(QUESTION)]
     first = model.invoke(turn1)
     p1 = model.prompt_ids(turn1)
@@ -146,8 +160,9 @@ def test_second_turn_reuses_the_first_prompt_and_decodes_as_plain_generate(
     assert details["cache_read"] == min(same, len(p2) - 1) // BLOCK * BLOCK >= len(p1) // BLOCK * BLOCK > 0
     assert details["computed"] == len(p2) - details["cache_read"]  # type: ignore[typeddict-item]
 
-    plain = plain_greedy(llama, p2, 12, tokenizer.eos_token_id)
+    plain, logits = plain_greedy(llama, p2, 12, tokenizer.eos_token_id)
     assert len(plain) > 1 and model.picked == plain
+    assert (torch.stack(model.logits[-len(plain) :]) - logits).abs().max() <= 1e-5  # fp32, as computed
     assert second.content == tokenizer.decode([t for t in plain if t != tokenizer.eos_token_id])
     assert usage["output_tokens"] == len([t for t in plain if t != tokenizer.eos_token_id])
 
@@ -159,7 +174,9 @@ def test_stream_yields_what_invoke_returns(
     messages = [HumanMessage(QUESTION)]
     chunks = list(model.stream(messages))
     assert len(chunks) > 2  # token by token
-    assert "".join(str(c.content) for c in chunks) == model.invoke(messages).content
+    invoked = model.invoke(messages)
+    assert "".join(str(c.content) for c in chunks) == invoked.content
+    assert asyncio.run(model.ainvoke(messages)).content == invoked.content
     usages = [c.usage_metadata for c in chunks if c.usage_metadata]
     assert len(usages) == 1 and usages[0]["output_tokens"] == 10  # on the reply's last chunk
 
