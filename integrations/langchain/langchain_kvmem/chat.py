@@ -29,7 +29,7 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import ConfigDict, PrivateAttr
+from pydantic import ConfigDict, PrivateAttr, ValidationError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 import kvmem
@@ -60,7 +60,7 @@ class ChatTransformersKV(BaseChatModel):
 
     Raises:
         ConfigError: ``max_new_tokens`` below 1, a negative ``temperature``, a tokenizer without a chat
-            template, or a ``PrefixCache`` over another model.
+            template, a ``PrefixCache`` over another model, or a value of the wrong type.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -103,7 +103,11 @@ class ChatTransformersKV(BaseChatModel):
             "block_size": block_size,
             "compression": compression,
         }
-        super().__init__(**fields, **kwargs)  # NOTE: pydantic validates the fields
+        try:
+            super().__init__(**fields, **kwargs)
+        except ValidationError as exc:
+            bad = (f"{'.'.join(map(str, e['loc']))}={e.get('input')!r}: {e['msg']}" for e in exc.errors())
+            raise ConfigError(f"ChatTransformersKV: {'; '.join(bad)}") from None
         self._check()
         if isinstance(self.memory, PrefixCache):
             self._prefix = self.memory

@@ -18,6 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import kvmem
 from kvmem.errors import ConfigError, KVMemError
+from kvmem.kv import PrefixCache
 from langchain_kvmem import ChatTransformersKV, UnsupportedMessage
 from langchain_kvmem._chat_format import parse_tool_calls
 
@@ -279,6 +280,11 @@ def test_bad_input_names_the_value_and_what_is_accepted(
         chat(ChatTransformersKV, llama, tokenizer, memory, max_new_tokens=0)
     with pytest.raises(ConfigError, match=r"temperature=-1.0"):
         chat(ChatTransformersKV, llama, tokenizer, memory, temperature=-1.0)
+    with pytest.raises(ConfigError, match=r"max_new_tokens='many': Input should be a valid integer"):
+        chat(ChatTransformersKV, llama, tokenizer, memory, max_new_tokens="many")
+    other = LlamaForCausalLM(llama.config)
+    with pytest.raises(ConfigError, match="PrefixCache over another model"):
+        ChatTransformersKV(model=llama, tokenizer=tokenizer, memory=PrefixCache(other, memory))
     bare = byte_tokenizer()
     bare.chat_template = None
     with pytest.raises(ConfigError, match="no chat_template"):
@@ -292,3 +298,21 @@ def test_bad_input_names_the_value_and_what_is_accepted(
     with pytest.raises(ConfigError, match=r"unknown arguments \['top_k'\]"):
         model.invoke([HumanMessage("hi")], top_k=3)
     assert issubclass(UnsupportedMessage, KVMemError)
+
+
+def test_sampling_with_a_seed_repeats_and_a_prefix_cache_may_be_shared(
+    llama: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, memory: kvmem.Memory
+) -> None:
+    prefix = PrefixCache(llama, memory, block_size=BLOCK, compression="none")
+    messages = [SystemMessage(SYSTEM), HumanMessage(QUESTION)]
+    replies = [
+        ChatTransformersKV(
+            model=llama, tokenizer=tokenizer, memory=prefix, temperature=1.0, seed=7, max_new_tokens=16
+        ).invoke(messages)
+        for _ in range(2)
+    ]
+    assert replies[0].content == replies[1].content  # the same seed, the same sample
+    assert replies[0].usage_metadata and replies[0].usage_metadata["input_token_details"]["cache_read"] == 0
+    assert replies[1].usage_metadata and replies[1].usage_metadata["input_token_details"]["cache_read"] > 0
+    greedy = ChatTransformersKV(model=llama, tokenizer=tokenizer, memory=prefix, max_new_tokens=16)
+    assert greedy.invoke(messages).content != replies[0].content
