@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import pytest
 import torch
 from langchain.agents import create_agent
-from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, ChatMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
 from pydantic import PrivateAttr
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -271,6 +271,19 @@ def test_agent_steps_reuse_the_previous_step(
         # every whole chunk of the step before, its reply included: computed are the tool result and the rest
         assert reused == (previous["input_tokens"] + previous["output_tokens"]) // BLOCK * BLOCK
         assert usage["input_tokens"] - reused < BLOCK + len("<|tool|>3 x USB-C cable at 12.50<|end|>")
+
+
+def test_agent_streams_tokens_and_tool_calls_in_messages_mode(
+    llama: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, memory: kvmem.Memory
+) -> None:
+    replies = ['Looking. <tool_call>{"name": "lookup", "arguments": {"id": "B42"}}</tool_call>', "Done."]
+    agent = create_agent(chat(Scripted, llama, tokenizer, memory, replies=replies), tools=[lookup])
+    streamed = list(agent.stream({"messages": [HumanMessage("B42?")]}, stream_mode="messages"))
+    text = [str(m.content) for m, _ in streamed if isinstance(m, AIMessageChunk)]
+    calls = [c for m, _ in streamed if isinstance(m, AIMessageChunk) for c in m.tool_call_chunks]
+    assert "".join(text) == "Looking. Done." and text.count("") < len(text) // 2  # token by token
+    assert [(c["name"], c["args"]) for c in calls] == [("lookup", '{"id": "B42"}')]
+    assert [m.content for m, _ in streamed if isinstance(m, ToolMessage)] == ["1 x keyboard at 89.00"]
 
 
 def test_bad_input_names_the_value_and_what_is_accepted(
