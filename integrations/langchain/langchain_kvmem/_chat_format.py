@@ -117,13 +117,14 @@ def _tool_call(body: str) -> ToolCall | None:
     return tool_call(name=value["name"], args=args, id=f"call_{uuid.uuid4().hex[:24]}")
 
 
-def streamable(text: str) -> int:
+def streamable(text: str, stops: Sequence[str] = ()) -> int:
     """How many leading characters of a growing output may be streamed as text: those before the first
-    ``<tool_call>``, less a tail that may be the start of one."""
-    start = text.find(TOOL_CALL_OPEN)
-    if start >= 0:
-        return start
-    for keep in range(min(len(TOOL_CALL_OPEN) - 1, len(text)), 0, -1):
-        if TOOL_CALL_OPEN.startswith(text[-keep:]):
+    ``<tool_call>`` (or stop string), less a tail that may be the start of one."""
+    markers = [TOOL_CALL_OPEN, *(s for s in stops if s)]
+    found = [i for i in (text.find(m) for m in markers) if i >= 0]
+    if found:
+        return min(found)
+    for keep in range(min(max(map(len, markers)) - 1, len(text)), 0, -1):
+        if any(m.startswith(text[-keep:]) for m in markers):
             return len(text) - keep
     return len(text)

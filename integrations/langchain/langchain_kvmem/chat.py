@@ -227,7 +227,9 @@ class ChatTransformersKV(BaseChatModel):
             if end is not None:
                 text, reason = text[:end], "stop"
                 break
-            ready = min(streamable(text), len(text.rstrip("\ufffd")))  # NOTE: a partial UTF-8 char may change
+            ready = min(
+                streamable(text, stop or ()), len(text.rstrip("\ufffd"))
+            )  # NOTE: a partial UTF-8 char may change
             if ready > sent:
                 chunk = ChatGenerationChunk(message=AIMessageChunk(content=text[sent:ready]))
                 if run_manager:
@@ -298,7 +300,7 @@ class ChatTransformersKV(BaseChatModel):
 
 def _stop_at(text: str, stop: Sequence[str] | None) -> int | None:
     """Where the first stop string in ``text`` begins (``None``: none there)."""
-    found = [i for i in (text.find(s) for s in stop or ()) if i >= 0]
+    found = [i for i in (text.find(s) for s in stop or () if s) if i >= 0]
     return min(found) if found else None
 
 

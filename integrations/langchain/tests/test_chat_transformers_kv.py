@@ -199,6 +199,15 @@ def test_stream_holds_back_tool_calls(
     assert invoked.content == "Let me look. " and invoked.response_metadata["finish_reason"] == "tool_calls"
 
 
+def test_a_stop_string_ends_the_reply_before_it(
+    llama: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, memory: kvmem.Memory
+) -> None:
+    model = chat(Scripted, llama, tokenizer, memory, replies=["Answer: 42\nObservation: more text"])
+    reply = model.invoke([HumanMessage(QUESTION)], stop=["Observation:"])
+    assert reply.content == "Answer: 42\n" and reply.response_metadata["finish_reason"] == "stop"
+    assert reply.usage_metadata is not None and reply.usage_metadata["output_tokens"] == len("Answer: 42\nObservation:")
+
+
 def test_parse_tool_calls() -> None:
     text = (
         'Checking both.\n<tool_call>{"name": "lookup", "arguments": {"id": "A17"}}</tool_call>\n'
