@@ -33,7 +33,7 @@ from transformers import DynamicCache, GenerationMixin
 
 from kvmem.api import Memory, default_memory
 from kvmem.codecs import parse_codec
-from kvmem.errors import InvalidKeyError, UnsupportedModelError
+from kvmem.errors import ConfigError, InvalidKeyError, UnsupportedModelError
 from kvmem.keys import chunk_hashes, content_hash
 from kvmem.kv.background import Prefetcher, WriteBehind
 from kvmem.kv.fingerprint import model_fingerprint
@@ -230,16 +230,30 @@ class PrefixCache:
         return out
 
     def store(
-        self, input_ids: torch.Tensor | list[int], cache: DynamicCache, *, scope: str = "", wait: bool = True
+        self,
+        input_ids: torch.Tensor | list[int],
+        cache: DynamicCache,
+        *,
+        scope: str = "",
+        wait: bool = True,
+        start: int = 0,
     ) -> int:
         """Store the full chunks of a cache you computed yourself for ``input_ids`` (in ``scope``).
+
+        E.g. a prefill's cache after decoding on it: ``input_ids`` the prompt and the tokens fed since,
+        ``start`` the prompt's full chunks (the prefill stored them already).
+
+        Args:
+            start: the first chunk to store; those before it are known stored and not queued again.
 
         Returns:
             How many chunks were queued for storing (chunks the cache no longer holds are skipped).
         """
+        if start < 0:
+            raise ConfigError(f"start={start!r}: a chunk index >= 0")
         ids = _as_ids(input_ids)
         keys = self.chunk_keys(ids, scope=scope)
-        count = self._store_new_chunks(ids, cache, keys, first=0, trim=False)
+        count = self._store_new_chunks(ids, cache, keys, first=start, trim=False)
         if wait:
             self.flush()
         return count

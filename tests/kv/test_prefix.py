@@ -19,7 +19,7 @@ import torch
 from transformers import PreTrainedModel
 
 import kvmem
-from kvmem.errors import InvalidKeyError
+from kvmem.errors import ConfigError, InvalidKeyError
 from kvmem.kv import PrefillResult, PrefixCache, model_fingerprint
 from kvmem.kv.layout import cache_argument
 from tests.kv.conftest import MemoryFactory, ModelFactory, Reference
@@ -318,6 +318,34 @@ def test_store_of_a_plain_forward_cache_is_reused(
     result = pc.prefill(longer)
     assert result.reused_tokens == 3 * BLOCK
     assert _max_diff(result, _full_logits(model, longer)) <= EXACT
+
+
+def test_store_from_start_queues_only_the_chunks_decoded_after_a_prefill(
+    tiny_model: ModelFactory, make_memory: MemoryFactory, prefix_cache: PrefixCacheFactory
+) -> None:
+    model = tiny_model("llama")
+    memory = make_memory()
+    pc = prefix_cache(model, memory)
+    ids = prompt(18, 2 * BLOCK + 3)
+    result = pc.prefill(ids)
+    pc.flush()
+    versions = [_version(memory, pc, k) for k in pc.chunk_keys(ids)]
+    fed = torch.cat([ids, prompt(19, BLOCK)], dim=1)  # decoded on the prefill's cache
+    with torch.no_grad():
+        model(fed[:, ids.shape[1] :], use_cache=True, **{cache_argument(model): result.cache})
+    assert pc.store(fed, result.cache, start=2) == 1  # chunk 2 only: 0 and 1 were the prefill's
+    pc.flush()
+    assert [_version(memory, pc, k) for k in pc.chunk_keys(ids)] == versions == [1, 1]  # not rewritten
+    longer = torch.cat([fed, prompt(20, 4)], dim=1)
+    assert pc.prefill(longer).reused_tokens == 3 * BLOCK
+    with pytest.raises(ConfigError, match=r"start=-1"):
+        pc.store(fed, result.cache, start=-1)
+
+
+def _version(memory: kvmem.Memory, pc: PrefixCache, key: str) -> int:
+    info = memory.info(key, namespace=pc.namespace)
+    assert info is not None
+    return info.version
 
 
 def test_prefetch_warms_chunks_from_disk_into_the_cpu_tier(
