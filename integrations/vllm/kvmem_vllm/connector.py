@@ -17,6 +17,10 @@ of the step that schedules it (synchronous loads); one whose KV is only in the r
 while other requests run (asynchronous loads, ``load_async``). Saves are stored on a thread of their own
 after the forward pass (:mod:`kvmem_vllm.saver`), and a finished request keeps its blocks until its saves
 are done.
+
+It takes vLLM's hybrid KV cache groups (``SupportsHMA``: full and sliding-window attention, each group's
+blocks stored and loaded as that group keeps them, :mod:`kvmem_vllm.groups`); an engine with a group of
+another kind (a Mamba layer's state) runs with the connector idle: nothing loaded or saved.
 """
 
 from __future__ import annotations
@@ -28,14 +32,17 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
 )
 
 from kvmem import Memory
 from kvmem.codecs import parse_codec
 from kvmem.errors import ConfigError
+from kvmem_vllm.groups import GroupLayout, UnsupportedLayout, group_windows
 from kvmem_vllm.identity import ConnectorOptions, attention_backend, chunk_blocks, memory_settings, namespace
 from kvmem_vllm.log import logger
-from kvmem_vllm.metadata import KVMemMetadata
+from kvmem_vllm.metadata import KVMemMetadata, KVMemWorkerMeta
 from kvmem_vllm.scheduler import SchedulerSide
 from kvmem_vllm.stats import KVMemPromMetrics, KVMemStats, since
 from kvmem_vllm.worker import WorkerSide
@@ -60,7 +67,7 @@ if TYPE_CHECKING:
 __all__ = ["KVMemConnector"]
 
 
-class KVMemConnector(KVConnectorBase_V1):
+class KVMemConnector(KVConnectorBase_V1, SupportsHMA):
     """vLLM's prefix KV kept in kvmem: reused across requests, engine restarts and instances.
 
     Args:
@@ -72,7 +79,7 @@ class KVMemConnector(KVConnectorBase_V1):
     Raises:
         ConfigError: no ``path``, a bad kvmem setting, a chunk that is not a whole number of vLLM blocks,
             the scheduler side without a persistent tier (disk or remote), or an unsupported engine layout
-            (pipeline parallelism, several KV cache groups).
+            (pipeline parallelism).
     """
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
@@ -113,18 +120,25 @@ class KVMemConnector(KVConnectorBase_V1):
         block_size = vllm_config.cache_config.block_size
         codec = str(parse_codec(memory.config.compression))
         chunk_tokens = memory.config.block_size
-        ns = namespace(
-            vllm_config, kv_cache_config, codec, chunk_tokens, attention_backend(vllm_config, kv_cache_config)
-        )
+        layout = GroupLayout((), block_size, chunk_blocks(chunk_tokens, block_size))
+        try:
+            layout = GroupLayout(group_windows(kv_cache_config), layout.block_size, layout.chunk_blocks)
+            ns = namespace(
+                vllm_config, kv_cache_config, codec, chunk_tokens, attention_backend(vllm_config, kv_cache_config)
+            )
+            self._idle = ""
+        except UnsupportedLayout as exc:
+            ns, self._idle = "vllm/idle", str(exc)
+            if role == KVConnectorRole.SCHEDULER:
+                logger.warning("kvmem: %s; the engine runs without reuse (nothing loaded or saved)", exc)
         if role == KVConnectorRole.SCHEDULER:
             options = ConnectorOptions.from_extra_config(transfer.kv_connector_extra_config or {})
             self._scheduler = SchedulerSide(
                 memory,
                 ns,
-                block_size,
-                chunk_blocks(chunk_tokens, block_size),
-                load=transfer.is_kv_consumer,
-                save=transfer.is_kv_producer,
+                layout,
+                load=transfer.is_kv_consumer and not self._idle,
+                save=transfer.is_kv_producer and not self._idle,
                 load_async=options.load_async,
                 ranks=vllm_config.parallel_config.tensor_parallel_size,
                 handoff_wait_s=options.handoff_wait_s,
@@ -139,7 +153,15 @@ class KVMemConnector(KVConnectorBase_V1):
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
             rank = get_tensor_model_parallel_rank()
-            self._worker = WorkerSide(memory, ns, kv_cache_config.num_blocks, codec, rank)
+            self._worker = WorkerSide(
+                memory,
+                ns,
+                kv_cache_config.num_blocks,
+                codec,
+                rank,
+                whole_requests=layout.whole_requests,
+                gather=any(kept is not None for kept in layout.windows),
+            )
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -173,14 +195,21 @@ class KVMemConnector(KVConnectorBase_V1):
         the ``kv_transfer_params`` that hand the prompt's KV to a decode instance (:mod:`kvmem_vllm.proxy`)."""
         return self._sched().finished(request)
 
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """:meth:`request_finished`, with the blocks of every KV cache group (vLLM's hybrid KV cache manager)."""
+        return self._sched().finished(request)
+
     def has_pending_block_frees(self) -> bool:
         """Finished requests whose saves are in flight will free blocks: vLLM waits rather than preempting."""
         return self._sched().holds_blocks()
 
     # -- worker side -------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        """Map vLLM's per-layer block tensors."""
-        self._work().register(kv_caches)
+        """Map vLLM's per-layer block tensors (not with the connector idle: a Mamba layer's state is no block)."""
+        if not self._idle:
+            self._work().register(kv_caches)
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         """Wait for the saves of requests preempted this step, before their freed blocks are written."""
@@ -217,6 +246,17 @@ class KVMemConnector(KVConnectorBase_V1):
         meta = self._meta() if self.has_connector_metadata() else None
         saved, loaded = self._work().finished(meta, finished_req_ids)
         return saved or None, loaded or None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """:meth:`get_finished`'s requests, and those whose asynchronous load failed (with several KV cache groups:
+        vLLM recomputes them)."""
+        saved, loaded = self.get_finished(finished_req_ids)
+        failed = self._work().take_failed_requests()
+        return KVConnectorTransferResults(set(saved or ()), set(loaded or ()), failed)
+
+    def build_connector_worker_meta(self) -> KVMemWorkerMeta | None:
+        """The chunks whose load failed this step, for the scheduler side (never probed as stored again)."""
+        return self._work().worker_meta()
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         """This worker's counts since its last report (:mod:`kvmem_vllm.stats`), for vLLM's log and /metrics."""

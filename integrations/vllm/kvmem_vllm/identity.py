@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvmem.errors import ConfigError
+from kvmem_vllm.groups import group_windows
 from kvmem_vllm.log import logger
 
 if TYPE_CHECKING:
     from vllm.config import ModelConfig, VllmConfig
     from vllm.lora.request import LoRARequest
     from vllm.multimodal.inputs import MultiModalFeatureSpec
-    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import KVCacheConfig
 
 __all__ = [
     "ConnectorOptions",
@@ -131,7 +132,8 @@ def attention_backend(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -
     """
     from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
 
-    names = sorted({b.get_name() for b in get_current_attn_backends(vllm_config, _group(kv_cache_config).layer_names)})
+    layers = [name for group in kv_cache_config.kv_cache_groups for name in group.layer_names]
+    names = sorted({b.get_name() for b in get_current_attn_backends(vllm_config, layers)})
     if len(names) != 1:
         raise ConfigError(f"attention backends {names}: kvmem-vllm supports layers of one attention backend so far")
     selected = get_current_attn_backends(vllm_config, [])[0].get_name()  # NOTE: no layer: vLLM's selection
@@ -155,13 +157,14 @@ def namespace(
         backend: the attention backend's name (:func:`attention_backend`).
 
     The tensor-parallel size is part of it (each rank stores its own shard of a block, under the block's key
-    and its rank: :func:`rank_key`): a block stored by an engine of one size never loads into another's.
+    and its rank: :func:`rank_key`): a block stored by an engine of one size never loads into another's. So
+    are the KV cache groups (:mod:`kvmem_vllm.groups`): their kinds, windows and layers decide a chunk's rows.
 
     Raises:
-        ConfigError: the engine runs pipeline parallel (not supported yet), or has more than one KV cache group.
+        ConfigError: the engine runs pipeline parallel (not supported yet).
+        UnsupportedLayout: a KV cache group kvmem-vllm does not store (:func:`kvmem_vllm.groups.group_windows`).
     """
     from vllm.platforms import current_platform
-    from vllm.v1.kv_cache_interface import AttentionSpec
 
     parallel = vllm_config.parallel_config
     if parallel.pipeline_parallel_size != 1:
@@ -169,21 +172,28 @@ def namespace(
             f"pipeline_parallel_size={parallel.pipeline_parallel_size}: kvmem-vllm supports tensor parallelism "
             "(any tensor_parallel_size), not pipeline parallelism, so far: expected pipeline_parallel_size=1"
         )
-    group = _group(kv_cache_config)
-    spec = group.kv_cache_spec
-    if not isinstance(spec, AttentionSpec):
-        raise ConfigError(f"KV cache spec {type(spec).__name__}: kvmem-vllm supports attention layers' KV so far")
+    windows = group_windows(kv_cache_config)
+    groups = []
+    for group, kept in zip(kv_cache_config.kv_cache_groups, windows):
+        spec = group.kv_cache_spec
+        groups.append(
+            {
+                "spec": type(spec).__name__,
+                "block_size": spec.block_size,
+                "num_kv_heads": getattr(spec, "num_kv_heads", None),
+                "head_size": getattr(spec, "head_size", None),
+                "head_size_v": getattr(spec, "head_size_v", None),
+                "kv_dtype": str(getattr(spec, "dtype", None)),
+                "kept": kept,
+                "layers": list(group.layer_names),
+            }
+        )
     layout = {
         "platform": current_platform.device_type,
         "attention_backend": backend,
-        "spec": type(spec).__name__,
-        "block_size": spec.block_size,
-        "num_kv_heads": spec.num_kv_heads,
-        "head_size": spec.head_size,
-        "kv_dtype": str(spec.dtype),
+        "groups": groups,
         "cache_dtype": vllm_config.cache_config.cache_dtype,
         "cache_dtype_skip_layers": list(vllm_config.cache_config.kv_cache_dtype_skip_layers),
-        "layers": list(group.layer_names),
         "tensor_parallel_size": parallel.tensor_parallel_size,
     }
     model = vllm_config.model_config
@@ -288,20 +298,6 @@ def _adapter_fingerprint(name: str, path: str) -> str:
     config = root / _ADAPTER_CONFIG
     extra = config.read_text() if config.is_file() else ""
     return _model_fingerprint(path, None, {"lora_name": name, _ADAPTER_CONFIG: extra})
-
-
-def _group(kv_cache_config: KVCacheConfig) -> KVCacheGroupSpec:
-    """The engine's one KV cache group.
-
-    Raises:
-        ConfigError: more than one group.
-    """
-    if len(kv_cache_config.kv_cache_groups) != 1:
-        raise ConfigError(
-            f"{len(kv_cache_config.kv_cache_groups)} KV cache groups (a hybrid or sliding-window model): "
-            "kvmem-vllm supports models with one group of full-attention layers so far"
-        )
-    return kv_cache_config.kv_cache_groups[0]
 
 
 def _model_fingerprint(name: str, revision: str | None, hf_config: dict[str, Any]) -> str:

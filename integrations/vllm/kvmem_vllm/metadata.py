@@ -4,27 +4,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorWorkerMetadata
 
-__all__ = ["ChunkTransfer", "KVMemMetadata"]
+__all__ = ["ChunkTransfer", "KVMemMetadata", "KVMemWorkerMeta"]
 
 
 @dataclass
 class ChunkTransfer:
     """Chunks of one request to load into or save from vLLM's KV cache: a chunk is one kvmem entry holding
-    its vLLM blocks (of every layer) as the rows of one tensor.
+    its vLLM blocks (of every layer) as the rows of one tensor (:meth:`kvmem_vllm.groups.GroupLayout.rows`:
+    with several KV cache groups, each group's blocks in turn).
 
     Attributes:
         req_id: the request.
         keys: one kvmem key per chunk (in the connector's namespace; each rank adds its own, see
             :func:`kvmem_vllm.identity.rank_key`).
-        blocks: per chunk, the vLLM block id of each of its blocks, in order; ``None`` for a block not to
-            load (vLLM's own prefix cache holds it, or it holds the prompt's last token). A save has them all.
+        blocks: per chunk, the vLLM block id of each of its rows, in order; ``None`` for a block not to
+            load (vLLM's own prefix cache holds it, it holds the prompt's last token, or it is outside a
+            sliding window). A save has them all.
+        complete: the rows hold every block vLLM allocated for the loaded tokens (else the load fails).
     """
 
     req_id: str
     keys: list[str]
     blocks: list[list[int | None]]
+    complete: bool = True
 
     @property
     def block_ids(self) -> list[int]:
@@ -57,3 +61,17 @@ class KVMemMetadata(KVConnectorMetadata):
     preempted: set[str] = field(default_factory=set)
     idle: bool = False
     handoff: bool = False
+
+
+@dataclass
+class KVMemWorkerMeta(KVConnectorWorkerMetadata):
+    """What the workers tell the scheduler side after a step: the chunks whose load failed (their keys
+    without a rank), never probed as stored again by this engine.
+    """
+
+    failed_keys: set[str] = field(default_factory=set)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVMemWorkerMeta:
+        """Every rank's failed chunks."""
+        theirs = other.failed_keys if isinstance(other, KVMemWorkerMeta) else set()
+        return KVMemWorkerMeta(self.failed_keys | theirs)

@@ -25,10 +25,11 @@ __all__ = ["Saver"]
 
 
 class _Save(NamedTuple):
-    """One step's chunks to store (a key and its blocks' views each), and the requests they belong to."""
+    """One step's chunks to store (a key and its rows each: views of its blocks, or a copy of them), and the
+    requests they belong to."""
 
     req_ids: frozenset[str]
-    items: list[tuple[str, list[torch.Tensor]]]
+    items: list[tuple[str, list[torch.Tensor] | torch.Tensor]]
 
 
 class Saver:
@@ -55,9 +56,10 @@ class Saver:
         self._thread = threading.Thread(target=self._run, name="kvmem-vllm-saver", daemon=True)
         self._thread.start()
 
-    def submit(self, req_ids: Collection[str], items: Sequence[tuple[str, list[torch.Tensor]]]) -> None:
-        """Store ``items`` (a chunk's key, the views of its blocks in vLLM's KV cache) in the background, on
-        behalf of ``req_ids``: each chunk is one entry, its blocks the rows of one tensor.
+    def submit(self, req_ids: Collection[str], items: Sequence[tuple[str, list[torch.Tensor] | torch.Tensor]]) -> None:
+        """Store ``items`` (a chunk's key, and the views of its blocks in vLLM's KV cache or a tensor of them
+        copied already) in the background, on behalf of ``req_ids``: each chunk is one entry, its blocks the rows
+        of one tensor.
 
         Every request in ``req_ids`` is reported by :meth:`finished` once finished, even with no items (its
         saves dropped): the scheduler side holds the blocks of every request it planned a save for.
@@ -121,7 +123,7 @@ class Saver:
                     self._pending.subtract(save.req_ids)
                     self._done.notify_all()
 
-    def _store(self, items: list[tuple[str, list[torch.Tensor]]]) -> None:
+    def _store(self, items: list[tuple[str, list[torch.Tensor] | torch.Tensor]]) -> None:
         """Store the chunks not stored yet (each gathered from its blocks into one tensor, here, off the
         forward pass's thread).
 
@@ -133,6 +135,8 @@ class Saver:
         stored = self.memory.contains_many(list(unique), namespace=self.namespace)
         todo = [item for item, there in zip(unique.items(), stored) if not there]
         if todo:
-            chunks = [(key, torch.stack(blocks)) for key, blocks in todo]
+            chunks = [
+                (key, blocks if isinstance(blocks, torch.Tensor) else torch.stack(blocks)) for key, blocks in todo
+            ]
             self.memory.store_many(chunks, namespace=self.namespace, compression=self.compression)
         self.saved_blocks += sum(len(blocks) for _, blocks in todo)

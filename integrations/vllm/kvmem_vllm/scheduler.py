@@ -26,9 +26,10 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvmem import Memory
 from kvmem.keys import chunk_hashes
+from kvmem_vllm.groups import NULL_BLOCK, GroupLayout
 from kvmem_vllm.identity import keyed_tokens, rank_key, request_scope
 from kvmem_vllm.log import logger
-from kvmem_vllm.metadata import ChunkTransfer, KVMemMetadata
+from kvmem_vllm.metadata import ChunkTransfer, KVMemMetadata, KVMemWorkerMeta
 
 HANDOFF = "kvmem"  # the key of kvmem's part of vLLM's kv_transfer_params
 _LOCAL_TIERS = frozenset({"gpu", "cpu", "disk"})
@@ -52,7 +53,8 @@ class _Request:
         keys: one key per full chunk of the prompt.
         stored: leading blocks known to be stored (the probe's hit, then what was saved).
         local: tokens vLLM had computed itself when the load was planned (block-aligned).
-        block_ids: the request's vLLM blocks, in order.
+        block_ids: the request's vLLM blocks, in order, per KV cache group (a sliding-window group's outside its
+            window are vLLM's null block).
         saving: a save was planned for it: once finished, its blocks are freed when the worker says its
             saves are done.
         found_in: per stored chunk, the tier the probe found it in (the slowest of its ranks' shards).
@@ -63,7 +65,7 @@ class _Request:
     keys: list[str]
     stored: int
     local: int = 0
-    block_ids: list[int] = field(default_factory=list)
+    block_ids: list[list[int]] = field(default_factory=list)
     saving: bool = False
     found_in: list[str] = field(default_factory=list)
     load_async: bool = False
@@ -82,8 +84,7 @@ class SchedulerSide:
         memory: a memory over the same persistent tiers the worker writes (it has no CPU tier of its own:
             the worker's is in another process).
         namespace: the keys' namespace (:func:`kvmem_vllm.identity.namespace`).
-        block_size: vLLM's tokens per block.
-        chunk_blocks: vLLM blocks per kvmem chunk.
+        layout: vLLM's block size, the blocks per kvmem chunk and what of a chunk each KV cache group keeps.
         load: whether this engine loads (``kv_both``, ``kv_consumer``).
         save: whether this engine saves (``kv_both``, ``kv_producer``).
         load_async: when loads are asynchronous: ``"remote"``, ``"always"`` or ``"never"``
@@ -97,8 +98,7 @@ class SchedulerSide:
         self,
         memory: Memory,
         namespace: str,
-        block_size: int,
-        chunk_blocks: int,
+        layout: GroupLayout,
         *,
         load: bool,
         save: bool,
@@ -108,8 +108,9 @@ class SchedulerSide:
     ) -> None:
         self.memory = memory
         self.namespace = namespace
-        self.block_size = block_size
-        self.chunk_blocks = chunk_blocks
+        self.layout = layout
+        self.block_size = layout.block_size
+        self.chunk_blocks = layout.chunk_blocks
         self.load = load
         self.save = save
         self.load_async = load_async
@@ -146,8 +147,9 @@ class SchedulerSide:
             return None, False
         loadable = min(state.stored, cap)
         tokens = max(0, loadable * self.block_size - num_computed_tokens)
+        # NOTE: with several KV cache groups a failed load can only be reported for a request waiting for its KV
         state.load_async = tokens > 0 and (
-            self.load_async == "always" or (self.load_async == "remote" and state.remote)
+            self.layout.whole_requests or self.load_async == "always" or (self.load_async == "remote" and state.remote)
         )
         return tokens, state.load_async
 
@@ -163,7 +165,7 @@ class SchedulerSide:
     def _probe(self, request: Request) -> _Request:
         """The request's chunk keys and how many leading blocks are stored (whole chunks)."""
         tokens = request.prompt_token_ids
-        if tokens is None:
+        if tokens is None or not (self.load or self.save):
             return _Request([], 0)  # NOTE: prompt embeddings: KV that depends on more than token ids
         scope = request_scope(request.cache_salt, request.lora_request)
         seed = f"{self.namespace}/{scope}" if scope else self.namespace
@@ -201,14 +203,15 @@ class SchedulerSide:
         return sources
 
     def _transfer(self, req_id: str, state: _Request, first: int, last: int) -> ChunkTransfer:
-        """Blocks ``[first, last)`` of a request, by chunk (the chunks' other blocks ``None``)."""
+        """Blocks ``[first, last)`` of a request, by chunk: each chunk's rows (:meth:`GroupLayout.rows`), ``None``
+        for a row outside them or a null block."""
         cb = self.chunk_blocks
         chunks = range(first // cb, -(-last // cb))
-        return ChunkTransfer(
-            req_id,
-            [state.keys[c] for c in chunks],
-            [[state.block_ids[b] if first <= b < last else None for b in range(c * cb, (c + 1) * cb)] for c in chunks],
-        )
+        rows = [
+            [state.block_ids[g][p] if first <= p < last else NULL_BLOCK for g, p in self.layout.rows(c)] for c in chunks
+        ]
+        blocks = [[None if b == NULL_BLOCK else b for b in chunk] for chunk in rows]
+        return ChunkTransfer(req_id, [state.keys[c] for c in chunks], blocks)
 
     def after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         """Plan the load of ``num_external_tokens`` into the request's newly allocated blocks."""
@@ -217,9 +220,14 @@ class SchedulerSide:
             return
         # NOTE: an asynchronously loaded request is scheduled (and its block ids sent) only once its KV is in:
         # a failed block is found among these
-        state.block_ids = list(blocks.get_block_ids()[0])
+        state.block_ids = [list(ids) for ids in blocks.get_block_ids()]
         first = state.local // self.block_size
-        transfer = self._transfer(request.request_id, state, first, first + num_external_tokens // self.block_size)
+        last = first + num_external_tokens // self.block_size
+        transfer = self._transfer(request.request_id, state, first, last)
+        # NOTE: a block vLLM holds for the request that no row of its chunks has (vLLM keeps more of a sliding
+        # window than the rows hold) is never left unwritten: the load fails, and vLLM recomputes it
+        wanted = {b for ids in state.block_ids for b in ids[first:last] if b != NULL_BLOCK}
+        transfer.complete = wanted == set(transfer.block_ids)
         (self._async_loads if state.load_async else self._loads).append(transfer)
 
     def build_meta(self, scheduler_output: SchedulerOutput) -> KVMemMetadata:
@@ -236,7 +244,7 @@ class SchedulerSide:
         for new in scheduler_output.scheduled_new_reqs:
             state = self._requests.get(new.req_id)
             if state is not None:
-                state.block_ids = list(new.block_ids[0])
+                state.block_ids = [list(ids) for ids in new.block_ids]
                 self._plan_save(meta, new.req_id, state, new.num_computed_tokens + tokens[new.req_id])
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
@@ -245,9 +253,10 @@ class SchedulerSide:
                 continue
             new_ids = cached.new_block_ids[i]
             if req_id in cached.resumed_req_ids:  # NOTE: a preempted request comes back with new blocks
-                state.block_ids = list(new_ids[0]) if new_ids is not None else []
+                state.block_ids = [list(ids) for ids in new_ids] if new_ids is not None else []
             elif new_ids is not None:
-                state.block_ids.extend(new_ids[0])
+                for mine, more in zip(state.block_ids, new_ids):
+                    mine.extend(more)
             self._plan_save(meta, req_id, state, cached.num_computed_tokens[i] + tokens[req_id])
         return meta
 
@@ -255,29 +264,47 @@ class SchedulerSide:
         """Save the chunks whose every token is computed once this step has run, and not stored yet."""
         if not self.save:
             return
-        done = min(computed // self.block_size, len(state.keys) * self.chunk_blocks, len(state.block_ids))
+        held = min((len(ids) for ids in state.block_ids), default=0)
+        done = min(computed // self.block_size, len(state.keys) * self.chunk_blocks, held)
         done -= done % self.chunk_blocks
-        if done > state.stored:
-            meta.saves.append(self._transfer(req_id, state, state.stored, done))
-            state.stored = done
-            state.saving = True
+        if done <= state.stored:
+            return
+        transfer = self._transfer(req_id, state, state.stored, done)
+        if any(b is None for chunk in transfer.blocks for b in chunk):
+            return  # NOTE: a row's block was freed already (a window moved past it): the chunk is not stored whole
+        meta.saves.append(transfer)
+        state.stored = done
+        state.saving = True
 
     def after_step(self, output: KVConnectorOutput) -> None:
-        """Note the finished requests whose saves are done, and the blocks whose load failed: those are
-        recomputed, so saved again after that."""
+        """Note the finished requests whose saves are done, the chunks whose load failed (never probed as stored
+        again), and the requests they belong to: vLLM recomputes their blocks (with several KV cache groups, the
+        whole request, which is probed again), so those are saved again after that."""
         self._held.difference_update(output.finished_sending or ())
+        worker = output.kv_connector_worker_meta
+        if isinstance(worker, KVMemWorkerMeta):
+            self._failed_keys.update(dict.fromkeys(worker.failed_keys))
+            while len(self._failed_keys) > _FAILED_KEPT:
+                self._failed_keys.popitem(last=False)
+        if output.failed_recving:
+            logger.warning(
+                "kvmem: the loads of %d request(s) failed (CRC or tier failure): vLLM recomputes them",
+                len(output.failed_recving),
+            )
+        for req_id in output.failed_recving or ():
+            state = self._requests.get(req_id)
+            if state is not None:
+                state.block_ids = []  # NOTE: probed again when vLLM asks again
         failed = output.invalid_block_ids
         if not failed:
             return
         self.failed_blocks += len(failed)
         logger.warning("kvmem: %d block(s) failed to load (CRC or tier failure): vLLM recomputes them", len(failed))
         for state in self._requests.values():
-            bad = [i for i, b in enumerate(state.block_ids[: state.stored]) if b in failed]
+            bad = [
+                i for i, b in enumerate(state.block_ids[0][: state.stored] if state.block_ids else ()) if b in failed
+            ]
             if bad:
-                for i in bad:
-                    self._failed_keys[state.keys[i // self.chunk_blocks]] = None
-                while len(self._failed_keys) > _FAILED_KEPT:
-                    self._failed_keys.popitem(last=False)
                 state.stored = bad[0] - bad[0] % self.chunk_blocks
 
     def finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:

@@ -1,14 +1,16 @@
 """The worker side: blocks loaded from kvmem straight into vLLM's KV cache, and saved from it.
 
-Every layer's KV cache is a view of one buffer at equal strides (vLLM's CPU backend:
-``[num_blocks, num_kv_heads, block_size, 2 * head_dim]`` per layer), so one block of every layer is
-one strided view, ``[num_layers, *block]``. A chunk of blocks is stored as one tensor whose rows are its
-blocks, and loaded with ``Memory.load_many(out=[[view, ...], ...])``: each row straight into its block's
-view, one copy, no buffer in between (a block vLLM already holds is skipped). Synchronous loads run before
-the forward pass of the step that needs them; asynchronous ones on the loader's threads, into the blocks of
-requests that wait for them (vLLM schedules those once :meth:`WorkerSide.finished` reports them). Saves
-are stored from those views on the saver's thread (:mod:`kvmem_vllm.saver`), after the forward pass that
-computed them.
+Every layer's KV cache is a view of one buffer at equal strides (vLLM's CPU backend: ``[num_blocks,
+num_kv_heads, block_size, 2 * head_dim]`` per layer; with several KV cache groups, layer ``j`` of every group
+shares tensor ``j``), so one block of every tensor is one strided view, ``[num_tensors, *block]``. A chunk of
+blocks is stored as one tensor whose rows are its blocks, and loaded with ``Memory.load_many(out=[[view, ...],
+...])``: each row straight into its block's view, one copy, no buffer in between (a block vLLM already holds
+is skipped). Synchronous loads run before the forward pass of the step that needs them; asynchronous ones on
+the loader's threads, into the blocks of requests that wait for them (vLLM schedules those once
+:meth:`WorkerSide.finished` reports them). Saves are stored from those views on the saver's thread
+(:mod:`kvmem_vllm.saver`), after the forward pass that computed them; a sliding window's blocks are freed
+while their request runs, so with such a group a chunk's rows are gathered into a tensor of their own before
+the next step.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from kvmem import Memory
 from kvmem.errors import ConfigError
 from kvmem_vllm.identity import rank_key
 from kvmem_vllm.log import logger
-from kvmem_vllm.metadata import ChunkTransfer, KVMemMetadata
+from kvmem_vllm.metadata import ChunkTransfer, KVMemMetadata, KVMemWorkerMeta
 from kvmem_vllm.saver import Saver
 from kvmem_vllm.stats import TIERS
 
@@ -33,10 +35,11 @@ _LOADER_THREADS = 2  # requests loading at once (each one's blocks are read in o
 
 
 class BlockViews:
-    """One vLLM block across every layer, as a view of the KV cache.
+    """One vLLM block across every KV cache tensor, as a view of the KV cache.
 
     Args:
-        kv_caches: vLLM's KV cache tensors by layer name, in layer order.
+        kv_caches: vLLM's KV cache tensors by layer name, in layer order (layers of different KV cache groups
+            share a tensor: each tensor counts once).
         num_blocks: blocks per layer (finds the block dimension).
 
     Raises:
@@ -45,7 +48,8 @@ class BlockViews:
     """
 
     def __init__(self, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> None:
-        layers = list(kv_caches.values())
+        shared = {(t.untyped_storage().data_ptr(), t.storage_offset()): t for t in kv_caches.values()}
+        layers = sorted(shared.values(), key=lambda t: t.storage_offset())
         if not layers:
             raise ConfigError("register_kv_caches got no KV cache tensor: expected one per attention layer")
         first = layers[0]
@@ -93,16 +97,34 @@ class WorkerSide:
         compression: codec of the saved blocks.
         rank: this worker's tensor-parallel rank: it stores and loads its shard of each block under
             :func:`~kvmem_vllm.identity.rank_key`.
+        whole_requests: a failed load fails its request (:meth:`take_failed_requests`), not its blocks
+            (:meth:`take_failed`): with several KV cache groups (:attr:`kvmem_vllm.groups.GroupLayout.whole_requests`).
+        gather: a save copies its rows out of the KV cache before the next step (a sliding window's blocks
+            are freed while their request runs).
     """
 
-    def __init__(self, memory: Memory, namespace: str, num_blocks: int, compression: str, rank: int = 0) -> None:
+    def __init__(
+        self,
+        memory: Memory,
+        namespace: str,
+        num_blocks: int,
+        compression: str,
+        rank: int = 0,
+        *,
+        whole_requests: bool = False,
+        gather: bool = False,
+    ) -> None:
         self.memory = memory
+        self.whole_requests = whole_requests
+        self.gather = gather
         self.rank = rank
         self.namespace = namespace
         self.num_blocks = num_blocks
         self.views: BlockViews | None = None
         self._failed: set[int] = set()
-        self._failed_reqs: set[str] = set()
+        self._failed_reqs: set[str] = set()  # requests whose synchronous load failed this step (their saves dropped)
+        self._failed_loads: set[str] = set()  # with whole_requests: requests whose asynchronous load failed
+        self._failed_keys: set[str] = set()  # chunks whose load failed, for the scheduler side
         self.loaded_blocks = 0
         self.failed_blocks = 0
         self.load_seconds = 0.0  # NOTE: spent loading before forward passes (what layer-by-layer loads could hide)
@@ -110,7 +132,7 @@ class WorkerSide:
         self.async_load_seconds = 0.0  # spent on the loader's threads (beside the forward passes)
         self.saver = Saver(memory, namespace, compression)
         self._loader = ThreadPoolExecutor(max_workers=_LOADER_THREADS, thread_name_prefix="kvmem-vllm-loader")
-        self._loading: dict[str, tuple[ChunkTransfer, Future[tuple[set[int], float]]]] = {}  # asynchronous loads
+        self._loading: dict[str, tuple[ChunkTransfer, Future[tuple[list[int], float]]]] = {}  # asynchronous loads
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Map vLLM's per-layer KV cache tensors (see :class:`BlockViews`)."""
@@ -134,20 +156,26 @@ class WorkerSide:
         self._failed_reqs = set()
         start = time.perf_counter()
         for transfer in meta.loads:
-            failed = self._load_one(transfer)
-            if failed:
+            if self._count(transfer, self._load_one(transfer)):
                 self._failed_reqs.add(transfer.req_id)
-            self._count(transfer, failed)
         self.load_seconds += time.perf_counter() - start
 
-    def _count(self, transfer: ChunkTransfer, failed: set[int]) -> None:
-        """Note a finished load: its failed blocks are reported to vLLM by :meth:`take_failed`."""
-        self._failed |= failed
+    def _count(self, transfer: ChunkTransfer, failed_chunks: list[int]) -> set[int]:
+        """Note a finished load: its failed blocks are reported to vLLM by :meth:`take_failed` (or its request by
+        :meth:`take_failed_requests`), its failed chunks to the scheduler side (:meth:`worker_meta`); the ids of
+        the blocks not loaded."""
+        failed = {b for c in failed_chunks for b in transfer.blocks[c] if b is not None}
+        self._failed_keys.update(transfer.keys[c] for c in failed_chunks)
+        if failed and self.whole_requests:
+            self._failed_loads.add(transfer.req_id)
+        elif failed:
+            self._failed |= failed
         self.failed_blocks += len(failed)
         self.loaded_blocks += len(transfer.block_ids) - len(failed)
+        return failed
 
-    def _timed_load(self, transfer: ChunkTransfer) -> tuple[set[int], float]:
-        """An asynchronous load (on a loader thread): the ids of the blocks not loaded, and the seconds it took."""
+    def _timed_load(self, transfer: ChunkTransfer) -> tuple[list[int], float]:
+        """An asynchronous load (on a loader thread): the chunks not loaded, and the seconds it took."""
         start = time.perf_counter()
         failed = self._load_one(transfer)
         return failed, time.perf_counter() - start
@@ -158,20 +186,24 @@ class WorkerSide:
         done = {r for r, (_, future) in self._loading.items() if future.done()}
         for req_id in done:
             transfer, future = self._loading.pop(req_id)
-            failed, seconds = future.result()  # NOTE: _load_one raises nothing: a failure is its blocks' ids
+            failed, seconds = future.result()  # NOTE: _load_one raises nothing: a failure is its chunks' indexes
             self.async_load_seconds += seconds
             self.async_blocks += len(transfer.block_ids)
             self._count(transfer, failed)
         return done
 
-    def _load_one(self, transfer: ChunkTransfer) -> set[int]:
-        """Load one request's chunks; the ids of the blocks not loaded (all of them when the load raised).
+    def _load_one(self, transfer: ChunkTransfer) -> list[int]:
+        """Load one request's chunks; the chunks not loaded, by index (all of them when the load raised, or when
+        its rows do not hold every block vLLM allocated).
 
         NOTE: any exception is a failed load, not the step's: a stored chunk that does not fit this layout
         (``KVMemError``), a fault in a tier or a copy (``OSError``, ``RuntimeError``...) is recomputed by
         vLLM, never injected, and the engine goes on serving.
         """
         views = self._views()
+        if not transfer.complete:
+            logger.warning("kvmem: a load's chunks do not hold every block vLLM allocated for it: it is recomputed")
+            return list(range(len(transfer.keys)))
         try:
             got = self.memory.load_many(
                 [rank_key(k, self.rank) for k in transfer.keys],
@@ -180,19 +212,23 @@ class WorkerSide:
             )
         except Exception as exc:
             logger.warning("kvmem: loading %d chunk(s) failed (%s): %s", len(transfer.keys), type(exc).__name__, exc)
-            return set(transfer.block_ids)
-        return {b for chunk, value in zip(transfer.blocks, got) if value is None for b in chunk if b is not None}
+            return list(range(len(transfer.keys)))
+        return [c for c, value in enumerate(got) if value is None]
 
     def save(self, meta: KVMemMetadata) -> None:
         """Queue this step's completed chunks for the saver thread (a request whose load failed this step
-        saves nothing): the forward pass of the next step does not wait for them."""
+        saves nothing): the forward pass of the next step does not wait for them (with ``gather``, the copy of
+        their rows out of the KV cache does)."""
+        if not meta.saves:
+            return
         views = self._views()
-        items = [
-            (rank_key(key, self.rank), [views(b) for b in chunk if b is not None])
-            for transfer in meta.saves
-            if transfer.req_id not in self._failed_reqs
-            for key, chunk in zip(transfer.keys, transfer.blocks)
-        ]
+        items: list[tuple[str, list[torch.Tensor] | torch.Tensor]] = []
+        for transfer in meta.saves:
+            if transfer.req_id in self._failed_reqs:
+                continue
+            for key, chunk in zip(transfer.keys, transfer.blocks):
+                rows = [views(b) for b in chunk if b is not None]
+                items.append((rank_key(key, self.rank), torch.stack(rows) if self.gather else rows))
         self.saver.submit({t.req_id for t in meta.saves}, items)
 
     def finished(self, meta: KVMemMetadata | None, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
@@ -258,6 +294,19 @@ class WorkerSide:
         """The blocks whose load failed since the last call."""
         failed, self._failed = self._failed, set()
         return failed
+
+    def take_failed_requests(self) -> set[str]:
+        """With ``whole_requests``: the requests whose asynchronous load failed since the last call (each reported
+        loaded by :meth:`finished` in the same call or an earlier one)."""
+        failed, self._failed_loads = self._failed_loads, set()
+        return failed
+
+    def worker_meta(self) -> KVMemWorkerMeta | None:
+        """The chunks whose load failed since the last call, for the scheduler side (``None``: none)."""
+        if not self._failed_keys:
+            return None
+        meta, self._failed_keys = KVMemWorkerMeta(self._failed_keys), set()
+        return meta
 
     def _views(self) -> BlockViews:
         if self.views is None:

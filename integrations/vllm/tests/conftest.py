@@ -49,6 +49,61 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 12-layer Gemma 3 with random weights (fp32): five sliding-window layers of 128 tokens to one full-attention
+    layer, twice (vLLM's hybrid KV cache manager makes five sliding-window groups and one full one of 2 layers)."""
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=12,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        sliding_window=128,
+        max_position_embeddings=4096,
+        torch_dtype="float32",
+    )
+    path = tmp_path_factory.mktemp("tiny-gemma3")
+    Gemma3ForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_granite_hybrid(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4-layer GraniteMoeHybrid with random weights (fp32): Mamba 2 layers and one attention layer."""
+    import torch
+    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+
+    torch.manual_seed(0)
+    config = GraniteMoeHybridConfig(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=512,
+        shared_intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        layer_types=["mamba", "mamba", "attention", "mamba"],
+        mamba_n_heads=8,
+        mamba_d_head=64,
+        mamba_d_state=64,
+        mamba_n_groups=1,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=4096,
+        torch_dtype="float32",
+    )
+    path = tmp_path_factory.mktemp("tiny-granite-hybrid")
+    GraniteMoeHybridForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def lora_adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Two LoRA adapters of the tiny Llama (rank 8 on q/k/v/o, random), in PEFT's format: ``{name: directory}``."""
     import torch

@@ -80,10 +80,10 @@ def runs(
     out["corrupted_remote"] = _fault_remote_chunk(first, redis_url, B, chunk=2)
     run("shared", {"path": second, "remote_url": redis_url, **LOCAL}, ["A", "B", "C"], role="kv_consumer")
     out["corrupted"] = [
-        _fault_stored_chunk(first, C, chunk=1, fault="flip"),
-        _fault_stored_chunk(first, C, chunk=0, fault="truncate"),
+        fault_stored_chunk(first, C, chunk=1, fault="flip"),
+        fault_stored_chunk(first, C, chunk=0, fault="truncate"),
     ]
-    _fault_stored_chunk(first, D, chunk=0, fault="misfit")
+    fault_stored_chunk(first, D, chunk=0, fault="misfit")
     removed = [_stored_file(first, B, chunk=2)]
     restart = ["A", "A@tenant-a", "A@tenant-b", "C", "D", "D#2", "B"]
     run("restart", {"path": first, **LOCAL}, restart, remove_before={str(restart.index("B")): removed})
@@ -138,7 +138,7 @@ def _stored_file(path: str, tokens: list[int], *, chunk: int) -> str:
     return str(file)
 
 
-def _fault_stored_chunk(path: str, tokens: list[int], *, chunk: int, fault: str) -> dict[str, str]:
+def fault_stored_chunk(path: str, tokens: list[int], *, chunk: int, fault: str) -> dict[str, str]:
     """Damage a stored chunk for real; its key and namespace.
 
     ``flip``: one payload byte flipped (bit rot on disk); ``truncate``: the file cut to half (a short

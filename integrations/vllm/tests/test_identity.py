@@ -11,6 +11,7 @@ import torch
 
 from kvmem.errors import ConfigError
 from kvmem.keys import chunk_hashes
+from kvmem_vllm.groups import UnsupportedLayout, group_windows
 from kvmem_vllm.identity import attention_backend, keyed_tokens, namespace, request_scope
 
 LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
@@ -48,11 +49,32 @@ def test_a_cpu_and_a_gpu_attention_backend_never_share_a_key(engine_config: Any)
     assert cpu.startswith("vllm/")
 
 
-def test_more_than_one_kv_cache_group_is_refused(engine_config: Any) -> None:
-    with pytest.raises(ConfigError, match="2 KV cache groups"):
-        attention_backend(engine_config, kv_cache_config(groups=2))
-    with pytest.raises(ConfigError, match="2 KV cache groups"):
-        namespace(engine_config, kv_cache_config(groups=2), "none", 256, "CPU_ATTN")
+def test_the_kv_cache_groups_name_the_keys_and_a_mamba_group_is_not_stored(engine_config: Any) -> None:
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MambaSpec, SlidingWindowSpec
+
+    one = namespace(engine_config, kv_cache_config(), "none", 256, "CPU_ATTN")
+    two = kv_cache_config(groups=2)
+    assert group_windows(two) == (None, None)
+    assert namespace(engine_config, two, "none", 256, "CPU_ATTN") != one  # a chunk's rows are other blocks
+    window = SlidingWindowSpec(block_size=128, num_kv_heads=2, head_size=64, dtype=torch.float32, sliding_window=200)
+    hybrid = KVCacheConfig(
+        num_blocks=64,
+        kv_cache_tensors=[],
+        kv_cache_groups=[*two.kv_cache_groups[:1], KVCacheGroupSpec(LAYERS[1::2], window)],
+    )
+    assert group_windows(hybrid) == (None, 199)
+    assert namespace(engine_config, hybrid, "none", 256, "CPU_ATTN") not in (
+        one,
+        namespace(engine_config, two, "none", 256, "CPU_ATTN"),
+    )
+    mamba = MambaSpec(block_size=128, shapes=((4, 8),), dtypes=(torch.float32,))
+    ssm = KVCacheConfig(
+        num_blocks=64,
+        kv_cache_tensors=[],
+        kv_cache_groups=[*two.kv_cache_groups[:1], KVCacheGroupSpec(LAYERS[1::2], mamba)],
+    )
+    with pytest.raises(UnsupportedLayout, match="a KV cache group of MambaSpec .*full-attention and sliding-window"):
+        namespace(engine_config, ssm, "none", 256, "CPU_ATTN")
 
 
 def test_a_refused_layout_leaves_no_memory_open(tiny_llama: Path, tmp_path: Path) -> None:
@@ -67,7 +89,7 @@ def test_a_refused_layout_leaves_no_memory_open(tiny_llama: Path, tmp_path: Path
         kv_connector="KVMemConnector",
         kv_connector_module_path="kvmem_vllm",
         kv_role="kv_both",
-        kv_connector_extra_config={"path": str(tmp_path / "kv")},
+        kv_connector_extra_config={"path": str(tmp_path / "kv"), "block_size": 200},
     )
     args = EngineArgs(
         model=str(tiny_llama),
@@ -78,8 +100,8 @@ def test_a_refused_layout_leaves_no_memory_open(tiny_llama: Path, tmp_path: Path
     )
     config = args.create_engine_config()
     for role in (KVConnectorRole.WORKER, KVConnectorRole.SCHEDULER):
-        with pytest.raises(ConfigError, match="2 KV cache groups"):
-            KVMemConnector(config, role, kv_cache_config(groups=2))
+        with pytest.raises(ConfigError, match="block_size=200: kvmem's chunk must be a whole number of vLLM blocks"):
+            KVMemConnector(config, role, kv_cache_config())
     assert not [c for c in _LIVE if not c._closed and str(tmp_path) in c.url]  # both Memories were closed
 
 

@@ -13,8 +13,9 @@ import torch
 import kvmem
 from kvmem.errors import ConfigError
 from kvmem.keys import chunk_hashes
+from kvmem_vllm.groups import GroupLayout
 from kvmem_vllm.identity import ConnectorOptions, chunk_blocks, keyed_tokens, memory_settings, rank_key
-from kvmem_vllm.metadata import ChunkTransfer, KVMemMetadata
+from kvmem_vllm.metadata import ChunkTransfer, KVMemMetadata, KVMemWorkerMeta
 from kvmem_vllm.scheduler import SchedulerSide
 from kvmem_vllm.worker import BlockViews, WorkerSide
 
@@ -101,6 +102,12 @@ def test_a_load_that_raises_anything_is_a_failed_load_not_the_step_s(
     assert worker.failed_blocks == 2 and worker.loaded_blocks == 0
 
 
+def step_output(**fields: Any) -> Any:
+    """The fields of vLLM's KVConnectorOutput the scheduler side reads after a step (none set but ``fields``)."""
+    empty = {"finished_sending": None, "invalid_block_ids": set(), "failed_recving": set()}
+    return SimpleNamespace(**(empty | {"kv_connector_worker_meta": None} | fields))
+
+
 def probe_request(tokens: list[int], req_id: str = "r1", salt: str | None = None) -> Any:
     """The fields of a vLLM request the scheduler side reads when it probes."""
     return SimpleNamespace(
@@ -117,7 +124,7 @@ def test_a_probe_answers_from_the_files_and_stops_at_the_first_missing_chunk(
     with kvmem.Memory(str(tmp_path), cpu_bytes=0, disk_bytes="64MiB") as other:  # the worker, in effect
         other.store_many([(k, torch.zeros(2, 8)) for i, k in enumerate(keys) if i != 1], namespace=ns)
     with kvmem.Memory(str(tmp_path), cpu_bytes=0, disk_bytes="64MiB") as mem:
-        sched = SchedulerSide(mem, ns, block, 2, load=True, save=True)
+        sched = SchedulerSide(mem, ns, GroupLayout((None,), block, 2), load=True, save=True)
         asked: list[str] = []
         probe = mem.locate_many
         monkeypatch.setattr(mem, "locate_many", lambda ks, **kw: asked.extend(ks) or probe(ks, **kw))
@@ -139,7 +146,7 @@ def test_kv_held_only_in_redis_is_loaded_asynchronously(tmp_path: Path, redis_ur
         writer.store(keys[1], torch.zeros(2, 8), namespace=ns)  # chunk 1: another disk and Redis
     with kvmem.Memory(str(tmp_path / "a"), cpu_bytes=0, disk_bytes="64MiB", remote_url=redis_url) as mem:
         for mode, want in (("remote", True), ("always", True), ("never", False)):
-            sched = SchedulerSide(mem, ns, block, 2, load=True, save=True, load_async=mode)
+            sched = SchedulerSide(mem, ns, GroupLayout((None,), block, 2), load=True, save=True, load_async=mode)
             assert sched.matched_tokens(probe_request(tokens), 0) == (4 * block, want)  # chunk 1 only in Redis
             assert sched.matched_tokens(probe_request(tokens[: 2 * block + 1], "r2"), 0) == (
                 2 * block,
@@ -194,9 +201,9 @@ def test_with_tensor_parallel_ranks_a_block_is_stored_when_every_rank_s_shard_is
         # NOTE: rank 0 stored both chunks; rank 1 only the first (its saves of the second lost, say)
         mem.store_many([(rank_key(c, 0), torch.zeros(2, 8)) for c in chunks], namespace=ns)
         mem.store(rank_key(chunks[0], 1), torch.zeros(2, 8), namespace=ns)
-        tp2 = SchedulerSide(mem, ns, block, 2, load=True, save=True, ranks=2)
+        tp2 = SchedulerSide(mem, ns, GroupLayout((None,), block, 2), load=True, save=True, ranks=2)
         assert tp2.matched_tokens(probe_request(tokens), 0) == (2 * block, False)
-        tp1 = SchedulerSide(mem, ns, block, 2, load=True, save=True)
+        tp1 = SchedulerSide(mem, ns, GroupLayout((None,), block, 2), load=True, save=True)
         assert tp1.matched_tokens(probe_request(tokens), 0) == (4 * block, False)  # rank 0's shards: all there
 
 
@@ -210,7 +217,7 @@ def test_a_request_with_an_image_is_probed_under_its_image_s_keys(tmp_path: Path
     keys = chunk_hashes(keyed_tokens(tokens, [cat]), 2 * block, ns)
     with kvmem.Memory(str(tmp_path), cpu_bytes=0, disk_bytes="64MiB") as mem:
         mem.store_many([(rank_key(k, 0), torch.zeros(2, 8)) for k in keys], namespace=ns)  # stored with the cat
-        sched = SchedulerSide(mem, ns, block, 2, load=True, save=True)
+        sched = SchedulerSide(mem, ns, GroupLayout((None,), block, 2), load=True, save=True)
         with_cat = SimpleNamespace(**{**vars(probe_request(tokens)), "mm_features": [cat]})
         with_dog = SimpleNamespace(**{**vars(probe_request(tokens, "r2")), "mm_features": [dog]})
         assert sched.matched_tokens(with_cat, 0) == (6 * block, False)  # text, image, text: all stored
@@ -222,7 +229,7 @@ def test_a_handed_off_request_waits_for_the_blocks_the_prefill_instance_stored(t
     tokens = list(range(2 * 2 * block + 1))
     keys = [rank_key(h, 0) for h in chunk_hashes(tokens, 2 * block, ns)]
     with kvmem.Memory(str(tmp_path), cpu_bytes=0, disk_bytes="64MiB") as mem:
-        producer = SchedulerSide(mem, ns, block, 2, load=False, save=True)
+        producer = SchedulerSide(mem, ns, GroupLayout((None,), block, 2), load=False, save=True)
         request = probe_request(tokens)
         assert producer.matched_tokens(request, 0) == (0, False)  # a producer never loads
         producer._requests["r1"].stored = 4  # NOTE: as build_meta leaves it once the prompt's saves are planned
@@ -230,7 +237,7 @@ def test_a_handed_off_request_waits_for_the_blocks_the_prefill_instance_stored(t
         handed = SimpleNamespace(
             **vars(probe_request(tokens, "r2")), kv_transfer_params={"kvmem": {"namespace": ns, "blocks": 4}}
         )
-        consumer = SchedulerSide(mem, ns, block, 2, load=True, save=False, handoff_wait_s=30)
+        consumer = SchedulerSide(mem, ns, GroupLayout((None,), block, 2), load=True, save=False, handoff_wait_s=30)
         mem.store(keys[0], torch.zeros(2, 8), namespace=ns)  # the first chunk's save is in, the second's is not
         assert consumer.matched_tokens(handed, 0) == (None, False)  # not yet: asked again at the next step
         mem.store(keys[1], torch.zeros(2, 8), namespace=ns)
@@ -239,7 +246,7 @@ def test_a_handed_off_request_waits_for_the_blocks_the_prefill_instance_stored(t
             **vars(probe_request(tokens, "r3")), kv_transfer_params={"kvmem": {"namespace": "x", "blocks": 9}}
         )
         assert consumer.matched_tokens(other, 0) == (4 * block, False)  # another engine's hand-off: not waited for
-        impatient = SchedulerSide(mem, ns, block, 2, load=True, save=False, handoff_wait_s=0)
+        impatient = SchedulerSide(mem, ns, GroupLayout((None,), block, 2), load=True, save=False, handoff_wait_s=0)
         mem.delete(keys[1], namespace=ns)
         assert impatient.matched_tokens(handed, 0) == (2 * block, False)  # waited long enough: the rest is computed
 
@@ -255,12 +262,13 @@ def test_the_chunks_whose_load_failed_are_remembered_up_to_a_bound(
     with kvmem.Memory(str(tmp_path), cpu_bytes=0, disk_bytes="64MiB") as mem:
         for tokens in prompts:
             mem.store(rank_key(chunk_hashes(tokens, 2 * block, ns)[0], 0), torch.zeros(2, 8), namespace=ns)
-        sched = SchedulerSide(mem, ns, block, 2, load=True, save=True)
+        sched = SchedulerSide(mem, ns, GroupLayout((None,), block, 2), load=True, save=True)
         for i, tokens in enumerate(prompts):
             request = probe_request(tokens, f"r{i}")
             assert sched.matched_tokens(request, 0) == (2 * block, False)
-            sched._requests[f"r{i}"].block_ids = [10 * i + 1, 10 * i + 2]  # NOTE: as after_alloc leaves them
-            sched.after_step(SimpleNamespace(finished_sending=None, invalid_block_ids={10 * i + 1}))
+            sched._requests[f"r{i}"].block_ids = [[10 * i + 1, 10 * i + 2]]  # NOTE: as after_alloc leaves them
+            failed = KVMemWorkerMeta({chunk_hashes(tokens, 2 * block, ns)[0]})  # NOTE: what the worker reports
+            sched.after_step(step_output(invalid_block_ids={10 * i + 1}, kv_connector_worker_meta=failed))
         # NOTE: the first failure was forgotten (tried again once); the two latest are not probed as stored
         assert [sched.matched_tokens(probe_request(t, f"again{i}"), 0)[0] for i, t in enumerate(prompts)] == [
             2 * block,

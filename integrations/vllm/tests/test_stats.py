@@ -13,6 +13,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 import kvmem
 from kvmem.keys import chunk_hashes
+from kvmem_vllm.groups import GroupLayout
 from kvmem_vllm.identity import rank_key
 from kvmem_vllm.metadata import ChunkTransfer, KVMemMetadata
 from kvmem_vllm.scheduler import SchedulerSide
@@ -80,7 +81,7 @@ def test_hit_sources_name_the_tier_the_probe_found_each_chunk_in(tmp_path: Path,
         other.store(keys[1], torch.zeros(2, 8), namespace=ns)  # chunk 1: in Redis (and another machine's disk)
     with kvmem.Memory(str(tmp_path / "a"), cpu_bytes=0, disk_bytes="64MiB", remote_url=redis_url) as mem:
         mem.store(keys[0], torch.zeros(2, 8), namespace=ns)  # chunk 0: this machine's disk
-        sched = SchedulerSide(mem, ns, block, 2, load=True, save=True)
+        sched = SchedulerSide(mem, ns, GroupLayout((None,), block, 2), load=True, save=True)
         request = probe_request(tokens)
         assert sched.matched_tokens(request, block) == (3 * block, True)  # vLLM holds block 0
         assert sched.hit_sources(request, 3 * block) == {
