@@ -10,8 +10,14 @@ the idle spells between requests usually last; the prefetcher starts a copy only
 no request is in flight and the copy should end before the next request typically
 arrives (:meth:`Activity.wait_for_room`), or once it waited its longest.
 
-Nothing listens unless a prefetcher does (:meth:`Activity.watch`): until then a request
-path pays one attribute read. Once watched: a lock taken twice and a clock read per
+Background stores (:class:`~kvmem.kv.background.WriteBehind`: a ``PrefixCache``'s new
+chunks, a ``VisualTokenCache``'s new tokens) wait the same way, for no request in flight
+only (:meth:`Activity.wait_idle`), so a miss's store runs after its first token, not
+beside its forward pass. A request made of several calls (encode an image, then prefill)
+counts itself as one: ``with memory.activity:`` around all of them.
+
+Nothing listens unless a prefetcher or a background writer does (:meth:`Activity.watch`):
+until then a request path pays one attribute read. Once watched: a lock taken twice and a clock read per
 request (the condition that wakes a waiting prefetcher is notified only when one waits:
 its Python-level ``notify_all`` was most of a request's ~6 us here, right after its I/O).
 """
@@ -108,6 +114,25 @@ class Activity:
                     self._cv.wait(max(0.0, until - now) + 1e-5)  # NOTE: or woken when the next request ends
                 finally:
                     self._waiting -= 1
+
+    def wait_idle(self, until: float, hurry: Callable[[], bool]) -> None:
+        """Wait until no request is in flight, ``hurry()`` is true (see :meth:`wake`), or ``time.perf_counter()``
+        reaches ``until``, whichever comes first."""
+        with self._cv:
+            while self._in_flight and not hurry():
+                left = until - time.perf_counter()
+                if left <= 0:
+                    return
+                self._waiting += 1
+                try:
+                    self._cv.wait(left)  # NOTE: or woken when the last request in flight ends
+                finally:
+                    self._waiting -= 1
+
+    def wake(self) -> None:
+        """Wake every waiter of :meth:`wait_idle` to check its ``hurry()`` again."""
+        with self._cv:
+            self._cv.notify_all()
 
 
 class _Active(Protocol):

@@ -204,7 +204,7 @@ class BlendCache:
         ]
         self._sdpa = _attention(model) == "sdpa"
         self._head: Any = self.model.get_output_embeddings()  # type: ignore[operator]  # nn.Module types it as Tensor | Module
-        self._writer = WriteBehind()
+        self._writer = WriteBehind(activity=self.memory.activity)
 
     # -- keys and stored segments --------------------------------------------------------
     def segment_key(self, segment: Segment) -> str:

@@ -4,7 +4,8 @@ The prompt is cut into ``block_size``-token chunks with prefix-chained hashes
 (:func:`kvmem.keys.chunk_hashes`) in a namespace naming the model (config and a
 weight fingerprint), the KV dtype, the codec and the block size. ``prefill``
 loads the longest run of stored chunks, runs the model on the rest only, and
-stores the new chunks from a background thread.
+stores the new chunks from a background thread once no request is in flight on
+the memory (after the first token; see :class:`~kvmem.kv.background.WriteBehind`).
 
 NOTE: at least the last prompt token is always computed, never loaded: the
 logits of the last position are needed, and ``generate()`` given a cache that
@@ -133,7 +134,7 @@ class PrefixCache:
         self.namespace = f"kv/{self.fingerprint}/{dtype}/{self.codec}/{self.block_size}/{namespace}"
         self._cache_arg = cache_argument(model)
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self._writer = WriteBehind()
+        self._writer = WriteBehind(activity=self.memory.activity)
         self.memory.add_writer(self._writer)
         self._prefetcher = Prefetcher(
             self._warm, self.memory.config.prefetch_depth, self.memory.metrics.prefetch_seconds.observe
@@ -170,7 +171,8 @@ class PrefixCache:
     ) -> PrefillResult:
         """Run the model on ``input_ids`` with every stored prefix chunk loaded, not computed.
 
-        New full chunks are stored in the background (see :meth:`flush`).
+        New full chunks are stored in the background once no request is in flight on the memory, at most
+        50 ms later (see :meth:`flush`).
 
         Args:
             input_ids: one sequence, ``[n]`` or ``[1, n]``; the chunks are keyed by them.

@@ -11,9 +11,13 @@ again. Pooled embeddings are cached the same way and indexed for
 :meth:`VisualTokenCache.similar`.
 
 A miss's tokens are stored behind the caller, on a thread of their own (a
-store is a copy, a CRC and a file write: not the request's work); until then
-this cache serves them from its queue (another cache over the same memory
-sees them once stored), and the memory's ``flush`` and ``close`` wait for them.
+store is a copy, a CRC and a file write: not the request's work), once no
+request is in flight on the memory (at most 50 ms later): a request that
+encodes an image and then prefills a prompt counts itself as one with
+``with memory.activity:``, and its store runs after its first token, not beside
+its forward pass. Until then this cache serves them from its queue (another
+cache over the same memory sees them once stored), and ``flush``, ``close`` and
+the memory's ``flush`` and ``close`` store them at once and wait for them.
 """
 
 from __future__ import annotations
@@ -138,7 +142,7 @@ class VisualTokenCache:
         self._lock = threading.Lock()
         self._index: SemanticIndex | None = None
         self._queued: dict[tuple[str, str], torch.Tensor] = {}  # (namespace, digest) -> tokens not stored yet
-        self._writer = WriteBehind()
+        self._writer = WriteBehind(activity=self.memory.activity)
         self.memory.add_writer(self._writer)
 
     # -- public API -----------------------------------------------------------------------
@@ -147,13 +151,18 @@ class VisualTokenCache:
         """The content hash entries of ``image`` are stored under (see :mod:`kvmem.multimodal.images`)."""
         return image_digest(image)
 
-    def encode(self, images: Sequence[ImageInput]) -> torch.Tensor:
+    def encode(self, images: Sequence[ImageInput], *, digests: Sequence[str] | None = None) -> torch.Tensor:
         """Visual tokens ``[B, T, D]`` of ``images``, in input order; only misses are encoded (one batch).
 
+        Args:
+            digests: each image's :meth:`digest`, when the caller has them already (e.g. for a prefix
+                scope): not computed again. NOTE: not checked: entries are stored and found under them.
+
         Raises:
-            UnsupportedValueError: an input that is not an image, or an empty list.
+            UnsupportedValueError: an input that is not an image, an empty list, or ``digests`` not one
+                per image.
         """
-        return self._cached(images, self.namespace, self.encoder.tokens, self.dtype)
+        return self._cached(images, self.namespace, self.encoder.tokens, self.dtype, digests=digests)
 
     def embed(self, images: Sequence[ImageInput]) -> torch.Tensor:
         """Pooled embeddings ``[B, E]`` (not normalized), cached and indexed for :meth:`similar`."""
@@ -200,11 +209,17 @@ class VisualTokenCache:
         run: Callable[[torch.Tensor], torch.Tensor],
         dtype: torch.dtype | None,
         index: bool = False,
+        digests: Sequence[str] | None = None,
     ) -> torch.Tensor:
         images = list(images)
         if not images:
             raise UnsupportedValueError("images: an empty list; accepted: one or more images")
-        digests = [image_digest(image) for image in images]
+        if digests is None:
+            digests = [image_digest(image) for image in images]
+        elif len(digests) != len(images):
+            raise UnsupportedValueError(
+                f"digests: {len(digests)} for {len(images)} images; accepted: one per image (VisualTokenCache.digest)"
+            )
         first = dict(zip(reversed(digests), reversed(images)))  # digest -> its first image
         found: dict[str, torch.Tensor] = {}
         for digest in first:

@@ -11,7 +11,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,8 @@ from transformers import PreTrainedModel
 import kvmem
 from kvmem.errors import ConfigError, InvalidKeyError
 from kvmem.kv import PrefillResult, PrefixCache, model_fingerprint
+from kvmem.kv import prefix as prefix_module
+from kvmem.kv.background import WriteBehind
 from kvmem.kv.layout import cache_argument
 from tests.kv.conftest import MemoryFactory, ModelFactory, Reference
 from tests.kv.workers import ARCHS, BLOCK, NEW_TOKENS, PROMPT_A, PROMPT_B, SHARED, VOCAB, build_model, prompt
@@ -340,6 +344,32 @@ def test_store_from_start_queues_only_the_chunks_decoded_after_a_prefill(
     assert pc.prefill(longer).reused_tokens == 3 * BLOCK
     with pytest.raises(ConfigError, match=r"start=-1"):
         pc.store(fed, result.cache, start=-1)
+
+
+def test_new_chunks_are_stored_after_the_request_and_none_is_lost_on_close(
+    tiny_model: ModelFactory,
+    make_memory: MemoryFactory,
+    prefix_cache: PrefixCacheFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # NOTE: a store never runs for want of time (max_wait): only the request's end (or a flush) lets it
+    monkeypatch.setattr(prefix_module, "WriteBehind", partial(WriteBehind, max_wait=60))
+    model = tiny_model("llama")
+    memory = make_memory()
+    pc = prefix_cache(model, memory)
+    ids, other = prompt(21, 2 * BLOCK + 3), prompt(22, 3 * BLOCK + 1)
+    with memory.activity:  # NOTE: e.g. an image encoded, then its prompt prefilled: one request
+        pc.prefill(ids)
+        time.sleep(0.2)
+        assert pc.lookup(ids) == 0  # not stored beside the request
+    pc.flush()
+    assert pc.lookup(ids) == 2 * BLOCK
+    with memory.activity:
+        pc.prefill(other)
+        memory.close()  # NOTE: in the request: the queued chunks are stored first
+    again = prefix_cache(model, make_memory())
+    result = again.prefill(torch.cat([other, prompt(23, 2)], dim=1))
+    assert result.reused_tokens == 3 * BLOCK
 
 
 def _version(memory: kvmem.Memory, pc: PrefixCache, key: str) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,9 @@ from safetensors.torch import save_file
 
 from kvmem import Memory
 from kvmem.errors import ConfigError, UnsupportedValueError
+from kvmem.kv.background import WriteBehind
 from kvmem.multimodal import VisualTokenCache, decode_image, image_digest
+from kvmem.multimodal import visual as visual_module
 from tests.multimodal.conftest import TINY, picture, png
 from tests.test_api import corrupt_every_copy
 
@@ -242,3 +245,44 @@ def test_a_delete_wins_over_a_store_still_queued(memory: Memory, images: list) -
         assert memory.delete(vc.digest(images[0]), namespace=vc.namespace)
         vc.flush()
         assert not memory.contains(vc.digest(images[0]), namespace=vc.namespace)
+
+
+def test_a_miss_in_a_request_is_stored_after_the_request_and_nothing_is_lost_on_close(
+    tmp_path: Path, images: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NOTE: a store never runs for want of time (max_wait): only the request's end (or a flush) lets it
+    monkeypatch.setattr(visual_module, "WriteBehind", partial(WriteBehind, max_wait=60))
+    with Memory(tmp_path / "kvmem") as mem:
+        vc = tiny(mem)
+        key = vc.digest(images[0])
+        with mem.activity:  # NOTE: an encode and the prefill after it are one request
+            want = vc.encode(images[:1])
+            time.sleep(0.2)
+            assert not mem.contains(key, namespace=vc.namespace)  # not stored beside the request
+            assert torch.equal(vc.encode(images[:1]), want)  # served from the queue meanwhile
+        vc.flush()
+        assert torch.equal(mem.load(key, namespace=vc.namespace), want[0])
+        with mem.activity:
+            more = vc.encode(images[1:2])
+            mem.close()  # NOTE: in the request: the queued store is done first
+    with Memory(tmp_path / "kvmem") as mem:
+        vc = tiny(mem)
+        assert torch.equal(vc.encode(images[1:2]), more) and (vc.hits, vc.misses) == (1, 0)
+
+
+def test_digests_given_are_used_not_computed_again(
+    memory: Memory, images: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vc = tiny(memory)
+    digests = [vc.digest(image) for image in images[:2]]
+
+    def never(image: object) -> str:
+        raise AssertionError("hashed again")
+
+    monkeypatch.setattr(visual_module, "image_digest", never)
+    want = vc.encode(images[:2], digests=digests)
+    vc.flush()
+    assert torch.equal(memory.load(digests[1], namespace=vc.namespace), want[1])
+    assert torch.equal(vc.encode(images[:2], digests=digests), want) and (vc.hits, vc.misses) == (2, 2)
+    with pytest.raises(UnsupportedValueError, match=r"digests: 1 for 2 images"):
+        vc.encode(images[:2], digests=digests[:1])
