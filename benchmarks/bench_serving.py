@@ -222,7 +222,8 @@ def main() -> None:
     env = {**os.environ, "VLLM_CACHE_ROOT": str(work / "vllm-cache")}
     if args.device == "cpu":
         env["VLLM_TARGET_DEVICE"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "integrations" / "vllm"), env.get("PYTHONPATH", "")])
+    # NOTE: this checkout's kvmem and kvmem_vllm first, before the editable installs of another checkout
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "integrations" / "vllm"), env.get("PYTHONPATH", "")])
     common = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.3"]
     kv_space = args.kv_blocks * BLOCK * KV_BYTES_PER_TOKEN
     doc_blocks = -(-(args.doc_tokens + 24 + 16) // BLOCK)
