@@ -31,15 +31,15 @@ each time on fresh stores and a fresh Redis, then the median of every measure):
   ``python -m kvmem_vllm.proxy``; its memory counts both servers' KV space and CPU tiers.
 
 What each row's caches hold before each measured pass, the same for every row: for each trace in turn, one
-unmeasured filling pass (seed 0: each document, each conversation's opening with a first turn, once, one
-output token) and then the measured passes, at concurrency 1, 2, 4, 8 in that order, each a pass of its own
-seed. A row over a store another server filled (after restart, the 2nd instances) skips the filling passes:
-that server ran them (and, for the restart row, its measured passes too) into the store, and the row's own
-vLLM KV space and CPU tier start empty. Such a row is measured on seeds no server before it on that store
-ran (another "draw": the same documents and conversations, other questions, turns and order), so it reuses
-documents and openings, never a whole earlier prompt. The chat passes follow the doc-QA passes on the same
-server: what doc-QA left in vLLM's KV space and the CPU tiers is never reused by chat (other tokens) and is
-evicted first (least recently used); it is still on disk and in Redis, so the memory column counts it.
+unmeasured filling pass (seed 0, at the highest concurrency: each document, each conversation's opening with a
+first turn, once, one output token) and then the measured passes, at concurrency 1, 2, 4, 8 in that order,
+each of a seed of its own. A row over a store another server filled (after restart, the 2nd instances) skips
+the filling passes: that server ran them (and, for the restart row, its measured passes too) into the store,
+and the row's own vLLM KV space and CPU tier start empty. Such a row is measured on seeds no server before it
+on that store ran (another "draw": the same documents and conversations, other questions, turns and order), so
+it reuses documents and openings, never a whole earlier prompt. The chat passes follow the doc-QA passes on
+the same server: what doc-QA left in vLLM's KV space and the CPU tiers is never reused by chat (other tokens)
+and is evicted first (least recently used); it is still on disk and in Redis, so the memory column counts it.
 
 Run it with the vLLM venv (``integrations/vllm/venv.sh``)::
 
@@ -436,6 +436,9 @@ class Result(NamedTuple):
     pass_s: float  # how long the pass took (kept in the record, for sizing runs)
 
 
+Key = tuple[str, str, int]  # row, trace, concurrency
+
+
 class Setup(NamedTuple):
     """What every row of a run shares."""
 
@@ -491,7 +494,6 @@ def du(path: Path) -> int:
 
 
 # -- reporting ------------------------------------------------------------------------------------------------------
-Key = tuple[str, str, int]  # row, trace, concurrency
 
 HEADER = (
     "| row | trace | concurrency | start s | req/s | TTFT P50 ms | TTFT P99 ms | E2E P99 ms | hit rate | memory MiB |\n"
