@@ -631,14 +631,14 @@ def figures(medians: dict[Key, Result], kvmem_rows: list[str], vllm_rows: list[s
 def main() -> None:
     run = records.start("bench_serving", python='"$VENV/bin/python"')
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--docs", type=int, default=16)
+    p.add_argument("--docs", type=int, default=12)
     p.add_argument("--questions", type=int, default=3)
     p.add_argument("--doc-tokens", type=int, default=1000)
-    p.add_argument("--chats", type=int, default=16)
+    p.add_argument("--chats", type=int, default=12)
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--opening-tokens", type=int, default=768)
     p.add_argument("--concurrency", default="1,2,4,8", help="the concurrencies measured, in this order")
-    p.add_argument("--kv-blocks", type=int, default=64, help="vLLM's own KV space, in blocks of 128 tokens")
+    p.add_argument("--kv-blocks", type=int, default=48, help="vLLM's own KV space, in blocks of 128 tokens")
     p.add_argument(
         "--cpu-bytes",
         default="",
