@@ -322,7 +322,11 @@ class PrefixCache:
         """
         cache = new_cache(self.model, StreamingCache)
         store = self.memory.chunk_store()
-        found = self.memory.contains_many(keys[: self._chunks_within(limit)], namespace=self.namespace)
+        wanted = keys[: self._chunks_within(limit)]
+        # NOTE: the first chunk alone first: a prompt that shares nothing stored (a miss) pays one lookup
+        found = self.memory.contains_many(wanted[:1], namespace=self.namespace)
+        if any(found):
+            found += self.memory.contains_many(wanted[1:], namespace=self.namespace)
         sources: list[ChunkSource] = []
         for key, present in zip(keys, found):
             skey = self.memory.storage_key(key, self.namespace)
