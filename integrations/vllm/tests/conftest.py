@@ -20,6 +20,10 @@ from tests.servers import RedisServer
 
 HERE = Path(__file__).resolve().parent
 ENGINE_TIMEOUT_S = 600
+# NOTE: how long a stopping engine's processes may take to exit before vLLM kills them (its default: 5 s). The
+# connector logs its counts when it shuts down, after its saves finish; the tests read that line, so a loaded
+# machine must not cut it off.
+SHUTDOWN_GRACE_S = 120
 # NOTE: before vLLM is imported here: when its platform detection fails it takes the machine for a GPU one
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
@@ -157,6 +161,8 @@ def _engine_env(workdir: Path) -> dict[str, str]:
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"),
         "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor"),
+        "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": str(SHUTDOWN_GRACE_S),
+        "KVMEM_TEST_SHUTDOWN_GRACE_S": str(SHUTDOWN_GRACE_S),
     }
 
 

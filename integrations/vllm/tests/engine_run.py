@@ -11,11 +11,16 @@ can be cut by prompt. The result
 holds, per prompt, the greedy tokens, their top logprobs and how many prompt tokens vLLM did not compute
 (``num_cached_tokens``; vLLM's own prefix cache is off, so these are the tokens the connector loaded), plus
 the engine's start and generation times and how many times vLLM preempted a request.
+
+The engine is shut down before the run returns, giving its processes ``KVMEM_TEST_SHUTDOWN_GRACE_S`` seconds
+(default 120) to exit: the connector's workers log their counts as they shut down, and vLLM's own 5 s grace,
+at interpreter exit, may kill them first on a busy machine.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -87,6 +92,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         for out in outs
     ]
     preemptions = sum(getattr(m, "value", 0) for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+    llm.llm_engine.engine_core.shutdown(timeout=float(os.environ.get("KVMEM_TEST_SHUTDOWN_GRACE_S", "120")))
     return {"start_s": started, "generate_s": generate_s, "prompts": results, "preemptions": preemptions}
 
 
