@@ -27,8 +27,9 @@ each time on fresh stores and a fresh Redis, then the median of every measure):
 - ``kvmem 1st instance (Redis)`` fills a Redis (its filling passes only, not measured); ``kvmem 2nd instance
   (Redis)``: a server with empty local tiers over it, loads asynchronous (a request waits for its KV while
   others run); ``(Redis, synchronous loads)``: the same with ``load_async="never"``;
-- ``kvmem prefill/decode split``: a ``kv_producer`` and a ``kv_consumer`` server on one store behind
-  ``python -m kvmem_vllm.proxy``; its memory counts both servers' KV space and CPU tiers.
+- ``kvmem prefill/decode split``: a prefill server (``kv_both``: it loads the chunks stored before, computes the
+  rest and saves it) and a ``kv_consumer`` server on one store behind ``python -m kvmem_vllm.proxy``, each on half
+  the machine's cores; its memory counts both servers' KV space and CPU tiers.
 
 What each row's caches hold before each measured pass, the same for every row: for each trace in turn, one
 unmeasured filling pass (seed 0, at the highest concurrency: each document, each conversation's opening with a
@@ -299,7 +300,11 @@ class Deployment:
     """A row's servers, started together, and for two (a producer, a consumer) the proxy in front of them."""
 
     def __init__(self, work: Path, name: str, model: Path, row: Row, common: list[str], env: dict[str, str]) -> None:
-        self.servers = [Server(work, f"{name}-{i}", model, common + args, env) for i, args in enumerate(row.serve_args)]
+        binds = _core_halves() if len(row.serve_args) == 2 else [None]
+        self.servers = [
+            Server(work, f"{name}-{i}", model, common + args, env if bind is None else {**env, BIND: bind})
+            for i, (args, bind) in enumerate(zip(row.serve_args, binds, strict=True))
+        ]
         self.proxy: subprocess.Popen[bytes] | None = None
         try:
             self.start_s = max([server.wait() for server in self.servers])
@@ -337,6 +342,18 @@ class Deployment:
             stop_group(self.proxy)
         for server in self.servers:
             server.stop()
+
+
+BIND = "VLLM_CPU_OMP_THREADS_BIND"  # the cores vLLM-CPU runs a server's OpenMP threads on
+
+
+def _core_halves() -> list[str]:
+    """Two servers on one machine, each on half its cores (``0-3`` and ``4-7``; ``0`` and ``1`` on two): left to
+    vLLM-CPU, both bind their threads to every core, and each server's spinning threads take the other's cores."""
+    cores = os.cpu_count() or 2
+    half = max(1, cores // 2)
+    spans = [(0, half - 1), (half, max(half, cores - 1))]
+    return [str(a) if a == b else f"{a}-{b}" for a, b in spans]
 
 
 # -- rows -----------------------------------------------------------------------------------------------------------
@@ -405,7 +422,7 @@ def _rows(work: Path, redis_url: str, kv_blocks: int, ceiling_blocks: int, cpu_b
         ),
         Row(
             "kvmem prefill/decode split",
-            [kvmem("kv-pd", "kv_producer"), kvmem("kv-pd", "kv_consumer")],
+            [kvmem("kv-pd"), kvmem("kv-pd", "kv_consumer")],  # NOTE: the prefill server loads what is stored too
             kv_blocks,
             cpu_bytes,
             work / "kv-pd",
