@@ -32,6 +32,10 @@ __all__ = [
     "record_full_past",
     "trim_sliding_layers",
     "chunk_value",
+    "HeldLayers",
+    "held_layers",
+    "holds",
+    "slice_chunk",
     "install_prefix",
     "kept_range",
     "kv_layer",
@@ -126,16 +130,49 @@ def chunk_value(cache: DynamicCache, start: int, stop: int) -> ChunkValue:
         UnsupportedModelError: a layer no longer holds those tokens (a sliding layer
             trimmed before the chunk was taken), or holds no keys and values (:func:`kv_layer`).
     """
-    out: ChunkValue = []
+    return slice_chunk(held_layers(cache), start, stop)
+
+
+HeldLayers = list[tuple[int, int, torch.Tensor, torch.Tensor]]
+
+
+def held_layers(cache: DynamicCache) -> HeldLayers:
+    """Per layer, the absolute positions ``[first, end)`` it holds and its keys and values now.
+
+    A later ``update`` of the cache replaces a layer's tensors (``torch.cat``) rather than writing into them,
+    so these stay what they are: chunks can be sliced from them later, on another thread.
+
+    Raises:
+        UnsupportedModelError: a layer holds no keys and values (:func:`kv_layer`).
+    """
+    out: HeldLayers = []
     for i in range(len(cache.layers)):
         layer = kv_layer(cache, i)
         first, end = kept_range(layer)
+        keys, values = held(layer) if end > first else (torch.empty(0), torch.empty(0))
+        out.append((first, end, keys, values))
+    return out
+
+
+def holds(layers: HeldLayers, start: int, stop: int) -> bool:
+    """Whether every layer holds absolute tokens ``[start, stop)``."""
+    return all(first <= start and stop <= end for first, end, _, _ in layers)
+
+
+def slice_chunk(layers: HeldLayers, start: int, stop: int) -> ChunkValue:
+    """Views of every layer's K and V (of :func:`held_layers`) for absolute tokens ``[start, stop)``.
+
+    Raises:
+        UnsupportedModelError: a layer does not hold those tokens (a sliding layer trimmed before the chunk
+            was taken).
+    """
+    out: ChunkValue = []
+    for i, (first, end, keys, values) in enumerate(layers):
         if start < first or stop > end:
             raise UnsupportedModelError(
                 f"layer {i} holds tokens [{first}, {end}), not [{start}, {stop}): "
                 "its sliding window dropped them before they were stored"
             )
-        keys, values = held(layer)
         out.append(
             {"k": keys[:, :, start - first : stop - first, :], "v": values[:, :, start - first : stop - first, :]}
         )

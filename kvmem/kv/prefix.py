@@ -38,7 +38,15 @@ from kvmem.errors import ConfigError, InvalidKeyError, UnsupportedModelError
 from kvmem.keys import chunk_hashes, content_hash
 from kvmem.kv.background import Prefetcher, WriteBehind
 from kvmem.kv.fingerprint import model_fingerprint
-from kvmem.kv.layout import cache_argument, chunk_value, new_cache, trim_sliding_layers
+from kvmem.kv.layout import (
+    HeldLayers,
+    cache_argument,
+    held_layers,
+    holds,
+    new_cache,
+    slice_chunk,
+    trim_sliding_layers,
+)
 from kvmem.kv.predict import PredictivePrefetcher
 from kvmem.kv.stream import ChunkLoadError, ChunkSource, LayerwiseLoader, StreamingCache
 
@@ -199,11 +207,14 @@ class PrefixCache:
             out = self.model(**inputs, use_cache=True, **{self._cache_arg: cache}, **extra)
             return out.logits[:, -logits_to_keep:] if logits_to_keep else out.logits
 
-        logits, cache, reused, loaded = self._with_prefix(keys, ids.shape[1], forward)
-        self._store_new_chunks(ids, cache, keys, first=loaded)
-        self._count_tokens(ids.shape[1], reused)
-        self.memory.metrics.ttft_seconds.observe(time.perf_counter() - start)
-        self._observed(keys)  # served: learning from it is not part of its time to first token
+        # NOTE: the request ends as it returns: its stores, queued here, start then. A store started earlier
+        # takes the interpreter lock from this thread while it returns (up to the 5 ms switch interval)
+        with self.memory.activity:
+            logits, cache, reused, loaded = self._with_prefix(keys, ids.shape[1], forward)
+            self._store_new_chunks(ids, cache, keys, first=loaded)
+            self._count_tokens(ids.shape[1], reused)
+            self.memory.metrics.ttft_seconds.observe(time.perf_counter() - start)
+            self._observed(keys)  # served: learning from it is not part of its time to first token
         return PrefillResult(cache, logits, reused, ids.shape[1] - reused)
 
     @torch.no_grad()
@@ -376,21 +387,27 @@ class PrefixCache:
     def _store_new_chunks(
         self, ids: torch.Tensor, cache: DynamicCache, keys: list[str], first: int, trim: bool = True
     ) -> int:
-        """Queue chunks ``first..`` that the cache holds for storing; then trim sliding layers."""
-        held = cache.get_seq_length()
-        jobs = []
-        for i in range(first, min(len(keys), held // self.block_size)):
-            try:
-                jobs.append((keys[i], chunk_value(cache, i * self.block_size, (i + 1) * self.block_size)))
-            except UnsupportedModelError:
-                continue  # a sliding layer of a cache we did not build no longer holds this chunk
+        """Queue chunks ``first..`` that the cache holds for storing; then trim sliding layers.
+
+        The chunks are sliced on the writer's thread, from the layers' tensors as they are now (a later
+        update of the cache replaces them, never writes into them): the request pays for a list of them.
+        """
+        last = min(len(keys), cache.get_seq_length() // self.block_size)
+        try:
+            layers = held_layers(cache) if last > first else []
+        except UnsupportedModelError:
+            layers = []  # NOTE: a layer that holds no keys and values: nothing of this cache can be stored
+        spans = [(i * self.block_size, (i + 1) * self.block_size) for i in range(first, last)] if layers else []
+        # NOTE: a sliding layer of a cache we did not build may no longer hold a chunk: skipped
+        jobs = [(keys[i], span) for i, span in zip(range(first, last), spans) if holds(layers, *span)]
         if trim:
             trim_sliding_layers(cache)
-        for key, value in jobs:
-            self._writer.submit(partial(self._store_chunk, key, value))
+        for key, (start, stop) in jobs:
+            self._writer.submit(partial(self._store_chunk, key, layers, start, stop))
         return len(jobs)
 
-    def _store_chunk(self, key: str, value: list[dict[str, torch.Tensor]]) -> None:
+    def _store_chunk(self, key: str, layers: HeldLayers, start: int, stop: int) -> None:
+        value = slice_chunk(layers, start, stop)
         self.memory.store(key, value, namespace=self.namespace, compression=self.codec)
 
     def _observed(self, keys: list[str]) -> None:

@@ -372,6 +372,33 @@ def test_new_chunks_are_stored_after_the_request_and_none_is_lost_on_close(
     assert result.reused_tokens == 3 * BLOCK
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_chunks_stored_after_the_cache_decoded_on_hold_the_prefill_s_kv(
+    arch: str,
+    tiny_model: ModelFactory,
+    reference: Callable[[str], Reference],
+    make_memory: MemoryFactory,
+    prefix_cache: PrefixCacheFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # NOTE: chunks are sliced on the writer's thread; here only after the caller decoded on the returned cache
+    # (its layers grown, sliding ones cut to their window): what is stored must still be the prompt's KV
+    monkeypatch.setattr(prefix_module, "WriteBehind", partial(WriteBehind, max_wait=60))
+    model, ref = tiny_model(arch), reference(arch)
+    memory = make_memory()
+    pc = prefix_cache(model, memory)
+    with memory.activity, torch.no_grad():
+        result = pc.prefill(PROMPT_A)
+        for _ in range(3):
+            step = torch.randint(0, VOCAB, (1, 1))
+            model(step, use_cache=True, **{cache_argument(model): result.cache})
+        assert pc.lookup(PROMPT_A) == 0  # NOTE: nothing sliced or stored yet
+    pc.flush()
+    again = pc.prefill(PROMPT_B)
+    assert again.reused_tokens == SHARED
+    assert _max_diff(again, ref.logits) <= EXACT
+
+
 def _version(memory: kvmem.Memory, pc: PrefixCache, key: str) -> int:
     info = memory.info(key, namespace=pc.namespace)
     assert info is not None
