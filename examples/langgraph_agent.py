@@ -48,6 +48,7 @@ from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatGenerationChunk
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph.state import CompiledStateGraph
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -85,19 +86,19 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
 
 # -- the model ------------------------------------------------------------------------------------------------
 def word_tokenizer() -> PreTrainedTokenizerFast:
-    """Byte-level BPE whose merges make each word of ``WORDS`` (after a space) one token; any text round-trips."""
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {c: i for i, c in enumerate(alphabet)}
+    """Byte-level BPE whose merges make each word of ``WORDS`` and of the agent's tool calls one token; any text
+    round-trips."""
+    split = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
     merges: list[tuple[str, str]] = []
-    for word in WORDS:
-        piece = "Ġ"  # the byte-level space
-        for char in word:
-            if piece + char not in vocab:
-                vocab[piece + char] = len(vocab)
-                merges.append((piece, char))
-            piece += char
+    corpus = " ".join(["", *WORDS, '<tool_call>{"name": "lookup", "arguments": {"id": "order-0"}}</tool_call>'])
+    for word, _ in split.pre_tokenize_str(corpus):
+        for end in range(2, len(word) + 1):
+            if word[:end] not in vocab:
+                vocab[word[:end]] = len(vocab)
+                merges.append((word[: end - 1], word[end - 1]))
     raw = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.pre_tokenizer = split
     raw.decoder = decoders.ByteLevel()
     raw.add_special_tokens(SPECIALS)
     tok = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="<|end|>", pad_token="<|end|>")
@@ -171,11 +172,13 @@ def put_orders(store: KVMemStore, count: int) -> None:
         store.put(("orders",), f"order-{n}", {"text": text})
 
 
-def build_agent(model: ChatTransformersKV, memory: kvmem.Memory) -> CompiledStateGraph[Any, Any, Any, Any]:
-    """The ReAct agent: ``model`` with ``lookup``, its thread in a ``KVMemSaver``, its store a ``KVMemStore``."""
-    return create_agent(
-        model, tools=[lookup], system_prompt=SYSTEM, checkpointer=KVMemSaver(memory), store=KVMemStore(memory)
-    )
+def build_agent(
+    model: ChatTransformersKV, memory: kvmem.Memory, checkpointer: BaseCheckpointSaver[Any] | None = None
+) -> CompiledStateGraph[Any, Any, Any, Any]:
+    """The ReAct agent: ``model`` with ``lookup``, its thread in ``checkpointer`` (default a ``KVMemSaver``),
+    its store a ``KVMemStore``, both on ``memory``."""
+    saver = checkpointer if checkpointer is not None else KVMemSaver(memory)
+    return create_agent(model, tools=[lookup], system_prompt=SYSTEM, checkpointer=saver, store=KVMemStore(memory))
 
 
 def config_of(thread: str) -> RunnableConfig:
