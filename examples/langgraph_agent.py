@@ -20,8 +20,8 @@ the result with an uninterrupted run (on a directory of its own). By hand, from 
 
     pip install -e . -e integrations/langchain langchain
     python examples/langgraph_agent.py                                   # all of it, a temporary directory
-    python examples/langgraph_agent.py --run --path /tmp/lg-agent & sleep 20; kill -9 $!
-    python examples/langgraph_agent.py --resume --path /tmp/lg-agent     # continues from the last checkpoint
+    python examples/langgraph_agent.py --run --path /tmp/lg-agent --lookups 40 & sleep 12; kill -9 $!
+    python examples/langgraph_agent.py --resume --path /tmp/lg-agent --lookups 40   # from the last checkpoint
 """
 
 from __future__ import annotations
