@@ -17,6 +17,14 @@ oracle      the previous call's KV kept alive in this process (a ``DynamicCache`
 
 Goal (issue 6): at step 20, kvmem's TTFT at least 5x faster than plain.
 
+Then the same agent through LangGraph (:mod:`agent_langgraph`, the agent of
+``examples/langgraph_agent.py``: ``create_agent`` over ``ChatTransformersKV``, ``KVMemSaver``,
+``KVMemStore``), on the same model: per-call TTFT (start callback to first streamed token) against the
+same agent whose chat model computes every prompt whole (goal, issue #35: at call 20, >= 5x, and the
+same messages), and one thread of ``--thread-steps`` model calls (the example's tiny model) written to
+``KVMemSaver`` and to ``langgraph-checkpoint-sqlite`` at once: the bytes each stores, the time each
+takes to read its newest checkpoint (goal: <= 1/5 of the bytes, a read no slower).
+
 Each repetition is a whole 20-call session on a fresh ``Memory`` (its own
 directory), as an agent sees it: call *n*'s prefill finds what calls before it
 stored, nothing else. The table shows per-step medians over repetitions; the
@@ -34,7 +42,7 @@ repetition.
 Usage (from the repository root)::
 
     python benchmarks/bench_agent.py --threads 1             # 55m fp32, 20 steps, median of 3
-    python benchmarks/bench_agent.py --quick                 # smoke run: 8 steps, one repetition
+    python benchmarks/bench_agent.py --quick                 # smoke run: 8 steps, one repetition, a 20-call thread
     python benchmarks/bench_agent.py --size 250m --block-size 256 --repeat 5 --json benchmarks/results/agent.json
 """
 
@@ -55,6 +63,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import agent_langgraph
 import records
 import torch
 from bench_ttft import DTYPES, SIZES, VOCAB, build_model
@@ -321,10 +330,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="scratch directory (default: a temporary directory under the current directory)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the text")
+    p.add_argument(
+        "--thread-steps", type=int, default=None, help="model calls of the weighed thread (default 50; 20 with --quick)"
+    )
+    p.add_argument("--reads", type=int, default=20, help="newest-checkpoint reads per saver (default 20)")
     p.add_argument("--json", type=Path, default=None, help="also write every raw time as JSON to this file")
     args = p.parse_args(argv)
     args.steps = args.steps or (8 if args.quick else 20)
     args.repeat = args.repeat or (1 if args.quick else 3)
+    args.thread_steps = args.thread_steps or (20 if args.quick else 50)
     if args.steps < 2 or args.block_size < 1 or args.system < 1:
         p.error("--steps must be at least 2, --block-size and --system at least 1")
     return args
@@ -367,17 +381,34 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float | bool]:
     )
     try:
         rows = measure(args, root, model, lambda line: print(line, flush=True))
+        graph = agent_langgraph.measure(
+            model,
+            root,
+            args.steps,
+            args.repeat,
+            args.block_size,
+            args.thread_steps,
+            args.reads,
+            lambda line: print(line, flush=True),
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print_table(rows, args.repeat)
     result = summary(rows, LOGIT_TOLERANCE[args.dtype])
+    result.update(agent_langgraph.report(graph))
     print(
         f"\n{time.perf_counter() - started:.0f} s in all; load average {load_start} at start, {load_average()} at end"
     )
     records.write(
         run,
-        figures(rows),
-        headline=[f"call-{rows[-1].step}", "all-calls"],
+        figures(rows) + agent_langgraph.figures(graph),
+        headline=[
+            f"call-{rows[-1].step}",
+            "all-calls",
+            f"langgraph-call-{args.steps}",
+            f"langgraph-row-bytes-{args.thread_steps}",
+            "langgraph-read-latest",
+        ],
         machine={"torch_threads": torch.get_num_threads(), "model": f"{args.size} {args.dtype}"},
         quick=args.quick,
     )

@@ -217,7 +217,7 @@ class ChatTransformersKV(BaseChatModel):
         if kwargs:
             raise ConfigError(f"unknown arguments {sorted(kwargs)}: ChatTransformersKV accepts stop and tools")
         ids = self.prompt_ids(messages, tools)
-        result = self._prefix.prefill(ids, logits_to_keep=1)
+        result = self._prefill(ids)
         out: list[int] = []
         text, sent, reason = "", 0, "length"
         for token in self._tokens(result, out):
@@ -240,6 +240,14 @@ class ChatTransformersKV(BaseChatModel):
             reason = "length" if len(out) >= self.max_new_tokens else "stop"
         self._store_reply(ids, out, result)
         yield self._last_chunk(text[sent:], len(ids), len(out), result.reused_tokens, reason)
+
+    def _prefill(self, ids: list[int]) -> PrefillResult:
+        """The prompt ``ids`` prefilled through the ``PrefixCache`` (the last position's logits kept).
+
+        A subclass may override it, with :meth:`_store_reply`: a benchmark's plain reference computes the whole
+        prompt and stores nothing.
+        """
+        return self._prefix.prefill(ids, logits_to_keep=1)
 
     def _tokens(self, result: PrefillResult, out: list[int]) -> Iterator[int]:
         """The reply's tokens, decoded on ``result.cache`` (its end-of-sequence token left out)."""
