@@ -63,11 +63,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import agent_langgraph
 import records
 import torch
 from bench_ttft import DTYPES, SIZES, VOCAB, build_model
 from machine import filesystem_of, load_average
+
+try:
+    import agent_langgraph
+except ModuleNotFoundError as exc:  # NOTE: langchain-kvmem is a package of its own (integrations/langchain)
+    raise SystemExit(
+        f'bench_agent needs {exc.name}: pip install -c constraints.txt -e ".[kv,bench]" -e integrations/langchain'
+    ) from None
 from transformers import DynamicCache, LlamaForCausalLM
 
 import kvmem
