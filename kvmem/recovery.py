@@ -2,9 +2,10 @@
 
 The blobs in the tiers are self-describing (each carries its header and CRCs), so every
 file kvmem keeps *about* them can be rebuilt: the disk tier's ``areas.json`` from its
-directories, the SQLite catalog's rows from the blob headers
-(:func:`kvmem.ops.maintenance.register_orphans`), a journal's lost lines the same way, an HNSW
-graph from the vectors in the catalog. A damaged one is renamed
+directories, the SQLite catalog's entry rows from the blob headers
+(:func:`kvmem.ops.maintenance.register_orphans`) and its rows of primary data (agent sessions,
+LangGraph items and checkpoints) from their row records (:mod:`kvmem.catalog.mirror`), a
+journal's lost lines the same way, an HNSW graph from the vectors in the catalog. A damaged one is renamed
 ``<name>.corrupt-<unix ns>`` in its own directory (with its companions: a database's
 ``-wal``/``-shm``, a graph's sidecar) so it can be inspected; ``kvmem doctor`` lists them
 (:func:`set_aside_files`) and ``kvmem_recovered_files_total{file=...}`` counts them.
