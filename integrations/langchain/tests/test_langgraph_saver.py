@@ -68,14 +68,15 @@ def test_unchanged_channels_and_forks_share_their_blobs(saver: KVMemSaver) -> No
     one = put(saver, "t", {"big": big, "n": 1}, {"big": 1, "n": 1}, {"big": 1, "n": 1})
     two = put(saver, "t", {"big": big, "n": 2}, {"big": 1, "n": 2}, {"n": 2}, one)
     fork = put(saver, "t", {"big": big, "n": 3}, {"big": 1, "n": 2}, {"n": 2}, one)  # time travel from `one`
-    assert saver._rows.counts() == {"checkpoints": 3, "channels": 6, "blobs": 4, "writes": 0}  # big stored once
+    # big stored once
+    assert saver._rows.counts() == {"checkpoints": 3, "channels": 6, "blobs": 4, "elements": 0, "writes": 0}
     assert [values_of(saver, c)["n"] for c in (one, two, fork)] == [1, 2, 3]
     assert values_of(saver, fork)["big"] == big
     assert saver.get_tuple(fork).parent_config["configurable"]["checkpoint_id"] == one["configurable"]["checkpoint_id"]
     # an equal value stored under a new version is still one blob; a copied thread adds rows, not blobs
     put(saver, "t", {"big": dict(big), "n": 3}, {"big": 2, "n": 2}, {"big": 2}, fork)
     saver.copy_thread("t", "copy")
-    assert saver._rows.counts() == {"checkpoints": 8, "channels": 16, "blobs": 4, "writes": 0}
+    assert saver._rows.counts() == {"checkpoints": 8, "channels": 16, "blobs": 4, "elements": 0, "writes": 0}
     saver.delete_thread("t")
     assert saver._rows.counts()["blobs"] == 4  # the copy still names every one
     assert [
@@ -85,7 +86,7 @@ def test_unchanged_channels_and_forks_share_their_blobs(saver: KVMemSaver) -> No
         for c in (one, two, fork)
     ] == [1, 2, 3]
     saver.delete_thread("copy")
-    assert saver._rows.counts() == {"checkpoints": 0, "channels": 0, "blobs": 0, "writes": 0}
+    assert saver._rows.counts() == {"checkpoints": 0, "channels": 0, "blobs": 0, "elements": 0, "writes": 0}
 
 
 def test_prune_keeps_the_latest_checkpoint_whole_and_frees_the_rest(saver: KVMemSaver) -> None:
@@ -95,7 +96,8 @@ def test_prune_keeps_the_latest_checkpoint_whole_and_frees_the_rest(saver: KVMem
     saver.put_writes(one, [("a", "old")], "task")
     saver.prune(["t"])
     assert values_of(saver, {"configurable": {"thread_id": "t"}}) == {"a": "a2", "b": "b1"}
-    assert saver._rows.counts() == {"checkpoints": 1, "channels": 2, "blobs": 2, "writes": 1}  # "a1" went
+    # "a1" went
+    assert saver._rows.counts() == {"checkpoints": 1, "channels": 2, "blobs": 2, "elements": 0, "writes": 1}
     assert saver.get_tuple(one) is None
 
 
