@@ -47,6 +47,7 @@ KV_TABLES = (
     "kvmem_langgraph_checkpoints",
     "kvmem_langgraph_channels",
     "kvmem_langgraph_blobs",
+    "kvmem_langgraph_elements",
     "kvmem_langgraph_writes",
 )
 SQLITE_TABLES = ("checkpoints", "writes")

@@ -4,7 +4,7 @@ Most of what the catalog database holds is *about* the blobs in the tiers and is
 their headers when the database is damaged (:mod:`kvmem.recovery`). Some tables hold primary
 data instead: agent sessions and steps (:mod:`kvmem.agent.chain`), the LangGraph store's
 items, with their vectors (``langchain_kvmem.store``), and the LangGraph checkpointer's
-checkpoints, with their channel rows, value blobs and writes (``langchain_kvmem.saver``). Each
+checkpoints, with their channel rows, value blobs, list elements and writes (``langchain_kvmem.saver``). Each
 row of those is also kept as a *record*: one file in kvmem's blob format (JSON header, payload
 segments for binary columns, CRC32C over every byte; no pickle) under
 ``<database file>.records/<kind>/``, named by the sha256 of the row's key columns. A record holds
@@ -51,6 +51,7 @@ from kvmem.catalog.schema import (
     langgraph_blobs,
     langgraph_channels,
     langgraph_checkpoints,
+    langgraph_elements,
     langgraph_items,
     langgraph_vectors,
     langgraph_writes,
@@ -98,6 +99,7 @@ MIRRORED: dict[str, Mirrored] = {
             ((langgraph_channels, "checkpoint", "id"),),
         ),
         Mirrored("langgraph-blobs", langgraph_blobs, ("key",)),
+        Mirrored("langgraph-elements", langgraph_elements, ("key",)),
         Mirrored(
             "langgraph-writes",
             langgraph_writes,

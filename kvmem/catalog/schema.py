@@ -36,6 +36,7 @@ __all__ = [
     "langgraph_blobs",
     "langgraph_channels",
     "langgraph_checkpoints",
+    "langgraph_elements",
     "langgraph_items",
     "langgraph_vectors",
     "langgraph_writes",
@@ -166,7 +167,8 @@ langgraph_channels = Table(
     Column("checkpoint", Integer, primary_key=True, autoincrement=False),  # kvmem_langgraph_checkpoints.id
     Column("channel", Text, primary_key=True),
     Column("version", Text, nullable=False),  # JSON of the channel's version in that checkpoint
-    Column("blob", String(64), nullable=False, index=True),  # kvmem_langgraph_blobs.key
+    # kvmem_langgraph_blobs.key, or kvmem_langgraph_elements.key: the last element of a list value
+    Column("blob", String(64), nullable=False, index=True),
 )
 langgraph_blobs = Table(
     "kvmem_langgraph_blobs",
@@ -186,4 +188,14 @@ langgraph_writes = Table(
     Column("channel", Text, nullable=False),
     Column("task_path", Text, nullable=False),
     Column("body", LargeBinary, nullable=False),  # kvmem blob (CRC32C) of the serialized value
+)
+langgraph_elements = Table(
+    "kvmem_langgraph_elements",
+    metadata,
+    # sha256 over the parent's key, the type and the data: a list's chain of keys hashes all its elements
+    Column("key", String(64), primary_key=True),
+    Column("parent", String(64), nullable=True, index=True),  # the element before it; None: the first
+    Column("type", Text, nullable=False),  # the serde's type of the element
+    Column("crc", BigInteger, nullable=False),  # CRC32C of data
+    Column("data", LargeBinary, nullable=False),  # the element as the serde serialized it
 )

@@ -37,7 +37,7 @@ __all__ = ["HEAD", "SCRIPTS", "VERSION_TABLE", "schema_revision", "upgrade_schem
 
 SCRIPTS = Path(__file__).parent  # env.py and versions/: the revisions shipped with this kvmem
 VERSION_TABLE = "kvmem_schema_version"
-HEAD = "0003"
+HEAD = "0004"
 """The newest revision under ``versions/`` (tests/catalog/test_schema.py holds the two equal): a catalog
 already there opens without loading Alembic."""
 # NOTE: one fixed key for pg_advisory_xact_lock, shared by every kvmem process (0.1.0's key too)

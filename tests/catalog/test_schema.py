@@ -122,7 +122,7 @@ def test_a_release_catalog_is_migrated_to_the_head_and_keeps_its_rows(url: str, 
         assert_release_rows_kept(mem)
         mem.store("delta", b"new")
         assert mem.info("delta").version == 1
-    assert revision_and_columns(url)[0] == HEAD == "0003"
+    assert revision_and_columns(url)[0] == HEAD == "0004"
     engine = create_engine(url)
     assert set(metadata.tables) <= set(inspect(engine).get_table_names())
     with engine.connect() as conn:  # 0002: the semantic row indexed by 0.1.0 is kept, with no caller's key

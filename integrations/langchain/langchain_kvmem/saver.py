@@ -6,8 +6,12 @@ PostgreSQL when several machines share threads), so every process on that databa
 committed checkpoint at once. Its channel values are kvmem blobs (CRC32C over every byte), each
 stored once under the content hash of its serialized bytes: a channel whose version did not move
 since the parent checkpoint points at the parent's blob, and a fork, a copied thread, or any equal
-value shares it. Pending writes are blobs too. See :mod:`langchain_kvmem._checkpoint_rows` for the
-tables.
+value shares it. A value that is a list (a thread's ``messages``) is stored element by element
+instead: each element serialized on its own, with its CRC32C, under a key that hashes the key of
+the element before it with its own bytes, so a list is named by its last element's key and a list
+that extends another (the next step's ``messages``, a fork's) stores only its new elements. A
+thread of *n* messages stores each once, not *n* times. Pending writes are blobs too. See
+:mod:`langchain_kvmem._checkpoint_rows` for the tables.
 
 Why rows and not kvmem entries: tier entries are a cache that capacity evicts; a checkpoint is
 primary data, never evicted (as agent chains, :mod:`kvmem.agent.chain`, and ``KVMemStore`` items).
@@ -19,8 +23,9 @@ Serialization is LangGraph's own serde (``JsonPlusSerializer``, pickle fallback 
 back is ever unpickled: a serde with ``pickle_fallback=True`` is refused, and a stored value typed
 ``pickle`` raises :class:`CheckpointCorrupt` instead of loading.
 
-Integrity: every body, channel value and write is checked (its kvmem blob's CRC32C and length, and
-a value's content hash against the key its checkpoint names) before anything of it is returned. A
+Integrity: every body, channel value, list element and write is checked (its kvmem blob's CRC32C and
+length, or an element's CRC32C, and a value's content hash against the key its checkpoint names, or
+each element's key hashed again from its parent's key and its bytes) before anything of it is returned. A
 checkpoint that fails a check is never returned, nor a tuple built around it: ``get_tuple`` and
 ``list`` raise :class:`CheckpointCorrupt`, naming the thread, namespace and checkpoint. They do not
 fall back to an older checkpoint on their own: that would resume the graph from an earlier step
@@ -31,6 +36,7 @@ without anyone asking. ``list(config, before=...)`` past the bad one, or ``get_t
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import random
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -38,6 +44,7 @@ from itertools import islice
 from typing import Any
 from uuid import UUID
 
+import crc32c
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -57,8 +64,11 @@ from kvmem.errors import ConfigError, IntegrityError
 from langchain_kvmem._checkpoint_rows import (
     Blob,
     CheckpointRows,
+    Element,
+    ListValue,
     NewCheckpoint,
     StoredCheckpoint,
+    Value,
     all_but_latest,
     everything_of,
     of_runs,
@@ -68,6 +78,8 @@ __all__ = ["CheckpointCorrupt", "KVMemSaver"]
 
 Fail = Callable[[str], "CheckpointCorrupt"]  # makes the error naming the checkpoint being read
 _DOMAIN = "kvmem/langgraph/value"  # folded into each value's content hash
+_ELEMENT_DOMAIN = b"kvmem/langgraph/element\0"  # begins each list element's hash
+_FIRST = bytes(32)  # the parent a list's first element hashes
 _PAGE = 64  # checkpoints read per round trip by list()
 _STRATEGIES = ("keep_latest", "delete")
 
@@ -171,8 +183,9 @@ class KVMemSaver(BaseCheckpointSaver[str]):
     ) -> RunnableConfig:
         """Store ``checkpoint`` as the child of ``config``'s checkpoint; the config that names it.
 
-        Channels in ``new_versions`` are serialized and stored (once per distinct value); the others
-        point at the parent's blob when the parent holds them at the same version.
+        Channels in ``new_versions`` are serialized and stored (once per distinct value; a list's elements
+        that extend a stored list, once per distinct prefix); the others point at the parent's value when
+        the parent holds them at the same version.
         """
         thread_id, checkpoint_ns = _thread(config), _namespace(config)
         values = checkpoint["channel_values"]
@@ -182,7 +195,7 @@ class KVMemSaver(BaseCheckpointSaver[str]):
             "metadata": self._typed(meta),
         }
         versions = {ch: json.dumps(v) for ch, v in checkpoint["channel_versions"].items()}
-        fresh = {ch: self._blob(values[ch]) for ch in new_versions if ch in values and ch in versions}
+        fresh = {ch: self._value(values[ch]) for ch in new_versions if ch in values and ch in versions}
         run_id = meta.get("run_id")
         self._rows.put(
             NewCheckpoint(
@@ -196,7 +209,7 @@ class KVMemSaver(BaseCheckpointSaver[str]):
                 versions,
             ),
             fresh,
-            lambda ch: self._blob(values[ch]) if ch in values else None,
+            lambda ch: self._value(values[ch]) if ch in values else None,
         )
         return {
             "configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint["id"]}
@@ -330,11 +343,25 @@ class KVMemSaver(BaseCheckpointSaver[str]):
         """``value`` serialized, as a kvmem blob."""
         return self.memory.compress(self._typed(value), self.compression)
 
-    def _blob(self, value: Any) -> Blob:
-        """``value`` as a channel blob, keyed by the content hash of its serialized bytes."""
+    def _value(self, value: Any) -> Value:
+        """``value`` as stored: a list (not empty) element by element, anything else as a blob keyed by the
+        content hash of its serialized bytes."""
+        if type(value) is list and value:
+            return self._list(value)
         typed = self._typed(value)
         key = kvmem.content_hash(typed["data"], _DOMAIN, typed["type"])
         return Blob(key, self.memory.compress(typed, self.compression))
+
+    def _list(self, value: list[Any]) -> ListValue:
+        """The elements of ``value``, serialized each, each keyed by the hash of its parent's key and its bytes."""
+        stored: list[Element] = []
+        parent = None
+        for item in value:
+            kind, data = self.serde.dumps_typed(item)
+            key = _element_key(parent, kind, data)
+            stored.append(Element(key, parent, kind, crc32c.crc32c(data), data))
+            parent = key
+        return ListValue(tuple(stored))
 
     def _tuple(self, stored: StoredCheckpoint) -> CheckpointTuple:
         """``stored`` checked and deserialized.
@@ -353,6 +380,9 @@ class KVMemSaver(BaseCheckpointSaver[str]):
         values = {}
         for channel, (key, blob) in stored.channels.items():
             what = f"the value of channel {channel!r} (blob {key[:12]}…)"
+            if blob is None and key in stored.elements:
+                values[channel] = self._elements(key, stored.elements, fail, f"channel {channel!r}")
+                continue
             if blob is None:
                 raise fail(f"{what} is missing")
             typed = _open(blob, fail, what)
@@ -374,6 +404,23 @@ class KVMemSaver(BaseCheckpointSaver[str]):
             pending_writes=writes,
         )
 
+    def _elements(self, last: str, rows: Mapping[str, Element], fail: Fail, what: str) -> list[Any]:
+        """The list whose last element is ``rows[last]``, every element checked, then deserialized."""
+        chain: list[Element] = []
+        key: str | None = last
+        while key is not None:
+            element = rows.get(key)
+            where = f"{what}'s element {len(chain) + 1} from the end ({key[:12]}…)"
+            if element is None:
+                raise fail(f"{where} is missing")
+            if crc32c.crc32c(element.data) != element.crc:
+                raise fail(f"{where} failed its check (CRC32C)")
+            if _element_key(element.parent, element.type, element.data) != key:
+                raise fail(f"{where} was altered: its content no longer hashes to its key")
+            chain.append(element)
+            key = element.parent
+        return [self._loads({"type": e.type, "data": e.data}, fail, what) for e in reversed(chain)]
+
     def _loads(self, typed: object, fail: Fail, what: str) -> Any:
         """A checked ``{"type", "data"}`` deserialized by the serde; never unpickled."""
         if not _is_typed(typed):
@@ -390,6 +437,18 @@ def _open(blob: bytes, fail: Fail, what: str) -> Any:
         return kvmem.Memory.decompress(blob)
     except IntegrityError as exc:
         raise fail(f"{what} failed its check ({exc})") from None
+
+
+def _element_key(parent: str | None, kind: str, data: bytes) -> str:
+    """The key of a list element: sha256 over its parent's key (none: zeros), its type and its data."""
+    try:
+        before = _FIRST if parent is None else bytes.fromhex(parent)
+    except ValueError:  # a parent read back that is no key: hashes to no key
+        before = parent.encode()
+    kind_bytes = kind.encode()
+    return hashlib.sha256(
+        b"".join((_ELEMENT_DOMAIN, before, len(kind_bytes).to_bytes(4, "little"), kind_bytes, data))
+    ).hexdigest()
 
 
 def _is_typed(value: object) -> bool:

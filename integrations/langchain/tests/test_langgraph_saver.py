@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from crc32c import crc32c
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_metadata
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from sqlalchemy import select, update
@@ -24,7 +25,8 @@ from sqlalchemy import select, update
 import kvmem
 from kvmem.errors import ConfigError
 from langchain_kvmem import CheckpointCorrupt, KVMemSaver
-from langchain_kvmem._checkpoint_rows import blobs, channels
+from langchain_kvmem._checkpoint_rows import blobs, channels, elements
+from tests.catalog.damage import FAULTS, damage_sqlite
 
 HERE = Path(__file__).resolve().parent
 ENV = {
@@ -68,14 +70,15 @@ def test_unchanged_channels_and_forks_share_their_blobs(saver: KVMemSaver) -> No
     one = put(saver, "t", {"big": big, "n": 1}, {"big": 1, "n": 1}, {"big": 1, "n": 1})
     two = put(saver, "t", {"big": big, "n": 2}, {"big": 1, "n": 2}, {"n": 2}, one)
     fork = put(saver, "t", {"big": big, "n": 3}, {"big": 1, "n": 2}, {"n": 2}, one)  # time travel from `one`
-    assert saver._rows.counts() == {"checkpoints": 3, "channels": 6, "blobs": 4, "writes": 0}  # big stored once
+    # big stored once
+    assert saver._rows.counts() == {"checkpoints": 3, "channels": 6, "blobs": 4, "elements": 0, "writes": 0}
     assert [values_of(saver, c)["n"] for c in (one, two, fork)] == [1, 2, 3]
     assert values_of(saver, fork)["big"] == big
     assert saver.get_tuple(fork).parent_config["configurable"]["checkpoint_id"] == one["configurable"]["checkpoint_id"]
     # an equal value stored under a new version is still one blob; a copied thread adds rows, not blobs
     put(saver, "t", {"big": dict(big), "n": 3}, {"big": 2, "n": 2}, {"big": 2}, fork)
     saver.copy_thread("t", "copy")
-    assert saver._rows.counts() == {"checkpoints": 8, "channels": 16, "blobs": 4, "writes": 0}
+    assert saver._rows.counts() == {"checkpoints": 8, "channels": 16, "blobs": 4, "elements": 0, "writes": 0}
     saver.delete_thread("t")
     assert saver._rows.counts()["blobs"] == 4  # the copy still names every one
     assert [
@@ -85,7 +88,112 @@ def test_unchanged_channels_and_forks_share_their_blobs(saver: KVMemSaver) -> No
         for c in (one, two, fork)
     ] == [1, 2, 3]
     saver.delete_thread("copy")
-    assert saver._rows.counts() == {"checkpoints": 0, "channels": 0, "blobs": 0, "writes": 0}
+    assert saver._rows.counts() == {"checkpoints": 0, "channels": 0, "blobs": 0, "elements": 0, "writes": 0}
+
+
+def message(i: int) -> dict[str, Any]:
+    return {"role": "ai" if i % 2 else "user", "content": f"message {i} " + "words " * 20}
+
+
+def test_a_growing_list_stores_each_element_once_and_forks_share_them(saver: KVMemSaver) -> None:
+    """A 50-step thread's messages: one element row per message (linear), not one list per checkpoint."""
+    configs = [put(saver, "t", {"messages": [message(0)]}, {"messages": 1}, {"messages": 1})]
+    for step in range(1, 50):
+        grown = [message(i) for i in range(2 * step + 1)]
+        configs.append(
+            put(saver, "t", {"messages": grown}, {"messages": step + 1}, {"messages": step + 1}, configs[-1])
+        )
+        assert saver._rows.counts()["elements"] == len(grown)
+    assert values_of(saver, {"configurable": {"thread_id": "t"}})["messages"] == [message(i) for i in range(99)]
+    assert values_of(saver, configs[10])["messages"] == [message(i) for i in range(21)]
+    # a fork from step 25 shares its 51 messages and stores its 2 new ones; an edit stores the rest again
+    fork = put(
+        saver,
+        "t",
+        {"messages": [*map(message, range(51)), "fork a", "fork b"]},
+        {"messages": 99},
+        {"messages": 99},
+        configs[25],
+    )
+    assert saver._rows.counts()["elements"] == 99 + 2
+    put(
+        saver,
+        "t",
+        {"messages": ["edited", *map(message, range(1, 99))]},
+        {"messages": 100},
+        {"messages": 100},
+        configs[-1],
+    )
+    assert saver._rows.counts()["elements"] == 99 + 2 + 99
+    assert values_of(saver, fork)["messages"][-3:] == [message(50), "fork a", "fork b"]
+    # a copy names the same rows; the elements go with the last checkpoint that names them
+    saver.copy_thread("t", "copy")
+    assert saver._rows.counts()["elements"] == 200
+    saver.prune(["t"])
+    assert saver._rows.counts()["elements"] == 200  # the copy's checkpoints still name every one
+    saver.delete_thread("copy")
+    assert saver._rows.counts()["elements"] == 99  # the edited list: the latest checkpoint of "t"
+    saver.delete_thread("t")
+    assert saver._rows.counts() == {"checkpoints": 0, "channels": 0, "blobs": 0, "elements": 0, "writes": 0}
+
+
+def test_a_corrupt_or_missing_element_is_never_returned(saver: KVMemSaver) -> None:
+    one = put(saver, "t", {"messages": ["a", "b"]}, {"messages": 1}, {"messages": 1})
+    two = put(saver, "t", {"messages": ["a", "b", "c"]}, {"messages": 2}, {"messages": 2}, one)
+    assert values_of(saver, two) == {"messages": ["a", "b", "c"]}
+    with saver.memory.database.connection() as conn:
+        (key,) = conn.execute(select(channels.c.blob).order_by(channels.c.checkpoint.desc()).limit(1)).scalars()
+        data = conn.execute(select(elements.c.data).where(elements.c.key == key)).scalar_one()
+    changed = data[:-1] + bytes([data[-1] ^ 1])
+    cases = [
+        ({"data": changed}, "failed its check"),  # a flipped bit
+        ({"data": changed, "crc": crc32c(changed)}, "no longer hashes to its key"),  # rewritten, CRC and all
+    ]
+    for values, message_ in cases:
+        with saver.memory.database.transaction() as conn:
+            conn.execute(update(elements).where(elements.c.key == key).values(**values))
+        with pytest.raises(CheckpointCorrupt, match=rf"channel 'messages''s element 1 from the end.*{message_}") as bad:
+            saver.get_tuple({"configurable": {"thread_id": "t"}})
+        assert bad.value.checkpoint_id == two["configurable"]["checkpoint_id"]
+        assert values_of(saver, one) == {"messages": ["a", "b"]}  # an older list without it reads
+    with saver.memory.database.transaction() as conn:
+        conn.execute(update(elements).where(elements.c.key == key).values(parent=None, data=data, crc=crc32c(data)))
+    with pytest.raises(CheckpointCorrupt, match="no longer hashes to its key"):  # cut from its list
+        saver.get_tuple(two)
+    with saver.memory.database.transaction() as conn:
+        conn.execute(elements.delete().where(elements.c.key == key))
+    with pytest.raises(CheckpointCorrupt, match="is missing"):
+        saver.get_tuple(two)
+
+
+def test_a_list_stored_whole_still_reads(saver: KVMemSaver) -> None:
+    """Checkpoints written before lists were stored element by element hold them as one blob."""
+    config = put(saver, "t", {"messages": ["x"]}, {"messages": 1}, {"messages": 1})
+    kind, data = saver.serde.dumps_typed(["a", "b"])
+    with saver.memory.database.transaction() as conn:
+        key = kvmem.content_hash(data, "kvmem/langgraph/value", kind)
+        conn.execute(blobs.insert(), {"key": key, "body": saver.memory.compress({"type": kind, "data": data})})
+        conn.execute(update(channels).values(blob=key))
+    assert values_of(saver, config) == {"messages": ["a", "b"]}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_lists_survive_a_damaged_catalog(tmp_path: Path, fault: str) -> None:
+    """Element rows are kept as records too: a catalog rebuilt from them reads every list back."""
+    path = tmp_path / "kvmem"
+    with kvmem.Memory(str(path), fsync="never") as mem:
+        saver = KVMemSaver(mem)
+        one = put(saver, "t", {"messages": ["a", "b"]}, {"messages": 1}, {"messages": 1})
+        two = put(saver, "t", {"messages": ["a", "b", "c"]}, {"messages": 2}, {"messages": 2}, one)
+        put(saver, "gone", {"messages": ["x", "y"]}, {"messages": 1}, {"messages": 1})
+        saver.delete_thread("gone")
+        before = saver._rows.counts()
+    damage_sqlite(path / "catalog.sqlite3", fault)
+    with kvmem.Memory(str(path), fsync="never") as mem:
+        saver = KVMemSaver(mem)
+        assert saver._rows.counts() == before
+        assert [values_of(saver, c)["messages"] for c in (one, two)] == [["a", "b"], ["a", "b", "c"]]
+    assert len(list((path / "catalog.sqlite3.records" / "langgraph-elements").iterdir())) == before["elements"] == 3
 
 
 def test_prune_keeps_the_latest_checkpoint_whole_and_frees_the_rest(saver: KVMemSaver) -> None:
@@ -95,7 +203,8 @@ def test_prune_keeps_the_latest_checkpoint_whole_and_frees_the_rest(saver: KVMem
     saver.put_writes(one, [("a", "old")], "task")
     saver.prune(["t"])
     assert values_of(saver, {"configurable": {"thread_id": "t"}}) == {"a": "a2", "b": "b1"}
-    assert saver._rows.counts() == {"checkpoints": 1, "channels": 2, "blobs": 2, "writes": 1}  # "a1" went
+    # "a1" went
+    assert saver._rows.counts() == {"checkpoints": 1, "channels": 2, "blobs": 2, "elements": 0, "writes": 1}
     assert saver.get_tuple(one) is None
 
 
