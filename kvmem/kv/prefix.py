@@ -208,7 +208,8 @@ class PrefixCache:
             return out.logits[:, -logits_to_keep:] if logits_to_keep else out.logits
 
         # NOTE: the request ends as it returns: its stores, queued here, start then. A store started earlier
-        # takes the interpreter lock from this thread while it returns (up to the 5 ms switch interval)
+        # competes with this thread while it returns, for the interpreter lock and, on a small host, for the
+        # cores torch's threads spin on after the forward pass
         with self.memory.activity:
             logits, cache, reused, loaded = self._with_prefix(keys, ids.shape[1], forward)
             self._store_new_chunks(ids, cache, keys, first=loaded)
