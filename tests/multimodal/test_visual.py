@@ -152,6 +152,7 @@ def test_local_checkpoint_file_and_directory(tmp_path: Path, memory: Memory, ima
     assert from_file.encoder.identity["weights"].startswith("file:sha256=")
     assert from_file.namespace == from_dir.namespace != seeded.namespace
     assert torch.equal(from_file.encode(images[:1]), seeded.encode(images[:1]))
+    from_file.flush()  # NOTE: its store runs in the background; another cache sees it once flushed
     assert from_dir.hits == 0 and torch.equal(from_dir.encode(images[:1]), seeded.encode(images[:1]))
     assert from_dir.hits == 1
 
