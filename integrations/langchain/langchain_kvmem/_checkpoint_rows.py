@@ -65,6 +65,14 @@ __all__ = [
 ]
 
 _CHUNK = 500  # keys per IN (...) list
+Missing = Callable[[str], "str | None"]  # of the list ending at a key: the first element the caller lacks, or None
+
+
+def _read_all(head: str) -> str | None:
+    """The caller has no element: every list is read whole."""
+    return head
+
+
 _INDEX = (
     checkpoints.c.id,
     checkpoints.c.thread_id,
@@ -362,15 +370,18 @@ class CheckpointRows:
                 self._database.keep_row(conn, writes, dict(zip(_WRITE_KEY, key)))
 
     # -- reads ----------------------------------------------------------------------------------
-    def one(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> StoredCheckpoint | None:
-        """The checkpoint ``checkpoint_id`` of the thread's namespace (``None``: its newest), or ``None``."""
+    def one(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, missing: Missing = _read_all
+    ) -> StoredCheckpoint | None:
+        """The checkpoint ``checkpoint_id`` of the thread's namespace (``None``: its newest), or ``None``; of its
+        lists, the elements from the one ``missing`` names back (see :meth:`_load`)."""
         params = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns}
         with self._database.connection() as conn:
             if checkpoint_id is None:
-                found = self._load(conn, conn.execute(self._newest, params), shared=False)
+                found = self._load(conn, conn.execute(self._newest, params), False, missing)
             else:
                 rows = conn.execute(self._named, {**params, "checkpoint_id": checkpoint_id})
-                found = self._load(conn, rows, shared=False)
+                found = self._load(conn, rows, False, missing)
         return next(iter(found.values()), None)
 
     def index(
@@ -393,11 +404,12 @@ class CheckpointRows:
         with self._database.connection() as conn:
             return list(conn.execute(stmt.order_by(checkpoints.c.checkpoint_id.desc(), checkpoints.c.id.desc())))
 
-    def load(self, ids: Sequence[int]) -> list[StoredCheckpoint]:
-        """The checkpoints of rows ``ids`` (as :meth:`index` names them) still stored, in that order."""
+    def load(self, ids: Sequence[int], missing: Missing = _read_all) -> list[StoredCheckpoint]:
+        """The checkpoints of rows ``ids`` (as :meth:`index` names them) still stored, in that order (their lists
+        as :meth:`one` reads them)."""
         with self._database.connection() as conn:
             rows = (row for chunk in _chunks(ids) for row in conn.execute(self._by_ids, {"ids": chunk}))
-            found = self._load(conn, rows, shared=True)
+            found = self._load(conn, rows, True, missing)
         return [found[i] for i in ids if i in found]
 
     def counts(self) -> dict[str, int]:
@@ -416,9 +428,13 @@ class CheckpointRows:
             }
 
     # -- helpers --------------------------------------------------------------------------------
-    def _load(self, conn: Connection, rows: Iterable[Row[Any]], shared: bool) -> dict[int, StoredCheckpoint]:
+    def _load(
+        self, conn: Connection, rows: Iterable[Row[Any]], shared: bool, missing: Missing
+    ) -> dict[int, StoredCheckpoint]:
         """The checkpoints of ``rows`` (of a ``loaded`` query: a checkpoint's row per channel), by row id, with
-        the elements of their lists (``shared``: lists that may share elements, each read once) and writes."""
+        their writes and the elements of their lists (``shared``: lists that may share elements, each read
+        once): of the list ending at element ``head``, those from ``missing(head)`` back (the caller has the
+        ones after it; ``None``: all of them)."""
         found: dict[int, StoredCheckpoint] = {}
         read: dict[str, Element] = {}
         heads: set[str] = set()
@@ -430,8 +446,8 @@ class CheckpointRows:
                 )
             if row.channel is not None:
                 stored.channels[row.channel] = (row.blob, row.value)
-                if row.value is None:
-                    heads.add(row.blob)
+                if row.value is None and (start := missing(row.blob)) is not None:
+                    heads.add(start)
         for chunk in _chunks(sorted(heads)):
             for e in conn.execute(self._chains[shared], {"keys": chunk}):
                 read[e.key] = Element(e.key, e.parent, e.type, e.crc, e.data)

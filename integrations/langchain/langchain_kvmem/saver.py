@@ -25,8 +25,9 @@ back is ever unpickled: a serde with ``pickle_fallback=True`` is refused, and a 
 
 Integrity: every body, channel value, list element and write is checked (its kvmem blob's CRC32C and
 length, or an element's CRC32C, and a value's content hash against the key its checkpoint names, or
-each element's key hashed again from its parent's key and its bytes) before anything of it is returned. A
-checkpoint that fails a check is never returned, nor a tuple built around it: ``get_tuple`` and
+each element's key hashed again from its parent's key and its bytes) before anything of it is returned;
+list elements checked once (or written by this saver) are kept in memory by key and not read again
+(:mod:`langchain_kvmem._verified`: a key names one content). A checkpoint that fails a check is never returned, nor a tuple built around it: ``get_tuple`` and
 ``list`` raise :class:`CheckpointCorrupt`, naming the thread, namespace and checkpoint. They do not
 fall back to an older checkpoint on their own: that would resume the graph from an earlier step
 without anyone asking. ``list(config, before=...)`` past the bad one, or ``get_tuple`` with an older
@@ -73,6 +74,7 @@ from langchain_kvmem._checkpoint_rows import (
     everything_of,
     of_runs,
 )
+from langchain_kvmem._verified import VerifiedElements
 
 __all__ = ["CheckpointCorrupt", "KVMemSaver"]
 
@@ -110,13 +112,23 @@ class KVMemSaver(BaseCheckpointSaver[str]):
         memory: whose catalog database holds the threads (default: :func:`kvmem.default_memory`).
         serde: LangGraph serializer (default: ``JsonPlusSerializer(pickle_fallback=False)``).
         compression: kvmem codec of the stored blobs (default ``"lz4"``; ``"none"`` stores them as serialized).
+        element_cache_bytes: list elements kept in memory once checked (bytes of their serialized data; default
+            32 MiB, 0 keeps none): a read takes those from memory and reads from the database, and checks, only
+            the others (a thread's new messages). Elements are immutable and named by their content's hash, so a
+            kept one is the one stored (:mod:`langchain_kvmem._verified`).
 
     Raises:
-        ConfigError: a serde that falls back to pickle, or a bad ``compression``.
+        ConfigError: a serde that falls back to pickle, a bad ``compression``, or a negative
+            ``element_cache_bytes``.
     """
 
     def __init__(
-        self, memory: kvmem.Memory | None = None, *, serde: SerializerProtocol | None = None, compression: str = "lz4"
+        self,
+        memory: kvmem.Memory | None = None,
+        *,
+        serde: SerializerProtocol | None = None,
+        compression: str = "lz4",
+        element_cache_bytes: int = 32 * 2**20,
     ) -> None:
         super().__init__(serde=serde if serde is not None else JsonPlusSerializer(pickle_fallback=False))
         for part in (serde, getattr(serde, "serde", None)):  # EncryptedSerializer wraps another
@@ -131,6 +143,11 @@ class KVMemSaver(BaseCheckpointSaver[str]):
         except kvmem.KVMemError as exc:
             raise ConfigError(f"compression={compression!r}: {exc}") from None
         self.compression = compression
+        if isinstance(element_cache_bytes, bool) or not isinstance(element_cache_bytes, int) or element_cache_bytes < 0:
+            raise ConfigError(
+                f"element_cache_bytes={element_cache_bytes!r}: expected an int >= 0 (bytes; 0 keeps none)"
+            )
+        self._verified = VerifiedElements(element_cache_bytes)
         self._rows = CheckpointRows(self.memory.database)
 
     # -- reads ------------------------------------------------------------------------------------
@@ -142,7 +159,7 @@ class KVMemSaver(BaseCheckpointSaver[str]):
             ConfigError: ``config`` names no thread.
         """
         thread_id, checkpoint_ns = _thread(config), _namespace(config)
-        stored = self._rows.one(thread_id, checkpoint_ns, get_checkpoint_id(config))
+        stored = self._rows.one(thread_id, checkpoint_ns, get_checkpoint_id(config), self._verified.missing)
         return None if stored is None else self._tuple(stored)
 
     def list(
@@ -170,7 +187,7 @@ class KVMemSaver(BaseCheckpointSaver[str]):
         matched = (row.id for row in index if not filter or all(row.metadata.get(k) == v for k, v in filter.items()))
         ids = list(islice(matched, limit)) if limit is not None else list(matched)
         for start in range(0, len(ids), _PAGE):
-            for stored in self._rows.load(ids[start : start + _PAGE]):
+            for stored in self._rows.load(ids[start : start + _PAGE], self._verified.missing):
                 yield self._tuple(stored)
 
     # -- writes -----------------------------------------------------------------------------------
@@ -211,6 +228,7 @@ class KVMemSaver(BaseCheckpointSaver[str]):
             fresh,
             lambda ch: self._value(values[ch]) if ch in values else None,
         )
+        self._verified.add(e for value in fresh.values() if isinstance(value, ListValue) for e in value.elements)
         return {
             "configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint["id"]}
         }
@@ -380,11 +398,11 @@ class KVMemSaver(BaseCheckpointSaver[str]):
         values = {}
         for channel, (key, blob) in stored.channels.items():
             what = f"the value of channel {channel!r} (blob {key[:12]}…)"
-            if blob is None and key in stored.elements:
+            if blob is None:  # a list (its last element's key), or a value gone
+                if self._verified.missing(key) is not None and key not in stored.elements:
+                    raise fail(f"{what} is missing")
                 values[channel] = self._elements(key, stored.elements, fail, f"channel {channel!r}")
                 continue
-            if blob is None:
-                raise fail(f"{what} is missing")
             typed = _open(blob, fail, what)
             if not _is_typed(typed) or kvmem.content_hash(typed["data"], _DOMAIN, typed["type"]) != key:
                 raise fail(f"{what} was altered: its content no longer hashes to its key")
@@ -405,10 +423,16 @@ class KVMemSaver(BaseCheckpointSaver[str]):
         )
 
     def _elements(self, last: str, rows: Mapping[str, Element], fail: Fail, what: str) -> list[Any]:
-        """The list whose last element is ``rows[last]``, every element checked, then deserialized."""
+        """The list whose last element is ``last``: its elements kept in memory (checked before), the others
+        from ``rows`` (read with the checkpoint), checked (then kept); deserialized."""
         chain: list[Element] = []
+        checked: list[Element] = []
         key: str | None = last
         while key is not None:
+            kept, key = self._verified.chain(key)
+            chain += kept
+            if key is None:
+                break
             element = rows.get(key)
             where = f"{what}'s element {len(chain) + 1} from the end ({key[:12]}…)"
             if element is None:
@@ -418,7 +442,9 @@ class KVMemSaver(BaseCheckpointSaver[str]):
             if _element_key(element.parent, element.type, element.data) != key:
                 raise fail(f"{where} was altered: its content no longer hashes to its key")
             chain.append(element)
+            checked.append(element)
             key = element.parent
+        self._verified.add(reversed(checked))
         return [self._loads({"type": e.type, "data": e.data}, fail, what) for e in reversed(chain)]
 
     def _loads(self, typed: object, fail: Fail, what: str) -> Any:

@@ -25,7 +25,8 @@ from sqlalchemy import select, update
 import kvmem
 from kvmem.errors import ConfigError
 from langchain_kvmem import CheckpointCorrupt, KVMemSaver
-from langchain_kvmem._checkpoint_rows import blobs, channels, elements
+from langchain_kvmem._checkpoint_rows import Element, blobs, channels, elements
+from langchain_kvmem._verified import VerifiedElements
 from tests.catalog.damage import FAULTS, damage_sqlite
 
 HERE = Path(__file__).resolve().parent
@@ -138,6 +139,8 @@ def test_a_growing_list_stores_each_element_once_and_forks_share_them(saver: KVM
 
 
 def test_a_corrupt_or_missing_element_is_never_returned(saver: KVMemSaver) -> None:
+    """A saver that reads an element from the database checks it: here another process's saver (the writer keeps
+    the elements it made, and the ones it checked, in memory: it returns those, as stored)."""
     one = put(saver, "t", {"messages": ["a", "b"]}, {"messages": 1}, {"messages": 1})
     two = put(saver, "t", {"messages": ["a", "b", "c"]}, {"messages": 2}, {"messages": 2}, one)
     assert values_of(saver, two) == {"messages": ["a", "b", "c"]}
@@ -152,18 +155,50 @@ def test_a_corrupt_or_missing_element_is_never_returned(saver: KVMemSaver) -> No
     for values, message_ in cases:
         with saver.memory.database.transaction() as conn:
             conn.execute(update(elements).where(elements.c.key == key).values(**values))
-        with pytest.raises(CheckpointCorrupt, match=rf"channel 'messages''s element 1 from the end.*{message_}") as bad:
-            saver.get_tuple({"configurable": {"thread_id": "t"}})
-        assert bad.value.checkpoint_id == two["configurable"]["checkpoint_id"]
-        assert values_of(saver, one) == {"messages": ["a", "b"]}  # an older list without it reads
+        for reader in (KVMemSaver(saver.memory), KVMemSaver(saver.memory, element_cache_bytes=0)):
+            assert values_of(reader, one) == {"messages": ["a", "b"]}  # an older list without it reads
+            with pytest.raises(CheckpointCorrupt, match=rf"'messages''s element 1 from the end.*{message_}") as bad:
+                reader.get_tuple({"configurable": {"thread_id": "t"}})
+            assert bad.value.checkpoint_id == two["configurable"]["checkpoint_id"]
+        assert values_of(saver, two) == {"messages": ["a", "b", "c"]}  # the writer's own copy: the bytes stored
     with saver.memory.database.transaction() as conn:
         conn.execute(update(elements).where(elements.c.key == key).values(parent=None, data=data, crc=crc32c(data)))
     with pytest.raises(CheckpointCorrupt, match="no longer hashes to its key"):  # cut from its list
-        saver.get_tuple(two)
+        KVMemSaver(saver.memory).get_tuple(two)
     with saver.memory.database.transaction() as conn:
         conn.execute(elements.delete().where(elements.c.key == key))
     with pytest.raises(CheckpointCorrupt, match="is missing"):
-        saver.get_tuple(two)
+        KVMemSaver(saver.memory).get_tuple(two)
+
+
+def test_kept_elements_spare_the_reads_of_a_thread_s_history(saver: KVMemSaver) -> None:
+    """A reader that checked a list once reads only the elements it has not seen; its memory is bounded."""
+    config = put(saver, "t", {"messages": [f"m{i}" for i in range(50)]}, {"messages": 1}, {"messages": 1})
+    reader = KVMemSaver(saver.memory)
+    assert values_of(reader, config)["messages"] == [f"m{i}" for i in range(50)]
+    assert len(reader._verified) == 50
+    with saver.memory.database.transaction() as conn:  # history the reader checked: changed under it
+        conn.execute(update(elements).where(elements.c.parent.is_(None)).values(data=b"\x00", crc=0))
+    longer = put(saver, "t", {"messages": [f"m{i}" for i in range(52)]}, {"messages": 2}, {"messages": 2}, config)
+    assert values_of(reader, longer)["messages"][-3:] == ["m49", "m50", "m51"]  # read: m50, m51 only
+    with pytest.raises(CheckpointCorrupt, match="element 52 from the end.*failed its check"):
+        KVMemSaver(saver.memory).get_tuple(longer)  # a reader without them reads the first element
+    with pytest.raises(ConfigError, match=r"element_cache_bytes=-1: expected an int >= 0"):
+        KVMemSaver(saver.memory, element_cache_bytes=-1)
+
+
+def test_kept_elements_stay_within_their_capacity() -> None:
+    chain = [Element(f"k{i}", f"k{i - 1}" if i else None, "bytes", 0, b"x" * 10) for i in range(10)]
+    kept = VerifiedElements(capacity=45)
+    kept.add(chain)
+    assert len(kept) == 4  # the last four added, 40 bytes
+    found, missing = kept.chain("k9")
+    assert [e.key for e in found] == ["k9", "k8", "k7", "k6"] and missing == "k5"
+    kept.add([Element("other", None, "bytes", 0, b"y" * 10)])  # drops the list's first kept element
+    assert kept.missing("k9") == "k6" and kept.chain("k9")[0][-1].key == "k7"
+    nothing = VerifiedElements(capacity=0)
+    nothing.add(chain)
+    assert len(nothing) == 0 and nothing.missing("k9") == "k9"
 
 
 def test_a_list_stored_whole_still_reads(saver: KVMemSaver) -> None:
