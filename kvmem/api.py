@@ -410,7 +410,7 @@ class Memory(SemanticLookup, Maintenance):
                 self._catalog_write(lambda: self._catalog.set_state(skey, "quarantined"))
             return False, corrupt
         self.record_hits([skey], reader.tier, header.get("kind", "tree"))
-        if self._tiers.tiers and reader.tier != self._tiers.tiers[0].name:
+        if self._tiers.promotion_targets(reader.tier):
             blob = read_back(reader, out)
             if blob is not None:
                 self._tiers.promote(skey, blob, reader.tier)

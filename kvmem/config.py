@@ -39,7 +39,7 @@ _UNITS = {
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 FSYNC_MODES = ("always", "batch", "never")
-WRITE_POLICIES = ("through", "back")
+WRITE_POLICIES = ("through", "back", "around")
 
 
 def parse_size(value: int | float | str, name: str = "size") -> int:
@@ -167,6 +167,11 @@ def _validate(c: Config) -> None:
         raise bad("fsync", " | ".join(FSYNC_MODES))
     if c.write_policy not in WRITE_POLICIES:
         raise bad("write_policy", " | ".join(WRITE_POLICIES))
+    if c.write_policy == "around" and not c.disk_bytes and not c.remote_url:
+        raise bad(
+            "write_policy",
+            "through | back without a persistent tier (around stores into disk_bytes > 0 or a remote_url)",
+        )
     if not (number(c.write_back_queue) and c.write_back_queue >= 1):
         raise bad("write_back_queue", "an integer >= 1")
     if not (number(c.semantic_hnsw_from) and c.semantic_hnsw_from >= 2):

@@ -88,6 +88,11 @@ class ChunkStore:
         """Make sure ``skey`` sits in the top tier (promoted from below, CRC-checked); whether it exists."""
         return self._store.warm(skey)
 
+    def release(self, skey: str) -> bool:
+        """Drop the memory tiers' copies of ``skey`` that a persistent tier holds too (a cache above kvmem holds
+        it now); whether one was dropped."""
+        return self._store.release(skey)
+
     def speculate(self, skey: str, keep: Collection[str] = ()) -> tuple[str, int]:
         """Copy ``skey`` into the last memory tier on a guess, only into room no entry uses (no entry is evicted
         for it; it is dropped first when a put needs the room, or when a newer guess does and it is not in

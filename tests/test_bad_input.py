@@ -222,7 +222,7 @@ def test_disk_tier_refuses_anything_but_a_storage_key(tmp_path: Path) -> None:
         ("offload_threshold", 1.5),
         ("offload_threshold", 0),
         ("fsync", "sometimes"),
-        ("write_policy", "around"),
+        ("write_policy", "sideways"),
         ("write_back_queue", 0),
         ("block_size", 0),
         ("prefetch_depth", -1),

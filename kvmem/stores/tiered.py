@@ -7,7 +7,11 @@ Invariants:
   the search goes on in lower tiers: corrupt bytes are never returned.
 - A new entry goes to the highest tier with room, and to every persistent
   tier below it (at once with ``write_policy="through"``, from a background
-  thread with ``"back"``).
+  thread with ``"back"``). With ``"around"`` it goes to the highest persistent
+  tier with room (and those below): the memory tiers hold only what
+  :meth:`TieredStore.warm` puts there (a hit is promoted into the persistent
+  tiers above it only), so they can hold what a cache above kvmem does not
+  (vLLM's KV cache: its evicted blocks, not a copy of its own).
 - A tier above ``offload_threshold`` of its capacity moves its least recently
   used entries to the next tier down; the last tier drops them (an eviction).
 - The last memory tier may also hold guesses (:meth:`TieredStore.speculate`, see
@@ -92,7 +96,7 @@ class TieredStore:
         tiers: fastest first (e.g. gpu, cpu, disk, remote).
         metrics: where hits, errors, evictions... are counted.
         offload_threshold: fraction of capacity above which a tier demotes LRU entries.
-        write_policy: ``through`` or ``back``.
+        write_policy: ``through``, ``back`` or ``around``.
         queue_size: most entries waiting for write-back before ``put`` blocks.
         retry_seconds: how long a failing tier is skipped before it is tried again.
         on_removed: called with a key when it has left the last tier holding it.
@@ -113,6 +117,7 @@ class TieredStore:
         self.metrics = metrics
         self.offload_threshold = offload_threshold
         self.write_back = write_policy == "back"
+        self.write_around = write_policy == "around"
         self.persistent = frozenset(t.name for t in self.tiers if t.persistent)
         """Names of the tiers whose entries outlive the process."""
         self.largest = max((t.capacity for t in self.tiers), default=0)
@@ -222,11 +227,14 @@ class TieredStore:
         Returns:
             ``(fetched or None, corrupt copies found on the way)``.
         """
+        return self._get(key, warm=False)
+
+    def _get(self, key: str, warm: bool) -> tuple[Fetched | None, int]:
         got, i, corrupt = self._find(key, 0)
         if got is None:
             return None, corrupt
-        if i:
-            self._promote(key, EncodedBlob.from_buffer(got.buf, got.head), self.tiers[:i])
+        if upper := self.tiers[:i] if warm else self.promotion_targets(self.tiers[i].name):
+            self._promote(key, EncodedBlob.from_buffer(got.buf, got.head), upper)
         tier = self.tiers[i]
         return Fetched(got.buf, tier.name, got.head, owned=not self._caps[tier.name].shares_buffers), corrupt
 
@@ -334,10 +342,16 @@ class TieredStore:
         with reader:
             return fill(reader), reader
 
-    def promote(self, key: str, blob: EncodedBlob, served_by: str) -> None:
-        """Copy ``blob`` (just read from tier ``served_by``) into the usable tiers above it that can take it."""
+    def promotion_targets(self, served_by: str) -> list[StorageTier]:
+        """The tiers a hit in tier ``served_by`` is promoted into: those above it (with ``write_around``, the
+        persistent ones above it)."""
         upper = self.tiers[: next(i for i, t in enumerate(self.tiers) if t.name == served_by)]
-        if upper:
+        return [t for t in upper if t.persistent] if self.write_around else upper
+
+    def promote(self, key: str, blob: EncodedBlob, served_by: str) -> None:
+        """Copy ``blob`` (just read from tier ``served_by``) into the usable tiers it is promoted into
+        (:meth:`promotion_targets`) that can take it."""
+        if upper := self.promotion_targets(served_by):
             self._promote(key, blob, upper)
 
     def quarantine(self, key: str, tier: str, reason: Exception) -> None:
@@ -378,12 +392,29 @@ class TieredStore:
                     self.metrics.promotions.labels(tier=tier.name).inc()
 
     def warm(self, key: str) -> bool:
-        """Make sure ``key`` sits in the top tier (promoting it from below); whether it exists."""
+        """Make sure ``key`` sits in the top tier (promoting it from below into every tier above, whatever the
+        write policy); whether it exists."""
         top = self.tiers[0] if self.tiers else None
         if top is not None and self._call(top, top.contains, key):
             return True
-        fetched, _ = self.get(key)
+        fetched, _ = self._get(key, warm=True)
         return fetched is not None
+
+    def release(self, key: str) -> bool:
+        """Drop the memory tiers' copies of ``key`` that a persistent tier below them holds too (a cache above
+        kvmem holds the value now: it needs no copy here until it evicts it); whether one was dropped."""
+        dropped = False
+        with self._room_lock:
+            for i, tier in enumerate(self.tiers):
+                below = self._persistent_below[i]
+                if tier.persistent or not below or not self._call(tier, tier.contains, key):
+                    continue
+                if any(self._call(t, t.contains, key) for t in below if self.healthy(t)):
+                    self._call(tier, tier.delete, key)
+                    if tier is self.guess_tier:
+                        self.guesses.wasted(key)
+                    dropped = True
+        return dropped
 
     def speculate(self, key: str, keep: Collection[str] = ()) -> tuple[str, int]:
         """Copy ``key`` into :attr:`guess_tier` on a guess, only into room no entry uses: no entry is evicted,
@@ -537,6 +568,8 @@ class TieredStore:
                         sources[i] = self._call(tier, lender.blob, items[i][0]) or sources[i]
                 elif isinstance(done, CapacityError):
                     refused[i] = done
+        if self.write_around:
+            self._around_failed(items, written, refused)
         if self.write_back:
             for i, (key, blob) in enumerate(items):
                 if later[i]:
@@ -546,12 +579,29 @@ class TieredStore:
         # NOTE: a value queued for the tiers below was not refused by every target: it is being stored
         return [Stored(w, src, None if q else r) for w, src, r, q in zip(written, sources, refused, later)]
 
+    def _around_failed(
+        self,
+        items: Sequence[tuple[str, EncodedBlob]],
+        written: list[list[str]],
+        refused: list[CapacityError | None],
+    ) -> None:
+        """With ``write_around``: each item no tier took (its persistent tiers failed just now) into the highest
+        memory tier that takes it, so it is not lost while they are skipped."""
+        for i, (key, blob) in enumerate(items):
+            for tier in () if written[i] else self.tiers:
+                if not tier.persistent and blob.nbytes <= tier.capacity and self.healthy(tier):
+                    if self._put_one(tier, key, blob) is True:
+                        written[i].append(tier.name)
+                        refused[i] = None
+                        break
+
     def _targets(self, blob: EncodedBlob) -> list[StorageTier]:
-        """Where a new entry goes: the highest usable tier it fits, then every persistent tier below."""
-        for i, tier in enumerate(self.tiers):
-            if blob.nbytes <= tier.capacity and self._health[tier.name].usable():
-                return [tier, *self._persistent_below[i]]
-        return []
+        """Where a new entry goes: the highest usable tier it fits (with ``write_around``, the highest persistent
+        one, unless none is usable), then every persistent tier below."""
+        fits = [i for i, t in enumerate(self.tiers) if blob.nbytes <= t.capacity and self._health[t.name].usable()]
+        if self.write_around:
+            fits = [i for i in fits if self.tiers[i].persistent] or fits
+        return [self.tiers[fits[0]], *self._persistent_below[fits[0]]] if fits else []
 
     def _put_into(self, tier: StorageTier, batch: list[tuple[str, EncodedBlob]]) -> list[bool | CapacityError]:
         """Put ``batch`` into ``tier``: per entry, whether it was written (or the refusal)."""

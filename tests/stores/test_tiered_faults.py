@@ -194,6 +194,41 @@ def test_failing_delete_and_contains_do_not_raise(mem: kvmem.Memory, monkeypatch
     assert mem.contains("a") is False  # the disk is down: skipped
 
 
+# -- write-around -------------------------------------------------------------------------------------
+
+
+def test_write_around_stores_to_disk_and_the_cpu_tier_holds_only_what_is_warmed(tmp_path: Path) -> None:
+    with kvmem.Memory(tmp_path / "kvmem", write_policy="around", **SETTINGS) as m:
+        m.store_many([("a", _value(0)), ("b", _value(1))])
+        skey = m.storage_key("a")
+        assert m._tiers.holders(skey) == ["disk"] and m._tiers.holders(m.storage_key("b")) == ["disk"]
+        out = torch.empty(256, dtype=torch.int32)
+        for _ in range(2):  # a hit is not promoted into the CPU tier: the second load reads the disk again
+            assert torch.equal(m.load("a"), _value(0)) and m.load("a", out=out) is out
+        assert torch.equal(out, _value(0)) and m._tiers.holders(skey) == ["disk"]
+        assert m.metrics.value("kvmem_hits_total", tier="disk", kind="tensor") == 4
+        assert m.chunk_store().warm(skey) is True  # warmed on purpose: the CPU tier takes it
+        assert m._tiers.holders(skey) == ["cpu", "disk"]
+        assert torch.equal(m.load("a"), _value(0))
+        assert m.metrics.value("kvmem_hits_total", tier="cpu", kind="tensor") == 1
+        assert m.chunk_store().warm(m.storage_key("missing")) is False
+
+
+def test_write_around_with_the_disk_down_stores_in_the_cpu_tier(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with kvmem.Memory(tmp_path / "kvmem", write_policy="around", **SETTINGS) as m:
+        Fault(monkeypatch, _disk(m), ("put", "put_many"))
+        m.store("kept", _value(2))  # not lost: the CPU tier takes it while the disk is skipped
+        assert _errors(m, "disk") == 1 and not _on_disk(m, "kept")
+        assert torch.equal(m.load("kept"), _value(2))
+
+
+def test_write_around_needs_a_persistent_tier(tmp_path: Path) -> None:
+    with pytest.raises(kvmem.ConfigError, match=r"write_policy='around': accepted through \| back without"):
+        kvmem.Memory(tmp_path / "kvmem", write_policy="around", disk_bytes=0)
+
+
 # -- write-back ---------------------------------------------------------------------------------------
 
 
