@@ -27,11 +27,11 @@ Integrity: every body, channel value, list element and write is checked (its kvm
 length, or an element's CRC32C, and a value's content hash against the key its checkpoint names, or
 each element's key hashed again from its parent's key and its bytes) before anything of it is returned;
 list elements checked once (or written by this saver) are kept in memory by key and not read again
-(:mod:`langchain_kvmem._verified`: a key names one content). A checkpoint that fails a check is never returned, nor a tuple built around it: ``get_tuple`` and
-``list`` raise :class:`CheckpointCorrupt`, naming the thread, namespace and checkpoint. They do not
-fall back to an older checkpoint on their own: that would resume the graph from an earlier step
-without anyone asking. ``list(config, before=...)`` past the bad one, or ``get_tuple`` with an older
-``checkpoint_id``, still reads every intact checkpoint (time travel).
+(:mod:`langchain_kvmem._verified`: a key names one content). A checkpoint that fails a check is never
+returned, nor a tuple built around it: ``get_tuple`` and ``list`` raise :class:`CheckpointCorrupt`,
+naming the thread, namespace and checkpoint. They do not fall back to an older checkpoint on their own:
+that would resume the graph from an earlier step without anyone asking. ``list(config, before=...)`` past the
+bad one, or ``get_tuple`` with an older ``checkpoint_id``, still reads every intact checkpoint (time travel).
 """
 
 from __future__ import annotations

@@ -100,7 +100,9 @@ class KVMemConnector(KVConnectorBase_V1, SupportsHMA):
                     f"(got disk_bytes=0 and no remote_url in kv_connector_extra_config for {settings['path']!r})"
                 )
         else:
-            memory = Memory(**settings)
+            # NOTE: saves and loads leave the CPU tier to the chunks vLLM evicted (worker.py), unless set otherwise;
+            # only the warmer's thread puts into it, so it needs no room kept free for a request's stores
+            memory = Memory(**{"write_policy": "around", "offload_threshold": 1.0, **settings})
         try:
             self._open_side(vllm_config, kv_cache_config, role, memory)
         except BaseException:  # NOTE: a refused layout must not leave the Memory's threads and files open

@@ -50,6 +50,8 @@ class KVMemMetadata(KVConnectorMetadata):
         idle: nothing is scheduled this step.
         handoff: a request waits for a prefill instance's KV (its saves on their way): an idle step then waits a
             little on the worker, so the engine's loop leaves the cores to the instance that is saving.
+        evicted: chunks vLLM evicted this step (a block of theirs was given to other KV): the worker warms them
+            into its CPU tier in the background, which so holds what vLLM's KV cache does not.
 
     NOTE: a request with a load that fails this step has its saves of this step dropped by the worker:
     the blocks computed after a failed load were computed from the wrong KV.
@@ -61,6 +63,7 @@ class KVMemMetadata(KVConnectorMetadata):
     preempted: set[str] = field(default_factory=set)
     idle: bool = False
     handoff: bool = False
+    evicted: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -13,12 +13,20 @@ failed is never probed as present again by this engine (it is computed instead).
 run is: a request whose run reaches blocks held only by the remote tier (Redis) is loaded asynchronously
 (``load_async="remote"``, the default): it waits for its KV while others run, instead of holding up the
 step that schedules it.
+
+It also follows which chunk each vLLM block holds (of the first KV cache group): when vLLM gives a block
+to other KV, the chunk it held has left vLLM's cache, and the step's metadata names it (``evicted``), so the
+worker warms it into its CPU tier (``write_policy="around"`` keeps that tier for such chunks: what vLLM
+evicted, not a second copy of what it holds). Only a chunk that was reused before (a hit of vLLM's prefix
+cache or a load from kvmem) is named: one computed once and never asked again (a question's tail, a chat's
+last turn) costs the worker no read, and takes no room from the chunks that come back.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +42,7 @@ from kvmem_vllm.metadata import ChunkTransfer, KVMemMetadata, KVMemWorkerMeta
 HANDOFF = "kvmem"  # the key of kvmem's part of vLLM's kv_transfer_params
 _LOCAL_TIERS = frozenset({"gpu", "cpu", "disk"})
 _FAILED_KEPT = 65536  # chunks whose load failed, remembered (oldest forgotten first: tried again once)
+_REUSED_KEPT = 65536  # chunks reused at least once, remembered (oldest forgotten first)
 _SLOWNESS = {"gpu": 0, "cpu": 1, "disk": 2, "redis": 3}
 
 if TYPE_CHECKING:
@@ -121,6 +130,9 @@ class SchedulerSide:
         self._async_loads: list[ChunkTransfer] = []
         self._handoff = False  # a request waited for a hand-off since the last step's metadata
         self._held: set[str] = set()  # finished requests whose blocks wait for their saves
+        self._occupants: dict[int, str] = {}  # a vLLM block (first KV cache group) -> the chunk it holds
+        self._evicted: dict[str, None] = {}  # chunks evicted since the last step's metadata, in order
+        self._reused: OrderedDict[str, None] = OrderedDict()  # chunks a request reused (the last _REUSED_KEPT)
         # NOTE: chunks whose load failed: not probed as present again (the most recent _FAILED_KEPT of them)
         self._failed_keys: OrderedDict[str, None] = OrderedDict()
         self.failed_blocks = 0  # NOTE: blocks whose load failed (CRC or tier) and were recomputed
@@ -139,6 +151,7 @@ class SchedulerSide:
             state = self._requests[request.request_id] = self._probe(request)
             state.asked = first_asked
         state.local = num_computed_tokens
+        self._note_reused(state.keys[: num_computed_tokens // (self.block_size * self.chunk_blocks)])
         if not self.load:
             return 0, False
         cap = (len(request.prompt_token_ids or ()) - 1) // self.block_size
@@ -221,6 +234,7 @@ class SchedulerSide:
         # NOTE: an asynchronously loaded request is scheduled (and its block ids sent) only once its KV is in:
         # a failed block is found among these
         state.block_ids = [list(ids) for ids in blocks.get_block_ids()]
+        self._occupy(state.block_ids, state.keys, 0)  # NOTE: an asynchronous load writes them before its step
         first = state.local // self.block_size
         last = first + num_external_tokens // self.block_size
         transfer = self._transfer(request.request_id, state, first, last)
@@ -228,6 +242,7 @@ class SchedulerSide:
         # window than the rows hold) is never left unwritten: the load fails, and vLLM recomputes it
         wanted = {b for ids in state.block_ids for b in ids[first:last] if b != NULL_BLOCK}
         transfer.complete = wanted == set(transfer.block_ids)
+        self._note_reused(transfer.keys)
         (self._async_loads if state.load_async else self._loads).append(transfer)
 
     def build_meta(self, scheduler_output: SchedulerOutput) -> KVMemMetadata:
@@ -243,22 +258,61 @@ class SchedulerSide:
         tokens = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             state = self._requests.get(new.req_id)
+            self._occupy(new.block_ids, state.keys if state is not None else [], 0)
             if state is not None:
                 state.block_ids = [list(ids) for ids in new.block_ids]
                 self._plan_save(meta, new.req_id, state, new.num_computed_tokens + tokens[new.req_id])
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             state = self._requests.get(req_id)
-            if state is None:
-                continue
             new_ids = cached.new_block_ids[i]
-            if req_id in cached.resumed_req_ids:  # NOTE: a preempted request comes back with new blocks
+            resumed = req_id in cached.resumed_req_ids  # NOTE: a preempted request comes back with new blocks
+            if state is None:
+                self._occupy(new_ids, [], 0)  # NOTE: positions unknown: no chunk of its is followed
+                continue
+            first = 0 if resumed or not state.block_ids else len(state.block_ids[0])
+            if resumed:
                 state.block_ids = [list(ids) for ids in new_ids] if new_ids is not None else []
             elif new_ids is not None:
                 for mine, more in zip(state.block_ids, new_ids):
                     mine.extend(more)
+            self._occupy(state.block_ids, state.keys, first)
             self._plan_save(meta, req_id, state, cached.num_computed_tokens[i] + tokens[req_id])
+        meta.evicted, self._evicted = list(self._evicted), {}
         return meta
+
+    def _note_reused(self, keys: list[str]) -> None:
+        """Remember ``keys`` as reused (hits of vLLM's prefix cache, or loaded): named when evicted."""
+        for key in keys:
+            self._reused[key] = None
+            self._reused.move_to_end(key)
+        while len(self._reused) > _REUSED_KEPT:
+            self._reused.popitem(last=False)
+
+    def _occupy(self, block_ids: Sequence[Sequence[int]] | None, keys: list[str], first: int) -> None:
+        """Note what a request's blocks from position ``first`` on hold (of the first KV cache group): block
+        ``p`` the chunk ``keys[p // chunk_blocks]`` (nothing known beyond ``keys``); a chunk another block held
+        before has left vLLM's cache (evicted: named in the next metadata when it was reused before).
+
+        NOTE: vLLM's prefix cache hands a request the very block that holds its chunk, so a reuse is no eviction.
+        """
+        ids = block_ids[0] if block_ids else ()
+        for p in range(first, len(ids)):
+            block = ids[p]
+            if block == NULL_BLOCK:
+                continue
+            c = p // self.chunk_blocks
+            key = keys[c] if c < len(keys) else None
+            held = self._occupants.get(block)
+            if held == key:
+                continue
+            if held is not None and held in self._reused:
+                self._evicted[held] = None
+            if key is None:
+                del self._occupants[block]
+            else:
+                self._occupants[block] = key
+                self._evicted.pop(key, None)  # NOTE: back in vLLM's cache (loaded, or computed again)
 
     def _plan_save(self, meta: KVMemMetadata, req_id: str, state: _Request, computed: int) -> None:
         """Save the chunks whose every token is computed once this step has run, and not stored yet."""

@@ -35,6 +35,7 @@ COUNTERS = {
     "saved_bytes": "bytes stored into kvmem",
     "save_seconds": "seconds the saver thread spent storing",
     **{f"loaded_chunks_{tier}": f"kvmem entries (chunks of blocks) loaded from its {tier} tier" for tier in TIERS},
+    "warmed_chunks": "chunks vLLM evicted, warmed into kvmem's CPU tier from the tiers below",
 }
 GAUGE = "saves_pending"  # blocks queued for saving, not stored yet
 

@@ -7,10 +7,12 @@ blocks is stored as one tensor whose rows are its blocks, and loaded with ``Memo
 ...])``: each row straight into its block's view, one copy, no buffer in between (a block vLLM already holds
 is skipped). Synchronous loads run before the forward pass of the step that needs them; asynchronous ones on
 the loader's threads, into the blocks of requests that wait for them (vLLM schedules those once
-:meth:`WorkerSide.finished` reports them). Saves are stored from those views on the saver's thread
-(:mod:`kvmem_vllm.saver`), after the forward pass that computed them; a sliding window's blocks are freed
-while their request runs, so with such a group a chunk's rows are gathered into a tensor of their own before
-the next step.
+:meth:`WorkerSide.finished` reports them). The chunks vLLM evicted (the step's ``evicted``) are warmed from
+the persistent tiers into the CPU tier on a thread of their own, so the CPU tier holds what vLLM's cache
+does not (with ``write_policy="around"``, saves and loads leave it alone). Saves are stored from those views
+on the saver's thread (:mod:`kvmem_vllm.saver`), after the forward pass that computed them; a sliding
+window's blocks are freed while their request runs, so with such a group a chunk's rows are gathered into a
+tensor of their own before the next step.
 """
 
 from __future__ import annotations
@@ -30,8 +32,13 @@ from kvmem_vllm.stats import TIERS
 
 __all__ = ["BlockViews", "WorkerSide"]
 
-_IDLE_WAIT_S = 0.05  # how long an empty step waits for a save or a load to end (requests holding blocks)
+# NOTE: how long an empty step waits for a save or a load to end (requests holding blocks): long enough that the
+# engine's loop does not take the cores the save needs, short enough that a request arriving meanwhile is not held
+# up (the loop takes new requests between steps; a 50 ms wait added the rest of the last request's save to the
+# next one's TTFT at concurrency 1)
+_IDLE_WAIT_S = 0.002
 _LOADER_THREADS = 2  # requests loading at once (each one's blocks are read in one batched load_many)
+_WARMERS = 1  # evicted chunks warmed into the CPU tier at once (a background copy: one thread)
 
 
 class BlockViews:
@@ -133,6 +140,12 @@ class WorkerSide:
         self.saver = Saver(memory, namespace, compression)
         self._loader = ThreadPoolExecutor(max_workers=_LOADER_THREADS, thread_name_prefix="kvmem-vllm-loader")
         self._loading: dict[str, tuple[ChunkTransfer, Future[tuple[list[int], float]]]] = {}  # asynchronous loads
+        self.warmed_chunks = 0  # evicted chunks warmed into the CPU tier
+        memory_tiers = memory.config.cpu_bytes > 0 or memory.config.gpu_bytes > 0
+        self._exclusive = memory_tiers and memory.config.write_policy == "around"
+        self._warmer = (
+            ThreadPoolExecutor(max_workers=_WARMERS, thread_name_prefix="kvmem-vllm-warmer") if memory_tiers else None
+        )
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Map vLLM's per-layer KV cache tensors (see :class:`BlockViews`)."""
@@ -140,7 +153,10 @@ class WorkerSide:
 
     def start_async(self, meta: KVMemMetadata) -> None:
         """Start this step's asynchronous loads on the loader's threads (as soon as the step's metadata is
-        bound, before its forward pass: a load that ends within the step is reported at its end)."""
+        bound, before its forward pass: a load that ends within the step is reported at its end), and the
+        warming of the chunks vLLM evicted."""
+        if meta.evicted and self._warmer is not None:
+            self._warmer.submit(self._warm, meta.evicted)
         for transfer in meta.async_loads:
             self._loading[transfer.req_id] = (transfer, self._loader.submit(self._timed_load, transfer))
 
@@ -180,6 +196,19 @@ class WorkerSide:
         failed = self._load_one(transfer)
         return failed, time.perf_counter() - start
 
+    def _warm(self, keys: list[str]) -> None:
+        """Warm ``keys`` (chunks vLLM evicted) into the CPU tier from the tiers below (CRC-checked on the way).
+
+        NOTE: a chunk not stored (its save failed, or is still queued) is skipped; a failure costs a future
+        load from disk, never the engine."""
+        store = self.memory.chunk_store()
+        for key in keys:
+            try:
+                if store.warm(self.memory.storage_key(rank_key(key, self.rank), self.namespace)):
+                    self.warmed_chunks += 1
+            except Exception as exc:
+                logger.warning("kvmem: warming an evicted chunk failed (%s): %s", type(exc).__name__, exc)
+
     def _loads_done(self) -> set[str]:
         """The requests whose asynchronous load has finished since the last call; their failed blocks are
         reported in the same step (vLLM's rule: no later than the step that reports the request received)."""
@@ -213,7 +242,19 @@ class WorkerSide:
         except Exception as exc:
             logger.warning("kvmem: loading %d chunk(s) failed (%s): %s", len(transfer.keys), type(exc).__name__, exc)
             return list(range(len(transfer.keys)))
+        if self._exclusive and self._warmer is not None:
+            self._warmer.submit(self._release, [k for k, value in zip(transfer.keys, got) if value is not None])
         return [c for c, value in enumerate(got) if value is None]
+
+    def _release(self, keys: list[str]) -> None:
+        """Drop the CPU tier's copies of ``keys`` (chunks just loaded into vLLM's cache, which holds them now;
+        the persistent tiers keep theirs, and an eviction warms them again)."""
+        store = self.memory.chunk_store()
+        for key in keys:
+            try:
+                store.release(self.memory.storage_key(rank_key(key, self.rank), self.namespace))
+            except Exception as exc:
+                logger.warning("kvmem: releasing a loaded chunk failed (%s): %s", type(exc).__name__, exc)
 
     def save(self, meta: KVMemMetadata) -> None:
         """Queue this step's completed chunks for the saver thread (a request whose load failed this step
@@ -267,10 +308,7 @@ class WorkerSide:
         """This worker's numbers since it started (:data:`kvmem_vllm.stats.COUNTERS`), and the blocks queued for
         saving now (``saves_pending``)."""
         block_bytes = self.views.block_bytes if self.views is not None else 0
-        hits = {
-            f"loaded_chunks_{tier}": self.memory.metrics.value("kvmem_hits_total", tier=tier, kind="tensor")
-            for tier in TIERS
-        }
+        hits = {f"loaded_chunks_{tier}": self.memory.metrics.hits_of(tier, "tensor") for tier in TIERS}
         return {
             "loaded_blocks": self.loaded_blocks,
             "loaded_async_blocks": self.async_blocks,
@@ -282,12 +320,15 @@ class WorkerSide:
             "saved_bytes": self.saver.saved_blocks * block_bytes,
             "save_seconds": self.saver.save_seconds,
             **hits,
+            "warmed_chunks": self.warmed_chunks,
             "saves_pending": self.saver.queued_blocks,
         }
 
     def close(self) -> None:
         """Finish the loads and saves in flight (before the memory is closed)."""
         self._loader.shutdown(wait=True)
+        if self._warmer is not None:
+            self._warmer.shutdown(wait=True, cancel_futures=True)
         self.saver.close()
 
     def take_failed(self) -> set[int]:

@@ -3,6 +3,7 @@ the worker's failed loads and the scheduler's probe."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -275,3 +276,71 @@ def test_the_chunks_whose_load_failed_are_remembered_up_to_a_bound(
             0,
             0,
         ]
+
+
+def new_request(req_id: str, blocks: list[int], computed: int = 0) -> Any:
+    """A request scheduled for the first time, as vLLM's SchedulerOutput lists it (one KV cache group)."""
+    return SimpleNamespace(req_id=req_id, block_ids=(blocks,), num_computed_tokens=computed)
+
+
+def scheduled(*new: Any, tokens: int = 4) -> Any:
+    """The fields of vLLM's SchedulerOutput the scheduler side reads: ``new`` requests, none cached."""
+    cached = SimpleNamespace(req_ids=[], new_block_ids=[], resumed_req_ids=set(), num_computed_tokens=[])
+    return SimpleNamespace(
+        scheduled_new_reqs=list(new),
+        scheduled_cached_reqs=cached,
+        num_scheduled_tokens={r.req_id: tokens for r in new},
+        preempted_req_ids=set(),
+        total_num_scheduled_tokens=tokens * len(new),
+    )
+
+
+def test_a_block_given_to_other_kv_names_the_reused_chunk_it_held_as_evicted(tmp_path: Path) -> None:
+    ns, block = "vllm/test", 4
+    first, other = list(range(2 * 2 * block + 1)), list(range(100, 100 + 2 * 2 * block + 1))
+    keys = chunk_hashes(first, 2 * block, ns)
+    with kvmem.Memory(str(tmp_path), cpu_bytes=0, disk_bytes="64MiB") as mem:
+        sched = SchedulerSide(mem, ns, GroupLayout((None,), block, 2), load=True, save=False)
+        for req_id, tokens in (("r1", first), ("r2", other), ("r4", first), ("r5", first)):
+            sched.matched_tokens(probe_request(tokens, req_id), 0)
+        assert sched.build_meta(scheduled(new_request("r1", [1, 2, 3, 4, 5]))).evicted == []
+        sched.matched_tokens(probe_request(first, "r3"), 2 * 2 * block)  # vLLM's prefix cache holds both chunks
+        # r2's KV in blocks 3 and 6: block 3 held chunk 1 of r1's prompt (positions 2-3), which r3 reused
+        assert sched.build_meta(scheduled(new_request("r2", [3, 6, 7, 8, 9]))).evicted == [keys[1]]
+        # vLLM's prefix cache hands r4 the blocks of chunk 0 (no eviction); its chunk 1 goes into blocks 6 and 3,
+        # which held r2's chunk 0: computed once, never reused, so not named (the worker does not warm it)
+        assert sched.build_meta(scheduled(new_request("r4", [1, 2, 6, 3, 10], computed=2 * block))).evicted == []
+        # a chunk evicted and back in vLLM's cache in the same step is not named either
+        meta = sched.build_meta(scheduled(new_request("r9", [1]), new_request("r5", [16, 2, 6, 3, 17])))
+        assert meta.evicted == []  # block 1 left chunk 0, which r5 holds again in blocks 16 and 2
+
+
+def test_the_cpu_tier_holds_the_chunks_vllm_evicted_not_those_it_holds(tmp_path: Path) -> None:
+    per_layer, caches = cpu_caches()
+    ns = "vllm/test"
+    with kvmem.Memory(str(tmp_path), cpu_bytes="16MiB", disk_bytes="64MiB", write_policy="around") as mem:
+        worker = WorkerSide(mem, ns, BLOCKS, "none")
+        worker.register(caches)
+        key = rank_key("c0", 0)
+
+        def where() -> str | None:
+            return mem.chunk_store().locate(mem.storage_key(key, ns))
+
+        worker.save(KVMemMetadata(saves=[ChunkTransfer("r1", ["c0"], [[3, 1]])]))
+        worker.saver.wait_for({"r1"})
+        assert where() == "disk"  # saved around the CPU tier: vLLM holds those blocks
+        worker.start_async(KVMemMetadata(evicted=["c0", "never-stored"]))
+        for _ in range(200):  # NOTE: warmed on the warmer's thread
+            if where() == "cpu":
+                break
+            time.sleep(0.05)
+        assert where() == "cpu" and worker.warmed_chunks == 1  # evicted from vLLM: warmed into the CPU tier
+        want = per_layer[:, [3, 1]].clone()
+        worker.load(KVMemMetadata(loads=[ChunkTransfer("r2", ["c0"], [[6, 7]])]))
+        assert torch.equal(per_layer[:, 6:8], want)
+        for _ in range(200):  # loaded into vLLM's cache again: the CPU copy is dropped, the disk keeps its own
+            if where() == "disk":
+                break
+            time.sleep(0.05)
+        assert where() == "disk" and mem.metrics.value("kvmem_hits_total", tier="cpu", kind="tensor") == 1
+        worker.close()

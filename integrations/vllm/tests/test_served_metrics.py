@@ -29,6 +29,8 @@ def test_metrics_of_a_served_engine_show_the_connector_s_counters(tiny_llama: Pa
     assert metric(text, "vllm:kvmem_saved_blocks_total") == 4  # the prompt's two chunks of 2 blocks
     assert metric(text, "vllm:kvmem_loaded_blocks_total") == 4  # loaded back for the second request
     assert metric(text, "vllm:kvmem_failed_blocks_total") == 0
-    assert metric(text, "vllm:kvmem_loaded_chunks_cpu_total") == 2  # from the worker's CPU tier
+    # saved around the worker's CPU tier (it holds what vLLM evicts: nothing here), so loaded from disk
+    assert metric(text, "vllm:kvmem_loaded_chunks_disk_total") == 2
+    assert metric(text, "vllm:kvmem_loaded_chunks_cpu_total") == 0 and "vllm:kvmem_warmed_chunks_total" in text
     assert metric(text, "vllm:kvmem_saved_bytes_total") > 0 and metric(text, "vllm:kvmem_save_seconds_total") > 0
     assert "vllm:kvmem_saves_pending" in text
