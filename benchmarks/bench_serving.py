@@ -258,12 +258,13 @@ def bench(url: str, model: Path, prompts: Path, one: Pass, log: Path) -> dict[st
 
 # -- servers --------------------------------------------------------------------------------------------------------
 def metrics(port: int) -> dict[str, float]:
-    """The server's prefix-cache counters (vLLM's own and the connector's), summed over label sets."""
+    """The server's prefix-cache counters (vLLM's own) and the connector's (``vllm:kvmem_*``), summed over label
+    sets."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
     found: dict[str, float] = {}
     for line in text.splitlines():
         name = line.split("{")[0].split(" ")[0]
-        if name.endswith("_total") and "prefix_cache" in name and not line.startswith("#"):
+        if name.endswith("_total") and ("prefix_cache" in name or "kvmem" in name) and not line.startswith("#"):
             found[name] = found.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return found
 
@@ -332,10 +333,16 @@ class Deployment:
         )
         return hits, sum(m.get("vllm:prefix_cache_queries_total", 0) for m in found)
 
-    def shutdown_lines(self) -> list[str]:
-        """The connector's shutdown line of each server (blocks loaded and saved, seconds spent loading)."""
-        found = [re.findall(r"kvmem: (\d+ block\(s\) loaded.*)$", s.log.read_text(), re.M) for s in self.servers]
-        return [lines[-1] for lines in found if lines]
+    def connector_counts(self) -> str:
+        """The connector's counters of every server so far (``vllm:kvmem_*_total``: chunks loaded by tier,
+        warmed, blocks saved, seconds loading and saving), one line; empty without the connector."""
+        totals: dict[str, float] = {}
+        for server in self.servers:
+            for name, value in metrics(server.port).items():
+                if name.startswith("vllm:kvmem_"):
+                    short = name.removeprefix("vllm:kvmem_").removesuffix("_total")
+                    totals[short] = totals.get(short, 0.0) + value
+        return ", ".join(f"{name} {value:g}" for name, value in totals.items() if "bytes" not in name)
 
     def stop(self) -> None:
         if self.proxy is not None:
@@ -471,7 +478,7 @@ def run_row(
     setup: Setup, rep_dir: Path, name: str, row: Row, redis: RedisServer
 ) -> tuple[dict[Key, Result], list[str]]:
     """Start a row's servers, run its passes one after another, stop them: each measured pass's measures, and
-    the connector's shutdown lines. ``RuntimeError`` where a server does not start."""
+    the connector's counters after them. ``RuntimeError`` where a server does not start."""
     deployment = Deployment(rep_dir, name, setup.model, row, setup.common, setup.env)
     out = {}
     try:
@@ -494,9 +501,10 @@ def run_row(
                 _memory(row, redis) / 2**20,
                 got["duration"],
             )
+        counts = deployment.connector_counts()
     finally:
         deployment.stop()
-    return out, deployment.shutdown_lines()
+    return out, [counts] if counts else []
 
 
 def _memory(row: Row, redis: RedisServer) -> int:
@@ -740,7 +748,7 @@ def main() -> None:
     print(f"(memory: vLLM's KV space, CPU tiers' host memory, kvmem's disk tier, Redis; logs under {work})")
     print(f"rows and passes: {wall_s / 60:.1f} min")
     if notes:
-        print("\n".join(["kvmem's worker at shutdown:", *notes]))
+        print("\n".join(["kvmem's connector counters (vllm:kvmem_*_total, every pass of the row):", *notes]))
     names = list(dict.fromkeys(key[0] for key in medians))
     kvmem_rows = [name for name in names if "kvmem" in name]
     found = checks(medians, kvmem_rows)
@@ -766,7 +774,7 @@ def main() -> None:
             "sizes": sizes._asdict(),
             "concurrencies": list(concurrencies),
             "wall_s": round(wall_s),
-            "worker_at_shutdown": notes,
+            "connector_counts": notes,
         },
     )
 
