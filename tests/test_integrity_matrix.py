@@ -119,6 +119,12 @@ def _strict(mem: kvmem.Memory, key: str) -> Any:
         return None
 
 
+def _warmed(mem: kvmem.Memory, key: str) -> Any:
+    """Warmed into the top tier from where it rests (a prefetch, the vLLM connector's evicted chunks), then
+    loaded: a damaged copy is never warmed."""
+    return mem.load(key) if mem.chunk_store().warm(mem.storage_key(key)) else None
+
+
 PATHS: dict[str, Callable[[kvmem.Memory, str], Any]] = {
     "load": _plain,
     "load(out=)": _out,
@@ -131,6 +137,7 @@ PATHS: dict[str, Callable[[kvmem.Memory, str], Any]] = {
     "load_many(out=[rows])": _many_rows,
     "fetch": _fetch,
     "load(strict=True)": _strict,
+    "chunk_store().warm": _warmed,
 }
 
 
