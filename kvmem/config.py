@@ -40,6 +40,7 @@ _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 FSYNC_MODES = ("always", "batch", "never")
 WRITE_POLICIES = ("through", "back", "around")
+EVICTIONS = ("lru", "arc")
 
 
 def parse_size(value: int | float | str, name: str = "size") -> int:
@@ -92,6 +93,7 @@ class Config:
     predictive_prefetch: bool = False
     predictive_prefetch_budget: int = 64 * 1024**2
     offload_threshold: float = 0.7
+    eviction: str = "lru"
     compression: str = "fp16"
     gpu_bytes: int = 0
     cpu_bytes: int = 2 * 1024**3
@@ -163,6 +165,8 @@ def _validate(c: Config) -> None:
         raise bad("predictive_prefetch_budget", "a byte count >= 1 such as '64MiB' (most bytes warmed per request)")
     if not (number(c.offload_threshold, (int, float)) and 0.0 < c.offload_threshold <= 1.0):
         raise bad("offload_threshold", "a fraction in (0, 1]")
+    if c.eviction not in EVICTIONS:
+        raise bad("eviction", " | ".join(EVICTIONS) + " (the order the GPU and CPU tiers give entries up in)")
     if c.fsync not in FSYNC_MODES:
         raise bad("fsync", " | ".join(FSYNC_MODES))
     if c.write_policy not in WRITE_POLICIES:

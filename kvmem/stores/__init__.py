@@ -69,11 +69,11 @@ def _gpu(config: Config) -> StorageTier | None:
     if not torch.cuda.is_available():
         log.warning("kvmem: gpu_bytes=%d but no CUDA device is present; running without a GPU tier", config.gpu_bytes)
         return None
-    return GpuTier(config.gpu_bytes)
+    return GpuTier(config.gpu_bytes, eviction=config.eviction)
 
 
 def _cpu(config: Config) -> StorageTier | None:
-    return CpuTier(config.cpu_bytes, verify=config.cpu_verify) if config.cpu_bytes else None
+    return CpuTier(config.cpu_bytes, verify=config.cpu_verify, eviction=config.eviction) if config.cpu_bytes else None
 
 
 def _disk(config: Config, on_recovered: OnRecovered | None = None) -> StorageTier | None:

@@ -38,7 +38,7 @@ from kvmem.rows import (
     writable_rows,
 )
 from kvmem.stores.base import BatchWrites, LendsBlobs, OpensBlobs, SharesBuffers, VerifiedReads
-from kvmem.stores.memory import LruTier
+from kvmem.stores.memory import MemoryTier
 from kvmem.stores.readers import BlobReader, check_size, copy_part
 from kvmem.threads import copy_pool
 
@@ -69,7 +69,7 @@ class _Entry(NamedTuple):
         return self.alloc.nbytes
 
 
-class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBlobs, BatchWrites):
+class CpuTier(MemoryTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBlobs, BatchWrites):
     """Host-memory tier on a :class:`~kvmem.pool.HostPool` (pinned when CUDA is present).
 
     Its loads lend views of its pages (:class:`~kvmem.stores.base.SharesBuffers`); the tiers
@@ -78,6 +78,7 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
     Args:
         capacity: bytes of pages this tier may use (``usage`` counts the pool's pages in use).
         verify: CRC-check every load (default: trust the pages; see the module docstring).
+        eviction: the order entries leave in (``lru`` or ``arc``: :mod:`kvmem.stores.eviction`).
 
     Attributes:
         checks_crc: ``verify``: whether loads from this tier check CRCs.
@@ -90,8 +91,8 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
     and trying once more, then by treating the value as refused here.
     """
 
-    def __init__(self, capacity: int, verify: bool = False) -> None:
-        super().__init__()
+    def __init__(self, capacity: int, verify: bool = False, eviction: str = "lru") -> None:
+        super().__init__(capacity, eviction)
         self.name = "cpu"
         self.capacity = capacity
         self.checks_crc = verify
@@ -123,10 +124,7 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
     def _insert(self, entries: list[tuple[str, _Entry]]) -> None:
         with self._lock:
             for key, entry in entries:
-                old = self._entries.pop(key, None)
-                if old is not None:
-                    self._forget(old)
-                self._entries[key] = entry
+                self._place(key, entry, entry.nbytes)
 
     def _copy_in(self, blob: EncodedBlob, key: str) -> _Entry:
         """``blob``'s bytes copied once into newly allocated pages, as ``key``'s entry.
@@ -179,12 +177,15 @@ class CpuTier(LruTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, LendsBl
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
-                self._entries.move_to_end(key)
+                self._hit(key)
             return entry
 
     def blob(self, key: str) -> EncodedBlob | None:
-        """``key``'s blob as this tier holds it (views of its pages), for writing it elsewhere without a copy."""
-        entry = self.lookup(key)
+        """``key``'s blob as this tier holds it (views of its pages), for writing it elsewhere without a copy.
+
+        Not a read: its place in the eviction order stays (a write-through or a demotion lends it)."""
+        with self._lock:
+            entry = self._entries.get(key)
         return None if entry is None else entry.blob
 
     def get(self, key: str) -> torch.Tensor | None:

@@ -1,4 +1,4 @@
-"""In-memory tiers: what they share (an LRU of entries), and the GPU tier.
+"""In-memory tiers: what they share (entries in an eviction order), and the GPU tier.
 
 ``GpuTier`` keeps blobs in the pages of one preallocated device pool
 (:mod:`kvmem.stores.paged`); the CPU tier (:mod:`kvmem.stores.cpu`) in the pages of one
@@ -17,27 +17,43 @@ import torch
 
 from kvmem.blob import EncodedBlob
 from kvmem.errors import CapacityError, ConfigError
-from kvmem.stores.base import OpensBlobs, TierBase, Trusted, lru_keys
+from kvmem.stores.base import OpensBlobs, TierBase, Trusted
+from kvmem.stores.eviction import order_for
 from kvmem.stores.paged import PagedBuffer
 from kvmem.stores.readers import BlobReader, open_by_ranges
 
-__all__ = ["LruTier", "GpuTier"]
+__all__ = ["MemoryTier", "GpuTier"]
 
 E = TypeVar("E")
 
 
-class LruTier(TierBase, Generic[E]):
-    """What the in-memory tiers share: entries by key in LRU order, and the blob bytes they hold."""
+class MemoryTier(TierBase, Generic[E]):
+    """What the in-memory tiers share: entries by key, the order they leave in, and the blob bytes they hold.
 
-    def __init__(self) -> None:
-        # OrderedDict order is the LRU order: first = least recently used.
+    Args:
+        capacity: bytes the tier may hold.
+        eviction: the order entries leave in when room is made (:data:`kvmem.stores.eviction.EVICTIONS`).
+    """
+
+    def __init__(self, capacity: int, eviction: str = "lru") -> None:
+        # NOTE: with "lru" the mapping's order is the eviction order: first = least recently used
         self._entries: OrderedDict[str, E] = OrderedDict()
+        self._order = order_for(eviction, self._entries, capacity)  # type: ignore[arg-type]
+        self._hit = self._order.hit
         self._bytes = 0
         self._lock = threading.Lock()
 
     def _forget(self, entry: E) -> None:
         """Account for ``entry`` leaving (caller holds ``_lock``)."""
         raise NotImplementedError
+
+    def _place(self, key: str, entry: E, nbytes: int) -> None:
+        """Hold ``entry`` under ``key``, replacing (and forgetting) any entry there (caller holds ``_lock``)."""
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._forget(old)
+        self._entries[key] = entry
+        self._order.added(key, nbytes)
 
     def contains(self, key: str) -> bool:
         return key in self._entries
@@ -47,16 +63,18 @@ class LruTier(TierBase, Generic[E]):
             old = self._entries.pop(key, None)
             if old is not None:
                 self._forget(old)
+                self._order.removed(key)
             return old is not None
 
     def keys(self) -> Iterator[str]:
-        return lru_keys(self._entries, self._lock)
+        """Keys in the order they leave in (the first to go first), read lazily."""
+        return self._order.victims(self._lock)
 
     def usage(self) -> int:
         return self._bytes
 
 
-class GpuTier(LruTier["_Entry"], Trusted, OpensBlobs):
+class GpuTier(MemoryTier["_Entry"], Trusted, OpensBlobs):
     """Device-memory tier on a paged pool: blobs live in fixed-size pages of one preallocated buffer.
 
     No allocation per entry and no fragmentation: a blob takes ``ceil(nbytes / page_bytes)``
@@ -78,6 +96,7 @@ class GpuTier(LruTier["_Entry"], Trusted, OpensBlobs):
         transfer_bytes: bytes per host-to-device run (8 MiB: on an H200 a 32 MiB put from the CPU tier's
             pinned pages ran at 0.22 of a plain pinned copy in 1 MiB runs, 0.47-0.60 in 4-8 MiB runs,
             0.62 in 32 MiB runs; each run is one copy and one scatter kernel).
+        eviction: the order entries leave in (``lru`` or ``arc``: :mod:`kvmem.stores.eviction`).
 
     The pool holds 1/8 more pages than ``capacity`` needs, for the unused tail of
     each entry's last page; a put that still finds too few pages (a great many tiny
@@ -91,6 +110,7 @@ class GpuTier(LruTier["_Entry"], Trusted, OpensBlobs):
         device: torch.device | str = "cuda",
         page_bytes: int | None = None,
         transfer_bytes: int = 8 << 20,
+        eviction: str = "lru",
     ) -> None:
         self.name = "gpu"
         self.capacity = capacity
@@ -109,14 +129,14 @@ class GpuTier(LruTier["_Entry"], Trusted, OpensBlobs):
             if self.device.type == "cpu"
             else torch.empty_like(self._host_staging, device=self.device)
         )
-        super().__init__()
+        super().__init__(capacity, eviction)
 
     def get(self, key: str) -> torch.Tensor | None:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
                 return None
-            self._entries.move_to_end(key)
+            self._hit(key)
             return self._buffer.read(entry.blocks)[0, : entry.nbytes]
 
     def read_range(self, key: str, start: int, stop: int) -> torch.Tensor | None:
@@ -144,10 +164,8 @@ class GpuTier(LruTier["_Entry"], Trusted, OpensBlobs):
                     f"of {self.page_bytes} B, {self._buffer.pool.num_free} are free"
                 )
             self._write(blocks, blob)
-            old = self._entries.pop(key, None)
-            if old is not None:  # NOTE: the new version is written before the old one's pages are freed
-                self._forget(old)
-            self._entries[key] = _Entry(blocks, blob.nbytes)
+            # NOTE: the new version is written before the old one's pages are freed
+            self._place(key, _Entry(blocks, blob.nbytes), blob.nbytes)
             self._bytes += blob.nbytes
 
     def _write(self, blocks: list[int], blob: EncodedBlob) -> None:
