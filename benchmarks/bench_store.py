@@ -26,6 +26,9 @@ kvmem does more than its baseline: it frames the blob, CRC32C-checks every
 load from disk, fsyncs the directory after the rename and records the entry in
 its catalog.
 
+The eviction orders' own cost per operation is measured on the 64 KiB items too: a CPU-tier hit and a
+store into a full CPU tier (each evicts one entry) with ``eviction: arc``, against the same with ``lru``.
+
 Workload: KV chunks of a Llama-3-8B layout (256 tokens x 32 layers x 8 KV heads
 x 128 head_dim, K and V in bf16: 32 MiB of tensors per chunk, stored as
 ``{"k": [32, 8, 256, 128], "v": [...]}``), then a separate run of 64 KiB items
@@ -402,6 +405,41 @@ def bench_reference_saves(
     return rows
 
 
+def bench_eviction(root: Path, values: Sequence[Chunk | torch.Tensor], repeat: int) -> list[Row]:
+    """What the ARC eviction order costs per operation against LRU: a CPU-tier hit, and a store into a full
+    CPU tier (each one evicts an entry; no tier below, so the entry is dropped)."""
+    size, n = nbytes_of(values[0]), len(values)
+    opened = {
+        e: Memory(path=str(root / f"evict-{e}"), cpu_bytes=4 * size * n + (64 << 20), disk_bytes=0, eviction=e)
+        for e in ("arc", "lru")
+    }
+    full = {
+        e: Memory(path=str(root / f"full-{e}"), cpu_bytes=size * n // 2, disk_bytes=0, eviction=e)
+        for e in ("arc", "lru")
+    }
+    try:
+        keys = {e: fill(m, values, "hit") for e, m in opened.items()}
+        hit_t = side_by_side(load_all(opened["arc"], keys["arc"]), load_all(opened["lru"], keys["lru"]), repeat)
+        rounds = dict.fromkeys(full, 0)
+
+        def store_all(e: str) -> Callable[[], None]:
+            def run() -> None:  # new keys each round: every put past half the items evicts one
+                rounds[e] += 1
+                for i, value in enumerate(values):
+                    full[e].store(f"r{rounds[e]}-{i}", value)
+
+            return run
+
+        store_t = side_by_side(store_all("arc"), store_all("lru"), repeat)
+    finally:
+        for m in (*opened.values(), *full.values()):
+            m.close()
+    return [
+        Row("CPU tier load, eviction arc", "eviction lru", size, n, *hit_t),
+        Row("store evicting one entry, eviction arc", "eviction lru", size, n, *store_t),
+    ]
+
+
 def run_suite(root: Path, values: Sequence[Chunk | torch.Tensor], repeat: int, label: str) -> list[Row]:
     """Every comparison, over one kind of value."""
     rows = [bench_cpu_load(root, values, repeat, label)]
@@ -446,7 +484,7 @@ def fmt_size(n: int) -> str:
 
 def print_throughput(rows: Sequence[Row]) -> None:
     head = (
-        f"{'operation':<22} {'baseline':<26} {'size':>9} {'kvmem GB/s':>10} {'base GB/s':>10} "
+        f"{'operation':<38} {'baseline':<26} {'size':>9} {'kvmem GB/s':>10} {'base GB/s':>10} "
         f"{'ratio':>6} {'best':>5} {'target':>7}  result"
     )
     print(head)
@@ -454,21 +492,21 @@ def print_throughput(rows: Sequence[Row]) -> None:
     for r in rows:
         target = f">={r.target:.1f}" if r.target is not None else ""
         print(
-            f"{r.operation:<22} {r.baseline:<26} {fmt_size(r.size):>9} {r.gbps(r.kvmem_s):>10.2f} "
+            f"{r.operation:<38} {r.baseline:<26} {fmt_size(r.size):>9} {r.gbps(r.kvmem_s):>10.2f} "
             f"{r.gbps(r.baseline_s):>10.2f} {r.ratio:>6.2f} {r.best_ratio:>5.2f} {target:>7}  {r.verdict}"
         )
 
 
 def print_latency(rows: Sequence[Row]) -> None:
     head = (
-        f"{'operation':<22} {'baseline':<26} {'size':>9} {'kvmem us/op':>11} {'base us/op':>10} "
+        f"{'operation':<38} {'baseline':<26} {'size':>9} {'kvmem us/op':>11} {'base us/op':>10} "
         f"{'ratio':>6} {'best':>5}"
     )
     print(head)
     print("-" * len(head))
     for r in rows:
         print(
-            f"{r.operation:<22} {r.baseline:<26} {fmt_size(r.size):>9} {r.us_per_op(r.kvmem_s):>11.1f} "
+            f"{r.operation:<38} {r.baseline:<26} {fmt_size(r.size):>9} {r.us_per_op(r.kvmem_s):>11.1f} "
             f"{r.us_per_op(r.baseline_s):>10.1f} {r.ratio:>6.2f} {r.best_ratio:>5.2f}"
         )
 
@@ -559,7 +597,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         del chunks
         items = [make_small(10_000 + i) for i in range(args.small)]
         print(f"\n64 KiB items: {args.small} per repetition, median of {args.repeat}\n")
-        small = run_suite(root, items, args.repeat, "small")
+        small = run_suite(root, items, args.repeat, "small") + bench_eviction(root, items, args.repeat)
         print_latency(small)
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -35,6 +35,7 @@ BENCHMARKS = (
     "bench_agent",
     "bench_blend",
     "bench_prefetch",
+    "sim_eviction",
     "bench_serving",
     "bench_connector_chunks",
     "bench_remote",
