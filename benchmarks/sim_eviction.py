@@ -33,7 +33,7 @@ class OrderCache:
     def __init__(self, capacity: int, eviction: str) -> None:
         self.capacity = capacity
         self.entries: OrderedDict[str, object] = OrderedDict()
-        self.order: Order = Arc(capacity) if eviction == "arc" else Lru(self.entries)
+        self.order: Order = Arc() if eviction == "arc" else Lru(self.entries)
         self.lock = threading.Lock()
 
     def read(self, key: str) -> bool:

@@ -92,7 +92,7 @@ class CpuTier(MemoryTier[_Entry], SharesBuffers, VerifiedReads, OpensBlobs, Lend
     """
 
     def __init__(self, capacity: int, verify: bool = False, eviction: str = "lru") -> None:
-        super().__init__(capacity, eviction)
+        super().__init__(eviction)
         self.name = "cpu"
         self.capacity = capacity
         self.checks_crc = verify

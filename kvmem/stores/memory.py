@@ -31,14 +31,13 @@ class MemoryTier(TierBase, Generic[E]):
     """What the in-memory tiers share: entries by key, the order they leave in, and the blob bytes they hold.
 
     Args:
-        capacity: bytes the tier may hold.
-        eviction: the order entries leave in when room is made (:data:`kvmem.stores.eviction.EVICTIONS`).
+        eviction: the order entries leave in when room is made (:data:`kvmem.config.EVICTIONS`).
     """
 
-    def __init__(self, capacity: int, eviction: str = "lru") -> None:
+    def __init__(self, eviction: str = "lru") -> None:
         # NOTE: with "lru" the mapping's order is the eviction order: first = least recently used
         self._entries: OrderedDict[str, E] = OrderedDict()
-        self._order = order_for(eviction, self._entries, capacity)  # type: ignore[arg-type]
+        self._order = order_for(eviction, self._entries)  # type: ignore[arg-type]
         self._hit = self._order.hit
         self._bytes = 0
         self._lock = threading.Lock()
@@ -129,7 +128,7 @@ class GpuTier(MemoryTier["_Entry"], Trusted, OpensBlobs):
             if self.device.type == "cpu"
             else torch.empty_like(self._host_staging, device=self.device)
         )
-        super().__init__(capacity, eviction)
+        super().__init__(eviction)
 
     def get(self, key: str) -> torch.Tensor | None:
         with self._lock:
