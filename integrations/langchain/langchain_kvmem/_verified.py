@@ -40,23 +40,26 @@ class VerifiedElements:
     def chain(self, last: str) -> tuple[list[Element], str | None]:
         """The elements kept of the list ending at ``last``, from the last back, and the key of the first one
         not kept (``None``: the whole list is here)."""
-        found: list[Element] = []
-        key: str | None = last
         with self._lock:
-            while key is not None and (element := self._elements.get(key)) is not None:
-                found.append(element)
-                key = element.parent
+            found, key = self._walk(last)
             for element in reversed(found):  # NOTE: the list's first elements are dropped first (see add)
                 self._elements.move_to_end(element.key)
         return found, key
 
     def missing(self, last: str) -> str | None:
-        """The key of the first element of the list ending at ``last`` not kept here, walking back (``None``: none)."""
-        key: str | None = last
+        """The key of the first element of the list ending at ``last`` not kept here, walking back (``None``: none).
+        Not a use: what is kept stays in its place."""
         with self._lock:
-            while key is not None and (element := self._elements.get(key)) is not None:
-                key = element.parent
-        return key
+            return self._walk(last)[1]
+
+    def _walk(self, last: str) -> tuple[list[Element], str | None]:
+        """:meth:`chain` without marking anything used (caller holds ``_lock``)."""
+        found: list[Element] = []
+        key: str | None = last
+        while key is not None and (element := self._elements.get(key)) is not None:
+            found.append(element)
+            key = element.parent
+        return found, key
 
     def add(self, elements: Iterable[Element]) -> None:
         """Keep ``elements`` (checked by the caller, or made by it; a list's in its order), dropping the least
