@@ -158,14 +158,18 @@ def readme_table(all_records: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
         newest = headline_record(records)
         figs = figures_by_id(newest)
         link = f"[{newest['date'][:10]}, {short_commit(newest)}](docs/benchmarks/{name}.md)"
+        whats = [figs[fid]["what"] for fid in newest["headline"]]
         for fid in newest["headline"]:
             f = figs[fid]
+            what = f["what"]
+            if whats.count(what) > 1 and f.get("group"):  # NOTE: the same quantity in two tables: say which
+                what = f"{what} ({f['group']})"
             r = f["references"][0] if f["references"] else {}
             reference = number(r.get("value"), r.get("unit", f["unit"]), r.get("decimals", f.get("decimals")))
             if r:
                 reference = f"{reference} ({escape(r['name'])})" if reference else escape(r["name"])
             lines.append(
-                f"| {escape(f['what'])} | {number(f['kvmem'], f['unit'], f.get('decimals'))} | {reference} | "
+                f"| {escape(what)} | {number(f['kvmem'], f['unit'], f.get('decimals'))} | {reference} | "
                 f"{ratio(r.get('ratio'))}{ratio_note(r)} | "
                 f"`{escape(newest['command'])}` | {link} |"
             )
