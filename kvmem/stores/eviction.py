@@ -21,6 +21,7 @@ is promoted back, which is exactly ARC's ghost hit.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -30,6 +31,8 @@ from kvmem.config import EVICTIONS
 from kvmem.stores.base import lru_keys
 
 __all__ = ["EVICTIONS", "Order", "Lru", "Arc", "order_for"]
+
+_LAZY_VICTIMS = 64  # keys an ARC tier chooses one at a time before the rest is read as a snapshot
 
 
 class Order(Protocol):
@@ -126,24 +129,34 @@ class Arc:
                 return
 
     def victims(self, lock: threading.Lock) -> Iterator[str]:
-        """T1's oldest while T1 is over its target (or T2 is empty), else T2's oldest; one key at a time.
+        """T1's oldest while T1 is over its target (or T2 is empty), else T2's oldest; one key at a time, for
+        the first :data:`_LAZY_VICTIMS` keys, then the rest as one snapshot in the order of that moment.
 
         A key yielded and not removed by the caller (it could not be moved) is not yielded again.
+
+        NOTE: making room takes a key or two; a reader that goes on is listing the tier (``entry_count``,
+        maintenance), for which choosing each key anew would cost O(entries) a key.
         """
         offered: set[str] = set()
-        while True:
+        for _ in range(_LAZY_VICTIMS):
             with lock:
                 key = self._next(offered)
             if key is None:
                 return
             offered.add(key)
             yield key
+        with lock:
+            rest = [key for key in itertools.chain(*self._lists()) if key not in offered]
+        yield from rest
+
+    def _lists(self) -> tuple[OrderedDict[str, int], OrderedDict[str, int]]:
+        """The list to take victims from first, then the other (ARC's REPLACE)."""
+        if self._bytes[0] > self.target or not self._again:
+            return self._once, self._again
+        return self._again, self._once
 
     def _next(self, offered: set[str]) -> str | None:
-        first, second = (
-            (self._once, self._again) if self._bytes[0] > self.target or not self._again else (self._again, self._once)
-        )
-        for entries in (first, second):
+        for entries in self._lists():
             for key in entries:
                 if key not in offered:
                     return key

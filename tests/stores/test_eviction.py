@@ -6,6 +6,7 @@ after a sequence of stores and loads, and which tier served the loads.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,22 @@ def test_ghosts_are_bounded_by_the_bytes_the_tier_held() -> None:
         order.removed(f"k{i}")
     assert order.size == 10 * KIB
     assert order._bytes[0] + order._bytes[2] <= order.size and len(order._gone_once) == 10
+
+
+def test_listing_an_arc_tier_gives_every_key_once() -> None:
+    """Past the first keys (a room-making reader takes one or two) the rest comes as one snapshot: listing a
+    large tier (entry counts, maintenance) is one pass, not a choice per key."""
+    order = Arc()
+    keys = [f"k{i}" for i in range(5000)]
+    for key in keys:
+        order.added(key, 1)
+    for key in keys[::3]:
+        order.hit(key)  # read again: listed after the entries read once
+    listed = list(order.victims(threading.Lock()))
+    assert sorted(listed) == sorted(keys)
+    again = set(keys[::3])
+    assert [k for k in listed if k not in again] == [k for k in keys if k not in again]
+    assert listed[-len(again) :] == keys[::3]
 
 
 def test_gpu_tier_takes_the_same_orders() -> None:
