@@ -25,10 +25,16 @@ token's embedding alone), so the first deviation shows at layer 1, the default
 ``recompute_ratio=1`` computes every token at every layer: a full prefill.
 
 Supported position encodings: rotary embeddings whose angle is ``position x inv_freq``
-with no attention scaling (``rope_type`` ``default``, ``linear``, ``llama3``), where a
-rotation by ``p`` composes exactly; others raise :class:`UnsupportedModelError`.
-Works on transformers 5 Llama-family decoders (``model.model.layers`` of decoder
-layers taking ``position_embeddings``), with SDPA or eager attention, CPU or GPU.
+with frequencies fixed at start-up (``rope_type`` ``default``, ``linear``, ``llama3``,
+``yarn``, whose attention scaling is divided out of the re-rotation), where a rotation
+by ``p`` composes exactly, per layer type where a model has several (Gemma 3's sliding
+and global layers). ``dynamic`` and ``longrope`` change their frequencies with the
+sequence's length, so a segment computed alone was rotated with other ones: they raise
+:class:`UnsupportedModelError`, as do other types. Works on transformers 5 Llama-family
+decoders (``model.model.layers`` of decoder layers taking ``position_embeddings``: Llama,
+Qwen 2 and 3 (q/k norms come before RoPE, so stored keys rotate as Llama's), Mistral,
+Gemma 2 and 3 with their sliding windows and Gemma 2's soft-capped logits), with SDPA or
+eager attention, CPU or GPU.
 """
 
 from __future__ import annotations
@@ -54,7 +60,9 @@ from kvmem.kv.layout import ChunkValue, cache_argument, chunk_value, install_pre
 
 __all__ = ["BlendCache", "BlendResult", "Segment", "SUPPORTED_ROPE_TYPES"]
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# NOTE: their frequencies depend on the sequence's length: a segment computed alone is rotated by other ones
+LENGTH_DEPENDENT_ROPE_TYPES = ("dynamic", "longrope")
 
 
 @dataclass(frozen=True)
@@ -140,13 +148,13 @@ class _Pass:
     Attributes:
         total: the prompt's length.
         positions: the computed positions, ``[1, q]`` (sorted).
-        rope: the rotary ``(cos, sin)`` at those positions.
+        rope: per rotary kind (:attr:`BlendCache._rope_kinds`), the ``(cos, sin)`` at those positions.
         masks: per sliding window (``None``: full attention), the attention mask (:meth:`BlendCache._mask`).
     """
 
     total: int
     positions: torch.Tensor
-    rope: tuple[torch.Tensor, torch.Tensor]
+    rope: dict[str | None, tuple[torch.Tensor, torch.Tensor]]
     masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
 
     @property
@@ -184,7 +192,8 @@ class BlendCache:
     ) -> None:
         self.model = model
         self._base = _decoder(model)
-        _check_rope(model, self._base.rotary_emb)
+        self._rope_kinds = _rope_kinds(model)
+        _check_rope(model, self._base.rotary_emb, self._rope_kinds)
         self.recompute_ratio = _check_ratio(recompute_ratio)
         layers = len(self._base.layers)
         if isinstance(check_layer, bool) or not isinstance(check_layer, int) or not 1 <= check_layer < layers:
@@ -257,6 +266,9 @@ class BlendCache:
         kv = _BlendKV(keys, values)
         hidden, active = self._run_layers(ids, kv, forced, picks)
         logits = self._head(self._base.norm(hidden[:, -logits_to_keep:]))
+        cap = getattr(self.model.config, "final_logit_softcapping", None)
+        if cap:  # Gemma 2
+            logits = torch.tanh(logits / cap) * cap
         cache = self._to_cache(kv)
         recomputed = int(active.numel())
         self._count(total, total - recomputed, start)
@@ -292,9 +304,9 @@ class BlendCache:
             n = seg.tokens.numel()
             if value is not None:
                 known[pos : pos + n] = True
-                turn = self._turn(pos, ids.device)
+                turns = {kind: self._turn(pos, ids.device, kind) for kind in set(self._rope_kinds)}
                 for layer, leaf in enumerate(value):
-                    _rotate_into(keys[layer][:, :, pos : pos + n], leaf["k"], turn)
+                    _rotate_into(keys[layer][:, :, pos : pos + n], leaf["k"], turns[self._rope_kinds[layer]])
                     values[layer][:, :, pos : pos + n] = leaf["v"]
             pos += n
         return ids, known, keys, values, loaded, stored
@@ -330,18 +342,25 @@ class BlendCache:
     def _store(self, key: str, value: ChunkValue) -> None:
         self.memory.store(key, value, namespace=self.namespace, compression=self.codec)
 
-    def _turn(self, delta: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The model's rotary ``(cos, sin)`` (``[1, 1, 1, D]``, fp32) for position ``delta``: the rotation that
-        moves keys from positions ``t`` to ``t + delta`` (``None``: none, ``delta == 0``).
+    def _rotary(self, x: torch.Tensor, positions: torch.Tensor, kind: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's rotary ``(cos, sin)`` at ``positions`` for layers of rotary ``kind``."""
+        return self._base.rotary_emb(x, position_ids=positions, **({"layer_type": kind} if kind else {}))
+
+    def _turn(self, delta: int, device: torch.device, kind: str | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rotation (``(cos, sin)``, ``[1, 1, 1, D]``, fp32) that moves keys of rotary ``kind`` from
+        positions ``t`` to ``t + delta`` (``None``: none, ``delta == 0``).
 
         NOTE: rotations compose, so keys rotated by this equal the keys computed at ``t + delta`` up to
-        float rounding, for the supported ``rope_type`` values only (angle ``position x inv_freq``).
+        float rounding, for the supported ``rope_type`` values only (angle ``position x inv_freq``). The
+        model's ``(cos, sin)`` carry its attention scaling (YaRN), already in the stored keys: divided out
+        here (it is the cosine at position 0).
         """
         if delta == 0:
             return None
         probe = torch.empty(0, dtype=torch.float32, device=device)
-        cos, sin = self._base.rotary_emb(probe, position_ids=torch.full((1, 1), delta, device=device))
-        return cos[:, None], sin[:, None]
+        cos, sin = self._rotary(probe, torch.tensor([[0, delta]], device=device), kind)
+        scale = cos[:, :1, :1]
+        return (cos[:, 1:] / scale)[:, None], (sin[:, 1:] / scale)[:, None]
 
     def _run_layers(
         self, ids: torch.Tensor, kv: _BlendKV, forced: torch.Tensor, picks: int
@@ -378,7 +397,7 @@ class BlendCache:
 
     def _pass(self, active: torch.Tensor, total: int, hidden: torch.Tensor) -> _Pass:
         positions = active[None]
-        return _Pass(total, positions, self._base.rotary_emb(hidden, position_ids=positions))
+        return _Pass(total, positions, {kind: self._rotary(hidden, positions, kind) for kind in set(self._rope_kinds)})
 
     def _layer(self, layer: torch.nn.Module, idx: int, hidden: torch.Tensor, now: _Pass, kv: _BlendKV) -> torch.Tensor:
         """Decoder layer ``idx`` on the computed positions' ``hidden`` states, attending to the whole prompt."""
@@ -390,7 +409,7 @@ class BlendCache:
             hidden,
             attention_mask=now.masks[window],
             position_ids=now.positions,
-            position_embeddings=now.rope,
+            position_embeddings=now.rope[self._rope_kinds[idx]],
             use_cache=True,
             **{self._layer_cache_arg: kv},
         )
@@ -468,28 +487,50 @@ def _decoder(model: torch.nn.Module) -> Any:
     return base
 
 
-def _check_rope(model: torch.nn.Module, rotary: torch.nn.Module) -> None:
+def _rope_kinds(model: torch.nn.Module) -> list[str | None]:
+    """Per layer, the layer type whose rotary parameters it uses (Gemma 3: ``sliding_attention`` and
+    ``full_attention`` differ), or ``None`` for all where the model has one set."""
+    config: Any = model.config
+    params = getattr(config, "rope_parameters", None)
+    types = getattr(config, "layer_types", None)
+    if isinstance(params, dict) and types and all(isinstance(params.get(t), dict) for t in types):
+        return list(types)
+    return [None] * config.num_hidden_layers
+
+
+def _check_rope(model: torch.nn.Module, rotary: torch.nn.Module, kinds: list[str | None]) -> None:
     """Refuse position encodings whose rotation by ``p`` does not compose exactly (see the module docstring).
 
     Raises:
-        UnsupportedModelError: naming the ``rope_type`` and the supported ones.
+        UnsupportedModelError: naming the ``rope_type``, why, and the supported ones.
     """
     config: Any = model.config
     params = getattr(config, "rope_parameters", None)
-    rope_type = params.get("rope_type") if isinstance(params, dict) else None
-    scaling = getattr(rotary, "attention_scaling", 1.0)
-    if rope_type not in SUPPORTED_ROPE_TYPES or scaling != 1.0:
-        raise UnsupportedModelError(
-            f"{type(model).__name__} uses rope_type={rope_type!r} (attention scaling {scaling}): BlendCache "
-            f"re-rotates keys for rope_type in {SUPPORTED_ROPE_TYPES} only, whose rotations compose exactly"
-        )
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    cos, _ = rotary(torch.empty(0), position_ids=torch.zeros(1, 1, dtype=torch.long))
-    if cos.shape[-1] != head_dim:
-        raise UnsupportedModelError(
-            f"{type(model).__name__} rotates {cos.shape[-1]} of {head_dim} head dimensions: "
-            "BlendCache handles rotary embeddings over the whole head only"
+    for kind in sorted(set(kinds), key=str):
+        kind_params = params.get(kind) if kind and isinstance(params, dict) else params
+        rope_type = kind_params.get("rope_type") if isinstance(kind_params, dict) else None
+        where = f" (layer type {kind})" if kind else ""
+        if rope_type in LENGTH_DEPENDENT_ROPE_TYPES:
+            raise UnsupportedModelError(
+                f"{type(model).__name__} uses rope_type={rope_type!r}{where}: its frequencies depend on the "
+                "sequence length, so a segment's keys computed alone are rotated with other frequencies than "
+                f"the whole prompt's; BlendCache re-rotates keys for rope_type in {SUPPORTED_ROPE_TYPES} only"
+            )
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise UnsupportedModelError(
+                f"{type(model).__name__} uses rope_type={rope_type!r}{where}: BlendCache re-rotates keys for "
+                f"rope_type in {SUPPORTED_ROPE_TYPES} only, whose rotations compose exactly"
+            )
+        probe = torch.empty(0)
+        cos, _ = rotary(
+            probe, position_ids=torch.zeros(1, 1, dtype=torch.long), **({"layer_type": kind} if kind else {})
         )
+        if cos.shape[-1] != head_dim:
+            raise UnsupportedModelError(
+                f"{type(model).__name__} rotates {cos.shape[-1]} of {head_dim} head dimensions{where}: "
+                "BlendCache handles rotary embeddings over the whole head only"
+            )
 
 
 def _attention(model: torch.nn.Module) -> str:
