@@ -61,6 +61,7 @@ from kvmem.kv.layout import ChunkValue, cache_argument, chunk_value, install_pre
 __all__ = ["BlendCache", "BlendResult", "Segment", "SUPPORTED_ROPE_TYPES"]
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+DEVIATIONS = ("values", "keys_values")
 # NOTE: their frequencies depend on the sequence's length: a segment computed alone is rotated by other ones
 LENGTH_DEPENDENT_ROPE_TYPES = ("dynamic", "longrope")
 
@@ -171,13 +172,20 @@ class BlendCache:
             with rotary position embeddings of a supported ``rope_type`` (see the module docstring).
         memory: where segments' KV lives (the module default when ``None``).
         recompute_ratio: share of the reused tokens recomputed from ``check_layer`` up (0.15, as the paper).
-        check_layer: the layer whose value deviation picks the tokens to recompute (>= 1).
+        check_layer: the layer whose KV deviation picks the tokens to recompute (>= 1).
+        filter_layers: over how many layers from ``check_layer`` the selection narrows (CacheBlend's gradual
+            filtering): ``2 x recompute_ratio`` of the reused tokens at ``check_layer``, down to
+            ``recompute_ratio`` at ``check_layer + filter_layers - 1``, each layer picking among the tokens
+            the one below it computed; 1: one selection at ``check_layer``.
+        deviation: what the deviation is measured on: ``"values"``, or ``"keys_values"`` (both, each relative
+            to the loaded ones' mean square).
         compression: codec of the stored KV (default ``memory.config.compression``).
         namespace: an extra scope (e.g. a tenant); the model identity is always folded in.
 
     Raises:
         UnsupportedModelError: the model's position encoding or layout is not one this handles.
-        ConfigError: ``recompute_ratio`` outside ``[0, 1]``, or ``check_layer`` outside ``[1, layers)``.
+        ConfigError: ``recompute_ratio`` outside ``[0, 1]``, ``check_layer`` or the last filtering layer
+            outside ``[1, layers)``, or another ``deviation``.
     """
 
     def __init__(
@@ -187,6 +195,8 @@ class BlendCache:
         *,
         recompute_ratio: float = 0.15,
         check_layer: int = 1,
+        filter_layers: int = 1,
+        deviation: str = "values",
         compression: str | None = None,
         namespace: str = "",
     ) -> None:
@@ -201,6 +211,17 @@ class BlendCache:
                 f"check_layer={check_layer!r}: expected an int from 1 to {layers - 1} (the model has {layers} layers)"
             )
         self.check_layer = check_layer
+        if isinstance(filter_layers, bool) or not isinstance(filter_layers, int) or not 1 <= filter_layers < layers:
+            raise ConfigError(f"filter_layers={filter_layers!r}: expected an int from 1 to {layers - 1}")
+        if check_layer + filter_layers > layers:
+            raise ConfigError(
+                f"check_layer={check_layer} with filter_layers={filter_layers}: the filtering would end past "
+                f"the model's last layer ({layers - 1})"
+            )
+        if deviation not in DEVIATIONS:
+            raise ConfigError(f"deviation={deviation!r}: expected one of {DEVIATIONS}")
+        self.filter_layers = filter_layers
+        self.deviation = deviation
         self.memory = memory if memory is not None else default_memory()
         self.codec = str(parse_codec(compression or self.memory.config.compression))
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -371,29 +392,64 @@ class BlendCache:
             ``(hidden states of the computed tokens after the last layer, their positions)``.
         """
         total = ids.shape[1]
-        candidates = int((~forced).sum())
         active = torch.arange(total, device=ids.device) if picks else forced.nonzero()[:, 0]
         hidden = self._base.embed_tokens(ids[:, active])
         now = self._pass(active, total, hidden)
+        schedule = self._schedule(picks, int((~forced).sum()))
         for i, layer in enumerate(self._base.layers):
-            if i == self.check_layer and 0 < picks < candidates:
-                active = self._select(layer, hidden, kv.values[i], forced, picks)
-                hidden = hidden[:, active]
+            if i in schedule and schedule[i] < int((~forced[active]).sum()):
+                keep = self._select(layer, i, hidden, active, now, kv, forced, schedule[i])
+                active, hidden = active[keep], hidden[:, keep]
                 now = self._pass(active, total, hidden)
             hidden = self._layer(layer, i, hidden, now, kv)
         return hidden, active
 
+    def _schedule(self, picks: int, candidates: int) -> dict[int, int]:
+        """Per filtering layer, how many reused tokens it keeps: ``2 x picks`` at ``check_layer`` down to
+        ``picks`` at the last (one layer: ``picks``); none when every or no reused token is recomputed."""
+        if not 0 < picks < candidates:
+            return {}
+        steps = self.filter_layers
+        return {
+            self.check_layer + j: min(candidates, math.ceil(picks * (1 + (steps - 1 - j) / max(steps - 1, 1))))
+            for j in range(steps)
+        }
+
     def _select(
-        self, layer: Any, hidden: torch.Tensor, loaded: torch.Tensor, forced: torch.Tensor, picks: int
+        self,
+        layer: Any,
+        idx: int,
+        hidden: torch.Tensor,
+        active: torch.Tensor,
+        now: _Pass,
+        kv: _BlendKV,
+        forced: torch.Tensor,
+        picks: int,
     ) -> torch.Tensor:
-        """Positions to compute from this layer up: the forced ones and the ``picks`` reused tokens whose
-        value vectors now (from every token's ``hidden`` input) deviate most from the ``loaded`` ones."""
-        fresh = layer.self_attn.v_proj(layer.input_layernorm(hidden))
-        fresh = fresh.view(1, hidden.shape[1], -1, loaded.shape[-1]).transpose(1, 2)
-        deviation = (fresh.float() - loaded.float()).square().sum(dim=(0, 1, 3))
-        deviation[forced] = -math.inf
+        """Indices into ``active`` of the tokens to compute from layer ``idx`` up: the forced ones and the
+        ``picks`` reused tokens whose K/V now (from their ``hidden`` input) deviate most from the loaded ones.
+
+        NOTE: keys are compared after RoPE (a rotation keeps distances), each term relative to the loaded
+        tensors' mean square so that neither dominates.
+        """
+        attn = layer.self_attn
+        x = layer.input_layernorm(hidden)
+        reused = ~forced[active]
+        loaded_v = kv.values[idx][:, :, active].float()
+        fresh_v = attn.v_proj(x).view(1, x.shape[1], -1, loaded_v.shape[-1]).transpose(1, 2).float()
+        deviation = _relative_deviation(fresh_v, loaded_v, reused)
+        if self.deviation == "keys_values":
+            loaded_k = kv.keys[idx][:, :, active].float()
+            fresh_k = attn.k_proj(x).view(1, x.shape[1], -1, loaded_k.shape[-1])
+            norm = getattr(attn, "k_norm", None)  # Qwen 3, Gemma 3: before RoPE
+            fresh_k = (norm(fresh_k) if norm is not None else fresh_k).transpose(1, 2).float()
+            cos, sin = (t.float()[:, None] for t in now.rope[self._rope_kinds[idx]])
+            half = fresh_k.shape[-1] // 2
+            turned = torch.cat([-fresh_k[..., half:], fresh_k[..., :half]], dim=-1)
+            deviation = deviation + _relative_deviation(fresh_k * cos + turned * sin, loaded_k, reused)
+        deviation[~reused] = -math.inf
         chosen = deviation.topk(picks).indices
-        return torch.cat([forced.nonzero()[:, 0], chosen]).sort().values
+        return torch.cat([(~reused).nonzero()[:, 0], chosen]).sort().values
 
     def _pass(self, active: torch.Tensor, total: int, hidden: torch.Tensor) -> _Pass:
         positions = active[None]
@@ -442,6 +498,14 @@ class BlendCache:
         m.kv_tokens.labels(kind="reused").inc(reused)
         m.kv_tokens.labels(kind="computed").inc(total - reused)
         m.ttft_seconds.observe(time.perf_counter() - start)
+
+
+def _relative_deviation(fresh: torch.Tensor, loaded: torch.Tensor, reused: torch.Tensor) -> torch.Tensor:
+    """Per token, the squared distance of ``fresh`` from ``loaded`` (``[1, H, T, D]``) summed over heads and
+    dimensions, over the ``reused`` tokens' mean squared norm of ``loaded`` (the other tokens' rows are not
+    set yet: their distance means nothing)."""
+    distance = (fresh - loaded).square().sum(dim=(0, 1, 3))
+    return distance / loaded[:, :, reused].square().sum(dim=(0, 1, 3)).mean().clamp_min(1e-12)
 
 
 def _rotate_into(out: torch.Tensor, keys: torch.Tensor, turn: tuple[torch.Tensor, torch.Tensor] | None) -> None:

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, P
 
 import kvmem
 from kvmem.errors import ConfigError, InvalidKeyError, UnsupportedModelError
-from kvmem.kv import BlendCache, BlendResult, Segment
+from kvmem.kv import BlendCache, BlendResult, Segment, blend
 from kvmem.kv.blend_mask import GroupedMask, attention_mask
 from kvmem.kv.layout import held, kept_range, kv_layer
 from tests.kv.conftest import MemoryFactory
@@ -380,3 +380,77 @@ def test_runs_start_at_keys_aligned_for_cuda_kernels() -> None:
         first = int(queries[rows][0])
         assert keys.start % 16 == 0 and first - 37 - 16 < keys.start <= first - 36
         assert (plain[rows, keys.start : first - 36] == torch.finfo(torch.float32).min).all()
+
+
+# -- the selection: CacheBlend's gradual filtering, KV deviation ------------------------------------------------
+
+
+def _changed(cache: object, reference: object, layer: int, positions: slice) -> torch.Tensor:
+    """Which of ``positions`` hold other K/V at ``layer`` in ``cache`` than in ``reference`` (beyond rounding)."""
+    k, v, _ = _layer_kv(cache, layer)
+    k_ref, v_ref, _ = _layer_kv(reference, layer)
+    diff = (k - k_ref).abs().amax(dim=(0, 1, 3)) + (v - v_ref).abs().amax(dim=(0, 1, 3))
+    return diff[positions] > EXACT
+
+
+@pytest.mark.parametrize("deviation", ["values", "keys_values"])
+def test_gradual_filtering_narrows_the_recomputed_tokens_layer_by_layer(
+    deviation: str, models: Callable[..., PreTrainedModel], make_memory: MemoryFactory, blend_cache: BlendFactory
+) -> None:
+    """``filter_layers=2``: layer 1 recomputes twice the final share of the reused tokens, layer 2 the final
+    share, a subset of layer 1's; the rest keep their loaded K/V (those of ``recompute_ratio=0``)."""
+    model = models("llama")
+    bc = blend_cache(model, make_memory(), filter_layers=2, deviation=deviation)
+    segments = _rag(DOC_A, DOC_B, DOC_C)
+    naive = _blend(bc, segments, 0.0)  # stores the documents; every reused token keeps its loaded K/V
+    result = _blend(bc, segments, 0.2)
+    docs = DOC_A.shape[1] + DOC_B.shape[1] + DOC_C.shape[1]
+    picks = -(-docs // 5)
+    assert result.recomputed_tokens == SYSTEM.shape[1] + QUESTION.shape[1] + picks
+    reused = slice(SYSTEM.shape[1], SYSTEM.shape[1] + docs)
+    layer1 = _changed(result.cache, naive.cache, 1, reused)
+    layer2 = _changed(result.cache, naive.cache, 2, reused)
+    assert (int(layer1.sum()), int(layer2.sum())) == (2 * picks, picks)
+    assert not (layer2 & ~layer1).any()
+    assert not _changed(result.cache, naive.cache, 0, reused).any()  # layer 0 is exact: never changes
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+def test_key_deviation_is_zero_where_the_loaded_keys_are_exact(
+    arch: str,
+    models: Callable[..., PreTrainedModel],
+    make_memory: MemoryFactory,
+    blend_cache: BlendFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stored segment first in the prompt has the full prefill's K/V at every layer, so the keys the
+    selection computes (projection, Qwen 3's and Gemma 3's key norm, RoPE at the token's place) must match
+    the loaded ones: a wrong norm or rotation would show as a deviation."""
+    seen: list[torch.Tensor] = []
+    measure = blend._relative_deviation
+
+    def kept(fresh: torch.Tensor, loaded: torch.Tensor, reused: torch.Tensor) -> torch.Tensor:
+        out = measure(fresh, loaded, reused)
+        seen.append(out[reused])
+        return out
+
+    monkeypatch.setattr(blend, "_relative_deviation", kept)
+    bc = blend_cache(models(arch), make_memory(), filter_layers=2, deviation="keys_values")
+    segments = [Segment(DOC_A), Segment(DOC_B), Segment(QUESTION, reusable=False)]
+    bc.store_segment(segments[0])
+    bc.store_segment(segments[1])
+    _blend(bc, segments, 0.3)
+    assert len(seen) == 4  # values and keys, at layers 1 and 2
+    first = DOC_A.shape[1]
+    assert max(d[:first].max().item() for d in seen[:2]) < 1e-10  # layer 1: DOC_A's K and V exact
+    assert min(d[first:].max().item() for d in seen[:2]) > 1e-4  # DOC_B's did not see DOC_A
+
+
+def test_bad_filtering_options_are_refused(models: Callable[..., PreTrainedModel], make_memory: MemoryFactory) -> None:
+    model, memory = models("llama"), make_memory()
+    with pytest.raises(ConfigError, match=r"filter_layers=0: expected an int from 1 to 2"):
+        BlendCache(model, memory, filter_layers=0)
+    with pytest.raises(ConfigError, match=r"check_layer=2 with filter_layers=2: .* last layer \(2\)"):
+        BlendCache(model, memory, check_layer=2, filter_layers=2)
+    with pytest.raises(ConfigError, match=r"deviation='keys': expected one of \('values', 'keys_values'\)"):
+        BlendCache(model, memory, deviation="keys")
