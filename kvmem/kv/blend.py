@@ -20,8 +20,10 @@ position), and on a prompt that contains it:
 
 NOTE: layer 0's K/V of a reused token are exact after the rotation (its input is the
 token's embedding alone), so the first deviation shows at layer 1, the default
-``check_layer``. The selection is made once there and kept for the layers above
-(CacheBlend narrows it per layer; one set costs the same at the ratio it ends at).
+``check_layer``. By default the selection is made once there, by values, and kept for
+the layers above; ``filter_layers`` and ``deviation`` give CacheBlend's gradual
+filtering by keys and values, closer to the full prefill at the same ratio on
+``bench_blend``'s retrieval task, and slower (it computes more tokens in the first layers).
 ``recompute_ratio=1`` computes every token at every layer: a full prefill.
 
 Supported position encodings: rotary embeddings whose angle is ``position x inv_freq``
