@@ -1,31 +1,36 @@
-"""Reusing RAG documents in any order: ``BlendCache`` quality and TTFT against a full prefill (issue 19).
+"""Reusing RAG documents in any order: ``BlendCache``'s answers and TTFT against a full prefill (issue #36).
 
-Not a test: a measurement, on the trained byte-level Llama of ``train_tiny_lm.py``
-(loaded from ``--model``; trained there first, ``--minutes`` long, when absent).
+Not a test: a measurement, on the model of ``train_retrieval_lm.py`` (loaded from
+``--model``; trained there first, ``--minutes`` long, when absent), on its task: four
+documents of ``WORKS person company .`` and ``IN company city .`` facts, a question
+``Q WHERE person`` and a two-token answer, the person's company (read in one
+document) then that company's city (read in another). Entities are drawn anew per
+document set, so only the documents hold the answer.
 
-The task is retrieval with answers that depend on the documents: each trial draws
-``--docs`` held-out source windows of ``--doc-len`` bytes (from a pool of
-``2 x --docs``, so the same documents recur in other orders and neighbours), picks
-one of them and a spot in it, and asks for the text there: the prompt is
+Each of ``--worlds`` document sets is stored once (every document's KV computed on
+its own, at position 0, no neighbours) and asked ``--prompts`` questions, each with
+its documents in a fresh random order: the orders are never the ones the KV was
+computed in. The prompt is
 
-    system (computed) + doc_1 + ... + doc_n (reused) + cue (computed)
+    BOS (computed) + doc_1 + ... + doc_4 (reused) + question + answer (computed)
 
-where the cue is the ``--cue`` bytes before the spot, and the answer is the
-``--answer`` bytes after it (teacher-forced, scored). A model that reads the
-documents copies the answer; one that does not guesses. The "no documents" row
-(system + cue + answer alone) shows how much the documents are worth.
+and the answer is scored teacher-forced: an exact match is both answer tokens the
+top-1 prediction (what greedy decoding would emit), with its Wilson 95 % interval;
+answer perplexity is over the two tokens. Rows: a plain full prefill (the
+reference), no documents (BOS + question + answer), and ``BlendCache`` at each
+``--ratios`` recompute ratio, for each ``--selections`` way of choosing the tokens:
+``DEVIATION@LAYERS``, the KV deviation measured (``values`` or ``keys_values``) and over
+how many layers the selection narrows (1: one selection at layer 1; more: CacheBlend's
+gradual filtering). Series without a suffix use ``BlendCache``'s defaults.
 
-Rows: a plain full prefill (the reference), no documents, and ``BlendCache`` at each
-``--ratios`` recompute ratio with every document's KV in the CPU tier (stored once,
-computed alone at position 0). Columns: answer perplexity (bytes) and its change
-against the full prefill, top-1 agreement with the full prefill on the answer
-tokens, and TTFT: median over ``--reps`` of the time until the cue's last logits
-(``logits_to_keep=1``, the answer not in the prompt), and full/blend.
+TTFT: median over ``--reps`` (and ``--long-prompts`` prompts) of the time until the
+question's last logits, on 4 documents of ``--long-facts`` facts (1,021 tokens each
+at 255), documents in the CPU tier; the same prompts' exact match is reported too.
 
 Usage (from the repository root)::
 
-    python benchmarks/bench_blend.py                       # 16 trials, 4 x 1024-byte documents
-    python benchmarks/bench_blend.py --trials 4 --reps 3   # a quicker look
+    python benchmarks/bench_blend.py                 # 50 document sets x 5 orders; trains the model when absent
+    python benchmarks/bench_blend.py --quick         # a smoke run (-quick record, never rendered)
 """
 
 from __future__ import annotations
@@ -33,12 +38,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -48,21 +53,21 @@ from transformers import LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).parent))
 import records  # noqa: E402
-import train_tiny_lm as tiny  # noqa: E402  (a sibling script, not a package)
+import train_retrieval_lm as task  # noqa: E402  (a sibling script, not a package)
 from machine import load_average  # noqa: E402
 
 from kvmem import Memory  # noqa: E402
 from kvmem.kv import BlendCache, Segment  # noqa: E402
 
-SYSTEM = b"# Answer from the files below.\n"
+CHANCE = 100 / (task.COMPANIES * task.CITIES)  # a uniform guess of both answer tokens, %
 
 
 @dataclass
-class Trial:
-    """One prompt: the documents in their order, the cue, the answer."""
+class Prompt:
+    """One question: its documents in this prompt's order, the question, the answer."""
 
     docs: list[torch.Tensor]
-    cue: torch.Tensor
+    question: torch.Tensor
     answer: torch.Tensor
 
 
@@ -71,163 +76,232 @@ class Row:
     """One line of the table."""
 
     series: str
+    exact: int
+    prompts: int
+    low: float
+    high: float
     perplexity: float
-    delta_pct: float
-    top1_agree: float
-    ttft_ms: float
-    speedup: float
+    ttft_ms: float = 0.0
+
+    @property
+    def accuracy(self) -> float:
+        return 100 * self.exact / self.prompts
+
+
+def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of ``hits / n`` (95 % by default), in %."""
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return 100 * max(0.0, centre - half), 100 * min(1.0, centre + half)
 
 
 def load_model(args: argparse.Namespace) -> LlamaForCausalLM:
-    """The trained tiny LM at ``args.model``; trained and saved there first when absent."""
+    """The trained model at ``args.model``; trained and saved there first when absent."""
     path = Path(args.model)
     if not (path / "config.json").exists():
-        print(f"no model at {path}: training one for {args.minutes:g} min (train_tiny_lm.py)")
-        train_ids, _, _ = tiny.load_corpus(20)
-        model = tiny.build_model(max(2048, args.train_len), args.layers)
-        settings = {"minutes": args.minutes, "lr": 2e-3, "seed": 0, "seq_len": args.train_len, "batch": 1}
-        settings["layers"] = args.layers
-        tiny.train(model, train_ids, argparse.Namespace(**settings))
+        print(f"no model at {path}: training one for {args.minutes:g} min (train_retrieval_lm.py)")
+        settings = vars(task.parse_args([f"--minutes={args.minutes}", f"--out={path}"]))
+        model = task.build_model(max_positions=8192, layers=settings["layers"], width=settings["width"])
+        training = task.train(model, argparse.Namespace(**settings))
         model.save_pretrained(path)
-        (path / "training.json").write_text(json.dumps(settings, indent=1))
+        (path / "training.json").write_text(json.dumps({**training, **settings}, indent=1))
     return LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
-def make_trials(args: argparse.Namespace) -> list[Trial]:
-    """``args.trials`` prompts over a pool of ``2 x args.docs`` held-out documents (fixed seed)."""
-    _, held, _ = tiny.load_corpus(20)
-    rng = random.Random(args.seed)
-    stride = len(held) // (2 * args.docs)
-    pool = [held[i * stride : i * stride + args.doc_len] for i in range(2 * args.docs)]
-    trials = []
-    for _ in range(args.trials):
-        docs = rng.sample(pool, args.docs)
-        source = docs[rng.randrange(args.docs)]
-        spot = rng.randrange(args.cue, args.doc_len - args.answer)
-        trials.append(Trial(docs, source[spot - args.cue : spot], source[spot : spot + args.answer]))
-    return trials
+def make_prompts(rng: random.Random, sets: int, per_set: int, facts: int) -> list[list[Prompt]]:
+    """``sets`` document sets, each asked ``per_set`` questions with its documents in fresh random orders."""
+    out = []
+    for _ in range(sets):
+        world = task.make_world(rng, facts)
+        docs = [torch.tensor(d) for d in world.docs]
+        orders = set()
+        while len(orders) < per_set:
+            orders.add(tuple(rng.sample(range(task.DOCS), task.DOCS)))
+        prompts = []
+        for order in sorted(orders, key=lambda _: rng.random()):
+            q, answer = world.question(rng.randrange(len(world.chains)))
+            prompts.append(Prompt([docs[i] for i in order], torch.tensor(q), torch.tensor(answer)))
+        out.append(prompts)
+    return out
 
 
-def segments(trial: Trial, *, with_answer: bool) -> list[Segment]:
-    system = torch.tensor([tiny.BOS, *SYSTEM])
-    tail = torch.cat([trial.cue, trial.answer]) if with_answer else trial.cue
-    return [Segment(system, reusable=False), *(Segment(d) for d in trial.docs), Segment(tail, reusable=False)]
-
-
-def answer_logits(logits: torch.Tensor, trial: Trial) -> torch.Tensor:
-    """The rows of ``logits`` (the last ``answer + 1`` positions) that predict the answer's bytes."""
-    return logits[0, -trial.answer.numel() - 1 : -1]
+def segments(p: Prompt, *, with_answer: bool = True, docs: bool = True) -> list[Segment]:
+    tail = torch.cat([p.question, p.answer]) if with_answer else p.question
+    middle = [Segment(d) for d in p.docs] if docs else []
+    return [Segment(torch.tensor([task.BOS]), reusable=False), *middle, Segment(tail, reusable=False)]
 
 
 @torch.no_grad()
 def full_logits(model: LlamaForCausalLM, segs: list[Segment], keep: int) -> torch.Tensor:
-    ids = torch.cat([s.tokens for s in segs])[None]
-    return model(ids, logits_to_keep=keep).logits
+    return model(torch.cat([s.tokens for s in segs])[None], logits_to_keep=keep).logits
 
 
-def timed(fn: object, reps: int) -> float:
+def scored(series: str, logits: list[torch.Tensor], prompts: list[Prompt]) -> Row:
+    """Exact match (both answer tokens top-1) and answer perplexity of each prompt's last-3-position logits."""
+    exact, nll = 0, []
+    for lg, p in zip(logits, prompts):
+        predicting = lg[0, :2]  # the person's position and the company's predict the answer
+        exact += predicting.argmax(-1).tolist() == p.answer.tolist()
+        nll.append(F.cross_entropy(predicting, p.answer, reduction="none"))
+    low, high = wilson(exact, len(prompts))
+    return Row(series, exact, len(prompts), low, high, math.exp(torch.cat(nll).mean().item()))
+
+
+def timed(fn: Callable[[], object], reps: int) -> float:
     """Median milliseconds of ``reps`` calls of ``fn`` (after one untimed call)."""
-    fn()  # type: ignore[operator]
+    fn()
     times = []
     for _ in range(reps):
         start = time.perf_counter()
-        fn()  # type: ignore[operator]
+        fn()
         times.append(1e3 * (time.perf_counter() - start))
     return statistics.median(times)
 
 
-def score(logits: list[torch.Tensor], reference: list[torch.Tensor], trials: list[Trial]) -> tuple[float, float]:
-    """Answer perplexity of ``logits`` and their top-1 agreement (%) with ``reference``."""
-    nll = torch.cat([F.cross_entropy(lg, t.answer, reduction="none") for lg, t in zip(logits, trials)])
-    agree = torch.cat([(lg.argmax(-1) == ref.argmax(-1)).float() for lg, ref in zip(logits, reference)])
-    return math.exp(nll.mean().item()), 100 * agree.mean().item()
+def store_all(bc: BlendCache, sets: list[list[Prompt]]) -> None:
+    """Every document's KV computed on its own and stored once (ingestion)."""
+    for prompts in sets:
+        for doc in prompts[0].docs:
+            seg = Segment(doc)
+            if not bc.lookup([seg])[0]:
+                bc.store_segment(seg)
 
 
 @torch.no_grad()
-def run(model: LlamaForCausalLM, trials: list[Trial], args: argparse.Namespace) -> list[Row]:
-    keep = args.answer + 1
-    ref = [answer_logits(full_logits(model, segments(t, with_answer=True), keep), t) for t in trials]
-    ref_ppl, _ = score(ref, ref, trials)
-    full_ms = statistics.median(
-        timed(lambda t=t: full_logits(model, segments(t, with_answer=False), 1), args.reps) for t in trials
-    )
-    bare = []
-    for t in trials:
-        segs = segments(t, with_answer=True)
-        bare.append(answer_logits(full_logits(model, [segs[0], segs[-1]], keep), t))
-    bare_ppl, bare_agree = score(bare, ref, trials)
+def quality(model: LlamaForCausalLM, sets: list[list[Prompt]], args: argparse.Namespace) -> list[Row]:
+    prompts = [p for ps in sets for p in ps]
     rows = [
-        Row("full prefill", ref_ppl, 0.0, 100.0, full_ms, 1.0),
-        Row("no documents", bare_ppl, 100 * (bare_ppl / ref_ppl - 1), bare_agree, 0.0, 0.0),
+        scored("no documents", [full_logits(model, segments(p, docs=False), 3) for p in prompts], prompts),
+        scored("full prefill", [full_logits(model, segments(p), 3) for p in prompts], prompts),
     ]
     with tempfile.TemporaryDirectory(prefix="kvmem-blend-") as tmp, Memory(path=tmp) as memory:
-        bc = BlendCache(model, memory, compression="none")
-        for t in trials:  # every document's KV computed alone and stored once (ingestion)
-            for seg in segments(t, with_answer=False)[1:-1]:
-                if not bc.lookup([seg])[0]:
-                    bc.store_segment(seg)
-        for ratio in args.ratios:
-            out = [
-                answer_logits(
-                    bc.prefill(segments(t, with_answer=True), recompute_ratio=ratio, logits_to_keep=keep).logits, t
-                )
-                for t in trials
-            ]
-            ms = statistics.median(
-                timed(lambda t=t, r=ratio: bc.prefill(segments(t, with_answer=False), recompute_ratio=r), args.reps)
-                for t in trials
-            )
-            ppl, agree = score(out, ref, trials)
-            rows.append(Row(f"blend {100 * ratio:g} %", ppl, 100 * (ppl / ref_ppl - 1), agree, ms, full_ms / ms))
-        bc.close()
+        for selection in args.selections:
+            bc = BlendCache(model, memory, compression="none", **selection_options(selection))
+            store_all(bc, sets)
+            for ratio in args.ratios:
+                if selection != DEFAULT and ratio in (0.0, 1.0):
+                    continue  # nothing is selected: the same as the default's row
+                out = [bc.prefill(segments(p), recompute_ratio=ratio, logits_to_keep=3).logits for p in prompts]
+                rows.append(scored(series_name(ratio, selection), out, prompts))
+            bc.close()
     return rows
 
 
-def print_table(rows: list[Row]) -> None:
-    head = f"{'series':<16}{'answer ppl':>11}{'vs full':>10}{'top-1 agree':>13}{'TTFT ms':>10}{'full/this':>11}"
+DEFAULT = "default"  # the --selections entry of BlendCache's own defaults
+
+
+def selection_options(selection: str) -> dict[str, object]:
+    """BlendCache options of a ``--selections`` entry: ``default`` (none), or ``DEVIATION@LAYERS``
+    (``values@1``, ``keys_values@3``)."""
+    if selection == DEFAULT:
+        return {}
+    deviation, _, layers = selection.partition("@")
+    return {"deviation": deviation, "filter_layers": int(layers or 1)}
+
+
+def series_name(ratio: float, selection: str) -> str:
+    name = f"blend {100 * ratio:g} %"
+    return name if selection == DEFAULT else f"{name} ({selection})"
+
+
+@torch.no_grad()
+def long_prompts(model: LlamaForCausalLM, args: argparse.Namespace) -> list[Row]:
+    """Exact match and TTFT on ``args.long_prompts`` prompts of 4 documents of ``args.long_facts`` facts."""
+    sets = make_prompts(random.Random(args.seed + 1), args.long_prompts, 1, args.long_facts)
+    prompts = [ps[0] for ps in sets]
+    full = scored("full prefill", [full_logits(model, segments(p), 3) for p in prompts], prompts)
+    full.ttft_ms = statistics.median(
+        timed(lambda p=p: full_logits(model, segments(p, with_answer=False), 1), args.reps) for p in prompts
+    )
+    rows = [full]
+    ratio = args.long_ratio
+    with tempfile.TemporaryDirectory(prefix="kvmem-blend-") as tmp, Memory(path=tmp) as memory:
+        for selection in args.selections:
+            bc = BlendCache(model, memory, compression="none", **selection_options(selection))
+            store_all(bc, sets)
+            row = scored(
+                series_name(ratio, selection),
+                [bc.prefill(segments(p), recompute_ratio=ratio, logits_to_keep=3).logits for p in prompts],
+                prompts,
+            )
+            row.ttft_ms = statistics.median(
+                timed(lambda p=p, b=bc: b.prefill(segments(p, with_answer=False), recompute_ratio=ratio), args.reps)
+                for p in prompts
+            )
+            rows.append(row)
+            bc.close()
+    return rows
+
+
+def print_table(rows: list[Row], full: Row) -> None:
+    head = f"{'series':<28}{'exact match':>12}{'95 % interval':>17}{'of full':>9}{'answer ppl':>12}{'TTFT ms':>9}"
     print(head)
     print("-" * len(head))
     for r in rows:
-        ttft = f"{r.ttft_ms:>10.1f}{r.speedup:>10.2f}x" if r.ttft_ms else f"{'-':>10}{'-':>11}"
-        print(f"{r.series:<16}{r.perplexity:>11.4f}{r.delta_pct:>+9.2f}%{r.top1_agree:>12.2f}%{ttft}")
+        ttft = f"{r.ttft_ms:>9.1f}" if r.ttft_ms else f"{'-':>9}"
+        share = 100 * r.exact / full.exact if full.exact else float("nan")
+        print(
+            f"{r.series:<28}{r.accuracy:>11.1f}%{f'{r.low:.1f}-{r.high:.1f} %':>17}{share:>8.0f}%"
+            f"{r.perplexity:>12.3f}{ttft}"
+        )
 
 
-def figures(rows: list[Row]) -> list[dict[str, object]]:
-    """The results record's figures: per series, the answer's quality and TTFT beside the full prefill's."""
-    full = rows[0]
+def figures(rows: list[Row], long_rows: list[Row], tokens: int) -> list[dict[str, object]]:
+    """The record's figures: per series, exact match (and its interval) beside the full prefill's, answer
+    perplexity; on the long prompts, exact match and TTFT beside the full prefill's."""
+    full = next(r for r in rows if r.series == "full prefill")
+    group = f"answer quality: {full.prompts} prompts, documents in orders never stored"
     out = []
-    for r in rows[1:]:
-        tag = r.series.replace(" %", "").replace(" ", "-")
+    for r in rows:
+        if r is full:
+            out.append(records.figure("full-em", "full prefill: exact match", "%", r.accuracy, group=group))
+            out.append(records.figure("full-em-ci", "full prefill: 95 % interval", "%", [r.low, r.high], group=group))
+            out.append(records.figure("full-ppl", "full prefill: answer perplexity", "", r.perplexity, group=group))
+            continue
+        tag = records.slug(r.series)
+        share = r.exact / full.exact if full.exact else None
+        out.append(
+            records.figure(
+                f"{tag}-em",
+                f"{r.series}: exact match",
+                "%",
+                r.accuracy,
+                records.ref("full prefill", full.accuracy, share),
+                ratio="this / full prefill",
+                group=group,
+            )
+        )
+        out.append(records.figure(f"{tag}-em-ci", f"{r.series}: 95 % interval", "%", [r.low, r.high], group=group))
         out.append(
             records.figure(
                 f"{tag}-ppl",
                 f"{r.series}: answer perplexity",
                 "",
                 r.perplexity,
-                records.ref("full prefill", full.perplexity, r.delta_pct, unit="", ratio_is="change against it, %"),
-                group="answer quality",
+                records.ref("full prefill", full.perplexity, full.perplexity / r.perplexity),
+                ratio="full prefill perplexity / this",
+                group=group,
                 decimals=3,
             )
         )
-        out.append(
-            records.figure(
-                f"{tag}-top1",
-                f"{r.series}: top-1 agreement with the full prefill",
-                "%",
-                r.top1_agree,
-                group="answer quality",
-            )
-        )
-        if r.ttft_ms:
+    long_full = long_rows[0]
+    long_group = f"{tokens}-token prompts (4 documents), documents in the CPU tier"
+    for r in long_rows:
+        tag = "long-" + records.slug(r.series)
+        out.append(records.figure(f"{tag}-em", f"{r.series}: exact match", "%", r.accuracy, group=long_group))
+        if r is long_full:
+            out.append(records.figure(f"{tag}-ttft", f"{r.series}: TTFT", "ms", r.ttft_ms, group=long_group))
+        else:
             out.append(
                 records.figure(
                     f"{tag}-ttft",
                     f"{r.series}: TTFT",
                     "ms",
                     r.ttft_ms,
-                    records.ref("full prefill", full.ttft_ms, r.speedup),
+                    records.ref("full prefill", long_full.ttft_ms, long_full.ttft_ms / r.ttft_ms),
                     ratio="full prefill time / this time",
-                    group="time to first token (documents in the CPU tier)",
+                    group=long_group,
                 )
             )
     return out
@@ -235,29 +309,35 @@ def figures(rows: list[Row]) -> list[dict[str, object]]:
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--model", default=None, help="a saved model (default: benchmarks/results/blend-lm-<layers>; trained if absent)"
-    )
-    p.add_argument("--minutes", type=float, default=25.0, help="training time when --model is absent")
-    p.add_argument(
-        "--train-len", type=int, default=4352, help="training sequence length when --model is absent (>= the prompt)"
-    )
-    p.add_argument(
-        "--layers", type=int, default=12, help="decoder layers of a model trained here (4: width 256, more: width 128)"
-    )
-    p.add_argument("--docs", type=int, default=4)
-    p.add_argument("--doc-len", type=int, default=1024)
-    p.add_argument("--cue", type=int, default=32, help="bytes before the answer given in the question")
-    p.add_argument("--answer", type=int, default=32, help="answer bytes scored")
-    p.add_argument("--trials", type=int, default=16)
+    p.add_argument("--model", default="benchmarks/results/retrieval-lm", help="a saved model (trained if absent)")
+    p.add_argument("--minutes", type=float, default=20.0, help="training time when --model is absent")
+    p.add_argument("--worlds", type=int, default=50, help="document sets")
+    p.add_argument("--prompts", type=int, default=5, help="questions per document set, each in a fresh order")
+    p.add_argument("--facts", type=int, default=4, help="facts per document of the scored prompts")
     p.add_argument("--ratios", default="0,0.05,0.15,0.3,1", help="recompute ratios, comma-separated")
-    p.add_argument("--reps", type=int, default=5, help="timed repetitions per trial (median)")
-    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument(
+        "--selections",
+        default=None,
+        help="BlendCache selections, comma-separated: default (BlendCache's own) or DEVIATION@LAYERS",
+    )
+    p.add_argument("--long-facts", type=int, default=255, help="facts per document of the TTFT prompts")
+    p.add_argument("--long-prompts", type=int, default=20, help="TTFT prompts")
+    p.add_argument("--long-ratio", type=float, default=0.15)
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions per TTFT prompt (median)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1: on a shared machine, threads that wait for each other run several times slower)",
+    )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="a smoke run: 10 sets x 2, 3 long prompts, 2 reps")
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args()
+    if args.quick:
+        args.worlds, args.prompts, args.long_prompts, args.reps = 10, 2, 3, 2
     args.ratios = [float(r) for r in args.ratios.split(",") if r.strip()]
-    args.model = args.model or f"benchmarks/results/blend-lm-{args.layers}"
+    args.selections = [s.strip() for s in (args.selections or DEFAULT).split(",") if s.strip()]
     return args
 
 
@@ -266,25 +346,33 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     model = load_model(args)
-    trials = make_trials(args)
+    sets = make_prompts(random.Random(args.seed), args.worlds, args.prompts, args.facts)
+    doc_tokens = 1 + 4 * args.facts
+    long_tokens = 1 + task.DOCS * (1 + 4 * args.long_facts) + 3  # BOS, the documents, the question
     print(
-        f"{args.trials} trials: {args.docs} documents x {args.doc_len} bytes, {args.cue}-byte cue, "
-        f"{args.answer} answer bytes scored; {model.config.num_hidden_layers}-layer model at {args.model}; "
-        f"torch {torch.__version__}, {args.threads} threads, "
-        f"load {load_average()}"
+        f"{args.worlds * args.prompts} prompts: {args.worlds} document sets x {args.prompts} orders, "
+        f"4 documents x {doc_tokens} tokens; chance {CHANCE:.4f} %; "
+        f"{model.config.num_hidden_layers}-layer model at {args.model}; torch {torch.__version__}, "
+        f"{args.threads} threads, load {load_average()}"
     )
-    rows = run(model, trials, args)
-    print_table(rows)
+    rows = quality(model, sets, args)
+    full = rows[1]
+    print_table(rows, full)
+    print(f"\n{args.long_prompts} prompts of {long_tokens} tokens (4 documents x {1 + 4 * args.long_facts}):")
+    long_rows = long_prompts(model, args)
+    print_table(long_rows, long_rows[0])
+    for r in long_rows[1:]:
+        print(f"TTFT full prefill / {r.series}: {long_rows[0].ttft_ms / r.ttft_ms:.2f}x")
     records.write(
         run_record,
-        figures(rows),
-        headline=["blend-15-ttft"] if any(r.series == "blend 15 %" for r in rows) else [],
+        figures(rows, long_rows, long_tokens),
+        headline=["blend-15-em", "long-blend-15-ttft"] if DEFAULT in args.selections else [],
         machine={"torch_threads": args.threads, "model": f"{model.config.num_hidden_layers} layers at {args.model}"},
+        quick=args.quick,
+        data={"rows": [asdict(r) for r in rows], "long_rows": [asdict(r) for r in long_rows]},
     )
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": [asdict(r) for r in rows]}, indent=1))
-        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

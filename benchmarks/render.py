@@ -9,7 +9,10 @@ Each target keeps its own prose; only the text between its markers is rendered:
   of the newest record of each benchmark (what, kvmem, the reference, the ratio, the command);
 - ``docs/benchmarks/<benchmark>.md``: ``<!-- results:start -->`` ... ``<!-- results:end -->``, the newest
   record's every figure with its commit and machine, then a history table built from all its records;
-- ``docs/benchmarks/index.md``: the same markers, a line per benchmark.
+- ``docs/benchmarks/index.md``: the same markers, a line per benchmark;
+- ``README.md``'s section of a benchmark in ``README_SECTIONS``: ``<!-- <benchmark>:start -->`` ...
+  ``<!-- <benchmark>:end -->``, its newest record's figures as a table per group, a row per series
+  (figures named ``"<series>: <quantity>"``), a column per quantity.
 
 Smoke runs (``quick``) are never rendered. A page that does not exist yet is created with a stub of prose.
 """
@@ -46,6 +49,7 @@ BENCHMARKS = (
 README = ROOT / "README.md"
 DOCS = ROOT / "docs" / "benchmarks"
 README_MARKERS = ("<!-- benchmarks:start -->", "<!-- benchmarks:end -->")
+README_SECTIONS = ("bench_blend",)  # benchmarks whose newest figures the README's section of them shows
 PAGE_MARKERS = ("<!-- results:start -->", "<!-- results:end -->")
 HISTORY_COLUMNS = 4
 
@@ -182,6 +186,47 @@ def readme_table(all_records: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def readme_section(name: str, records: Sequence[Mapping[str, Any]]) -> str:
+    """A benchmark's README section: its newest record's figures, a :func:`series_table` per group."""
+    records = shown(records)
+    if not records:
+        return f"No results record yet: run `python benchmarks/{name}.py`, then `python benchmarks/render.py`."
+    newest = records[-1]
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for f in newest["figures"]:
+        groups.setdefault(f.get("group", ""), []).append(f)
+    out = []
+    for group, figs in groups.items():
+        out += ([f"**{escape(group)}**", ""] if group else []) + series_table(figs) + [""]
+    out.append(
+        f"Measured {newest['date'][:10]}, commit {commit_text(newest)}, `{escape(newest['command'])}`: "
+        f"[every figure and the machine](docs/benchmarks/{name}.md)."
+    )
+    return "\n".join(out)
+
+
+def series_table(figs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Figures named ``"<series>: <quantity>"`` as one table: a row per series, a column per quantity, each
+    cell the value (its ratio to the first reference)."""
+    rows: dict[str, dict[str, str]] = {}
+    columns: list[str] = []
+    for f in figs:
+        series, _, quantity = f["what"].partition(": ")
+        if quantity not in columns:
+            columns.append(quantity)
+        rows.setdefault(series, {})[quantity] = history_cell(f)
+    lines = [
+        "| | " + " | ".join(escape(c) for c in columns) + " |",
+        "| --- | " + " | ".join(["---:"] * len(columns)) + " |",
+    ]
+    for series, cells in rows.items():
+        lines.append(f"| {escape(series)} | " + " | ".join(cells.get(c, "") for c in columns) + " |")
+    meanings = sorted({f"{f['what'].partition(': ')[2]}: {f['ratio']}" for f in figs if f.get("ratio")})
+    if meanings:
+        lines += ["", "In parentheses: " + "; ".join(escape(m) for m in meanings) + "."]
+    return lines
+
+
 # -- a benchmark's page ---------------------------------------------------------------------------------------------
 def page_results(name: str, records: Sequence[Mapping[str, Any]]) -> str:
     """A benchmark page's rendered part: the newest record in full, then the history of all records."""
@@ -311,7 +356,11 @@ def stub(name: str) -> str:
 def render_all(results: Path = RESULTS) -> dict[Path, str]:
     """Every target file as it should read: path -> text."""
     all_records = load_records(results)
-    out: dict[Path, str] = {README: between(README.read_text(), README_MARKERS, readme_table(all_records), README)}
+    readme = between(README.read_text(), README_MARKERS, readme_table(all_records), README)
+    for name in README_SECTIONS:
+        markers = (f"<!-- {name}:start -->", f"<!-- {name}:end -->")
+        readme = between(readme, markers, readme_section(name, all_records.get(name, [])), README)
+    out: dict[Path, str] = {README: readme}
     for name in BENCHMARKS:
         path = DOCS / f"{name}.md"
         text = path.read_text() if path.exists() else stub(name)

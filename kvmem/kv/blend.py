@@ -20,15 +20,23 @@ position), and on a prompt that contains it:
 
 NOTE: layer 0's K/V of a reused token are exact after the rotation (its input is the
 token's embedding alone), so the first deviation shows at layer 1, the default
-``check_layer``. The selection is made once there and kept for the layers above
-(CacheBlend narrows it per layer; one set costs the same at the ratio it ends at).
+``check_layer``. By default the selection is made once there, by values, and kept for
+the layers above; ``filter_layers`` and ``deviation`` give CacheBlend's gradual
+filtering by keys and values, closer to the full prefill at the same ratio on
+``bench_blend``'s retrieval task, and slower (it computes more tokens in the first layers).
 ``recompute_ratio=1`` computes every token at every layer: a full prefill.
 
 Supported position encodings: rotary embeddings whose angle is ``position x inv_freq``
-with no attention scaling (``rope_type`` ``default``, ``linear``, ``llama3``), where a
-rotation by ``p`` composes exactly; others raise :class:`UnsupportedModelError`.
-Works on transformers 5 Llama-family decoders (``model.model.layers`` of decoder
-layers taking ``position_embeddings``), with SDPA or eager attention, CPU or GPU.
+with frequencies fixed at start-up (``rope_type`` ``default``, ``linear``, ``llama3``,
+``yarn``, whose attention scaling is divided out of the re-rotation), where a rotation
+by ``p`` composes exactly, per layer type where a model has several (Gemma 3's sliding
+and global layers). ``dynamic`` and ``longrope`` change their frequencies with the
+sequence's length, so a segment computed alone was rotated with other ones: they raise
+:class:`UnsupportedModelError`, as do other types. Works on transformers 5 Llama-family
+decoders (``model.model.layers`` of decoder layers taking ``position_embeddings``: Llama,
+Qwen 2 and 3 (q/k norms come before RoPE, so stored keys rotate as Llama's), Mistral,
+Gemma 2 and 3 with their sliding windows and Gemma 2's soft-capped logits), with SDPA or
+eager attention, CPU or GPU.
 """
 
 from __future__ import annotations
@@ -54,7 +62,10 @@ from kvmem.kv.layout import ChunkValue, cache_argument, chunk_value, install_pre
 
 __all__ = ["BlendCache", "BlendResult", "Segment", "SUPPORTED_ROPE_TYPES"]
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+DEVIATIONS = ("values", "keys_values")
+# NOTE: their frequencies depend on the sequence's length: a segment computed alone is rotated by other ones
+LENGTH_DEPENDENT_ROPE_TYPES = ("dynamic", "longrope")
 
 
 @dataclass(frozen=True)
@@ -140,13 +151,13 @@ class _Pass:
     Attributes:
         total: the prompt's length.
         positions: the computed positions, ``[1, q]`` (sorted).
-        rope: the rotary ``(cos, sin)`` at those positions.
+        rope: per rotary kind (:attr:`BlendCache._rope_kinds`), the ``(cos, sin)`` at those positions.
         masks: per sliding window (``None``: full attention), the attention mask (:meth:`BlendCache._mask`).
     """
 
     total: int
     positions: torch.Tensor
-    rope: tuple[torch.Tensor, torch.Tensor]
+    rope: dict[str | None, tuple[torch.Tensor, torch.Tensor]]
     masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
 
     @property
@@ -163,13 +174,20 @@ class BlendCache:
             with rotary position embeddings of a supported ``rope_type`` (see the module docstring).
         memory: where segments' KV lives (the module default when ``None``).
         recompute_ratio: share of the reused tokens recomputed from ``check_layer`` up (0.15, as the paper).
-        check_layer: the layer whose value deviation picks the tokens to recompute (>= 1).
+        check_layer: the layer whose KV deviation picks the tokens to recompute (>= 1).
+        filter_layers: over how many layers from ``check_layer`` the selection narrows (CacheBlend's gradual
+            filtering): ``2 x recompute_ratio`` of the reused tokens at ``check_layer``, down to
+            ``recompute_ratio`` at ``check_layer + filter_layers - 1``, each layer picking among the tokens
+            the one below it computed; 1: one selection at ``check_layer``.
+        deviation: what the deviation is measured on: ``"values"``, or ``"keys_values"`` (both, each relative
+            to the loaded ones' mean square).
         compression: codec of the stored KV (default ``memory.config.compression``).
         namespace: an extra scope (e.g. a tenant); the model identity is always folded in.
 
     Raises:
         UnsupportedModelError: the model's position encoding or layout is not one this handles.
-        ConfigError: ``recompute_ratio`` outside ``[0, 1]``, or ``check_layer`` outside ``[1, layers)``.
+        ConfigError: ``recompute_ratio`` outside ``[0, 1]``, ``check_layer`` or the last filtering layer
+            outside ``[1, layers)``, or another ``deviation``.
     """
 
     def __init__(
@@ -179,12 +197,15 @@ class BlendCache:
         *,
         recompute_ratio: float = 0.15,
         check_layer: int = 1,
+        filter_layers: int = 1,
+        deviation: str = "values",
         compression: str | None = None,
         namespace: str = "",
     ) -> None:
         self.model = model
         self._base = _decoder(model)
-        _check_rope(model, self._base.rotary_emb)
+        self._rope_kinds = _rope_kinds(model)
+        _check_rope(model, self._base.rotary_emb, self._rope_kinds)
         self.recompute_ratio = _check_ratio(recompute_ratio)
         layers = len(self._base.layers)
         if isinstance(check_layer, bool) or not isinstance(check_layer, int) or not 1 <= check_layer < layers:
@@ -192,6 +213,17 @@ class BlendCache:
                 f"check_layer={check_layer!r}: expected an int from 1 to {layers - 1} (the model has {layers} layers)"
             )
         self.check_layer = check_layer
+        if isinstance(filter_layers, bool) or not isinstance(filter_layers, int) or not 1 <= filter_layers < layers:
+            raise ConfigError(f"filter_layers={filter_layers!r}: expected an int from 1 to {layers - 1}")
+        if check_layer + filter_layers > layers:
+            raise ConfigError(
+                f"check_layer={check_layer} with filter_layers={filter_layers}: the filtering would end past "
+                f"the model's last layer ({layers - 1})"
+            )
+        if deviation not in DEVIATIONS:
+            raise ConfigError(f"deviation={deviation!r}: expected one of {DEVIATIONS}")
+        self.filter_layers = filter_layers
+        self.deviation = deviation
         self.memory = memory if memory is not None else default_memory()
         self.codec = str(parse_codec(compression or self.memory.config.compression))
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -257,6 +289,9 @@ class BlendCache:
         kv = _BlendKV(keys, values)
         hidden, active = self._run_layers(ids, kv, forced, picks)
         logits = self._head(self._base.norm(hidden[:, -logits_to_keep:]))
+        cap = getattr(self.model.config, "final_logit_softcapping", None)
+        if cap:  # Gemma 2
+            logits = torch.tanh(logits / cap) * cap
         cache = self._to_cache(kv)
         recomputed = int(active.numel())
         self._count(total, total - recomputed, start)
@@ -292,9 +327,9 @@ class BlendCache:
             n = seg.tokens.numel()
             if value is not None:
                 known[pos : pos + n] = True
-                turn = self._turn(pos, ids.device)
+                turns = {kind: self._turn(pos, ids.device, kind) for kind in set(self._rope_kinds)}
                 for layer, leaf in enumerate(value):
-                    _rotate_into(keys[layer][:, :, pos : pos + n], leaf["k"], turn)
+                    _rotate_into(keys[layer][:, :, pos : pos + n], leaf["k"], turns[self._rope_kinds[layer]])
                     values[layer][:, :, pos : pos + n] = leaf["v"]
             pos += n
         return ids, known, keys, values, loaded, stored
@@ -330,18 +365,25 @@ class BlendCache:
     def _store(self, key: str, value: ChunkValue) -> None:
         self.memory.store(key, value, namespace=self.namespace, compression=self.codec)
 
-    def _turn(self, delta: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The model's rotary ``(cos, sin)`` (``[1, 1, 1, D]``, fp32) for position ``delta``: the rotation that
-        moves keys from positions ``t`` to ``t + delta`` (``None``: none, ``delta == 0``).
+    def _rotary(self, x: torch.Tensor, positions: torch.Tensor, kind: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's rotary ``(cos, sin)`` at ``positions`` for layers of rotary ``kind``."""
+        return self._base.rotary_emb(x, position_ids=positions, **({"layer_type": kind} if kind else {}))
+
+    def _turn(self, delta: int, device: torch.device, kind: str | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rotation (``(cos, sin)``, ``[1, 1, 1, D]``, fp32) that moves keys of rotary ``kind`` from
+        positions ``t`` to ``t + delta`` (``None``: none, ``delta == 0``).
 
         NOTE: rotations compose, so keys rotated by this equal the keys computed at ``t + delta`` up to
-        float rounding, for the supported ``rope_type`` values only (angle ``position x inv_freq``).
+        float rounding, for the supported ``rope_type`` values only (angle ``position x inv_freq``). The
+        model's ``(cos, sin)`` carry its attention scaling (YaRN), already in the stored keys: divided out
+        here (it is the cosine at position 0).
         """
         if delta == 0:
             return None
         probe = torch.empty(0, dtype=torch.float32, device=device)
-        cos, sin = self._base.rotary_emb(probe, position_ids=torch.full((1, 1), delta, device=device))
-        return cos[:, None], sin[:, None]
+        cos, sin = self._rotary(probe, torch.tensor([[0, delta]], device=device), kind)
+        scale = cos[:, :1, :1]
+        return (cos[:, 1:] / scale)[:, None], (sin[:, 1:] / scale)[:, None]
 
     def _run_layers(
         self, ids: torch.Tensor, kv: _BlendKV, forced: torch.Tensor, picks: int
@@ -352,33 +394,68 @@ class BlendCache:
             ``(hidden states of the computed tokens after the last layer, their positions)``.
         """
         total = ids.shape[1]
-        candidates = int((~forced).sum())
         active = torch.arange(total, device=ids.device) if picks else forced.nonzero()[:, 0]
         hidden = self._base.embed_tokens(ids[:, active])
         now = self._pass(active, total, hidden)
+        schedule = self._schedule(picks, int((~forced).sum()))
         for i, layer in enumerate(self._base.layers):
-            if i == self.check_layer and 0 < picks < candidates:
-                active = self._select(layer, hidden, kv.values[i], forced, picks)
-                hidden = hidden[:, active]
+            if i in schedule and schedule[i] < int((~forced[active]).sum()):
+                keep = self._select(layer, i, hidden, active, now, kv, forced, schedule[i])
+                active, hidden = active[keep], hidden[:, keep]
                 now = self._pass(active, total, hidden)
             hidden = self._layer(layer, i, hidden, now, kv)
         return hidden, active
 
+    def _schedule(self, picks: int, candidates: int) -> dict[int, int]:
+        """Per filtering layer, how many reused tokens it keeps: ``2 x picks`` at ``check_layer`` down to
+        ``picks`` at the last (one layer: ``picks``); none when every or no reused token is recomputed."""
+        if not 0 < picks < candidates:
+            return {}
+        steps = self.filter_layers
+        return {
+            self.check_layer + j: min(candidates, math.ceil(picks * (1 + (steps - 1 - j) / max(steps - 1, 1))))
+            for j in range(steps)
+        }
+
     def _select(
-        self, layer: Any, hidden: torch.Tensor, loaded: torch.Tensor, forced: torch.Tensor, picks: int
+        self,
+        layer: Any,
+        idx: int,
+        hidden: torch.Tensor,
+        active: torch.Tensor,
+        now: _Pass,
+        kv: _BlendKV,
+        forced: torch.Tensor,
+        picks: int,
     ) -> torch.Tensor:
-        """Positions to compute from this layer up: the forced ones and the ``picks`` reused tokens whose
-        value vectors now (from every token's ``hidden`` input) deviate most from the ``loaded`` ones."""
-        fresh = layer.self_attn.v_proj(layer.input_layernorm(hidden))
-        fresh = fresh.view(1, hidden.shape[1], -1, loaded.shape[-1]).transpose(1, 2)
-        deviation = (fresh.float() - loaded.float()).square().sum(dim=(0, 1, 3))
-        deviation[forced] = -math.inf
+        """Indices into ``active`` of the tokens to compute from layer ``idx`` up: the forced ones and the
+        ``picks`` reused tokens whose K/V now (from their ``hidden`` input) deviate most from the loaded ones.
+
+        NOTE: keys are compared after RoPE (a rotation keeps distances), each term relative to the loaded
+        tensors' mean square so that neither dominates.
+        """
+        attn = layer.self_attn
+        x = layer.input_layernorm(hidden)
+        reused = ~forced[active]
+        loaded_v = kv.values[idx][:, :, active].float()
+        fresh_v = attn.v_proj(x).view(1, x.shape[1], -1, loaded_v.shape[-1]).transpose(1, 2).float()
+        deviation = _relative_deviation(fresh_v, loaded_v, reused)
+        if self.deviation == "keys_values":
+            loaded_k = kv.keys[idx][:, :, active].float()
+            fresh_k = attn.k_proj(x).view(1, x.shape[1], -1, loaded_k.shape[-1])
+            norm = getattr(attn, "k_norm", None)  # Qwen 3, Gemma 3: before RoPE
+            fresh_k = (norm(fresh_k) if norm is not None else fresh_k).transpose(1, 2).float()
+            cos, sin = (t.float()[:, None] for t in now.rope[self._rope_kinds[idx]])
+            half = fresh_k.shape[-1] // 2
+            turned = torch.cat([-fresh_k[..., half:], fresh_k[..., :half]], dim=-1)
+            deviation = deviation + _relative_deviation(fresh_k * cos + turned * sin, loaded_k, reused)
+        deviation[~reused] = -math.inf
         chosen = deviation.topk(picks).indices
-        return torch.cat([forced.nonzero()[:, 0], chosen]).sort().values
+        return torch.cat([(~reused).nonzero()[:, 0], chosen]).sort().values
 
     def _pass(self, active: torch.Tensor, total: int, hidden: torch.Tensor) -> _Pass:
         positions = active[None]
-        return _Pass(total, positions, self._base.rotary_emb(hidden, position_ids=positions))
+        return _Pass(total, positions, {kind: self._rotary(hidden, positions, kind) for kind in set(self._rope_kinds)})
 
     def _layer(self, layer: torch.nn.Module, idx: int, hidden: torch.Tensor, now: _Pass, kv: _BlendKV) -> torch.Tensor:
         """Decoder layer ``idx`` on the computed positions' ``hidden`` states, attending to the whole prompt."""
@@ -390,7 +467,7 @@ class BlendCache:
             hidden,
             attention_mask=now.masks[window],
             position_ids=now.positions,
-            position_embeddings=now.rope,
+            position_embeddings=now.rope[self._rope_kinds[idx]],
             use_cache=True,
             **{self._layer_cache_arg: kv},
         )
@@ -423,6 +500,14 @@ class BlendCache:
         m.kv_tokens.labels(kind="reused").inc(reused)
         m.kv_tokens.labels(kind="computed").inc(total - reused)
         m.ttft_seconds.observe(time.perf_counter() - start)
+
+
+def _relative_deviation(fresh: torch.Tensor, loaded: torch.Tensor, reused: torch.Tensor) -> torch.Tensor:
+    """Per token, the squared distance of ``fresh`` from ``loaded`` (``[1, H, T, D]``) summed over heads and
+    dimensions, over the ``reused`` tokens' mean squared norm of ``loaded`` (the other tokens' rows are not
+    set yet: their distance means nothing)."""
+    distance = (fresh - loaded).square().sum(dim=(0, 1, 3))
+    return distance / loaded[:, :, reused].square().sum(dim=(0, 1, 3)).mean().clamp_min(1e-12)
 
 
 def _rotate_into(out: torch.Tensor, keys: torch.Tensor, turn: tuple[torch.Tensor, torch.Tensor] | None) -> None:
@@ -468,28 +553,50 @@ def _decoder(model: torch.nn.Module) -> Any:
     return base
 
 
-def _check_rope(model: torch.nn.Module, rotary: torch.nn.Module) -> None:
+def _rope_kinds(model: torch.nn.Module) -> list[str | None]:
+    """Per layer, the layer type whose rotary parameters it uses (Gemma 3: ``sliding_attention`` and
+    ``full_attention`` differ), or ``None`` for all where the model has one set."""
+    config: Any = model.config
+    params = getattr(config, "rope_parameters", None)
+    types = getattr(config, "layer_types", None)
+    if isinstance(params, dict) and types and all(isinstance(params.get(t), dict) for t in types):
+        return list(types)
+    return [None] * config.num_hidden_layers
+
+
+def _check_rope(model: torch.nn.Module, rotary: torch.nn.Module, kinds: list[str | None]) -> None:
     """Refuse position encodings whose rotation by ``p`` does not compose exactly (see the module docstring).
 
     Raises:
-        UnsupportedModelError: naming the ``rope_type`` and the supported ones.
+        UnsupportedModelError: naming the ``rope_type``, why, and the supported ones.
     """
     config: Any = model.config
     params = getattr(config, "rope_parameters", None)
-    rope_type = params.get("rope_type") if isinstance(params, dict) else None
-    scaling = getattr(rotary, "attention_scaling", 1.0)
-    if rope_type not in SUPPORTED_ROPE_TYPES or scaling != 1.0:
-        raise UnsupportedModelError(
-            f"{type(model).__name__} uses rope_type={rope_type!r} (attention scaling {scaling}): BlendCache "
-            f"re-rotates keys for rope_type in {SUPPORTED_ROPE_TYPES} only, whose rotations compose exactly"
-        )
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    cos, _ = rotary(torch.empty(0), position_ids=torch.zeros(1, 1, dtype=torch.long))
-    if cos.shape[-1] != head_dim:
-        raise UnsupportedModelError(
-            f"{type(model).__name__} rotates {cos.shape[-1]} of {head_dim} head dimensions: "
-            "BlendCache handles rotary embeddings over the whole head only"
+    for kind in sorted(set(kinds), key=str):
+        kind_params = params.get(kind) if kind and isinstance(params, dict) else params
+        rope_type = kind_params.get("rope_type") if isinstance(kind_params, dict) else None
+        where = f" (layer type {kind})" if kind else ""
+        if rope_type in LENGTH_DEPENDENT_ROPE_TYPES:
+            raise UnsupportedModelError(
+                f"{type(model).__name__} uses rope_type={rope_type!r}{where}: its frequencies depend on the "
+                "sequence length, so a segment's keys computed alone are rotated with other frequencies than "
+                f"the whole prompt's; BlendCache re-rotates keys for rope_type in {SUPPORTED_ROPE_TYPES} only"
+            )
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise UnsupportedModelError(
+                f"{type(model).__name__} uses rope_type={rope_type!r}{where}: BlendCache re-rotates keys for "
+                f"rope_type in {SUPPORTED_ROPE_TYPES} only, whose rotations compose exactly"
+            )
+        probe = torch.empty(0)
+        cos, _ = rotary(
+            probe, position_ids=torch.zeros(1, 1, dtype=torch.long), **({"layer_type": kind} if kind else {})
         )
+        if cos.shape[-1] != head_dim:
+            raise UnsupportedModelError(
+                f"{type(model).__name__} rotates {cos.shape[-1]} of {head_dim} head dimensions{where}: "
+                "BlendCache handles rotary embeddings over the whole head only"
+            )
 
 
 def _attention(model: torch.nn.Module) -> str:

@@ -1,7 +1,8 @@
 """``BlendCache`` on tiny real models (3 layers, random weights, fixed seeds) and a real ``Memory``.
 
 What must hold exactly: recomputing every token is a full prefill; a segment's keys
-computed at position 0 and re-rotated to ``p`` are the keys computed at ``p``; the stored
+computed at position 0 and re-rotated to ``p`` are the keys computed at ``p`` (Llama,
+Qwen 2 and 3, Mistral, Gemma 2 and 3, linear, Llama 3 and YaRN RoPE); the stored
 KV of a segment is found again by its content wherever it lands, from the CPU tier or,
 in a fresh ``Memory``, from disk. How close a partial recompute comes to the full prefill
 on a trained model is measured in ``benchmarks/bench_blend.py``, not here.
@@ -13,20 +14,24 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
-from transformers import PreTrainedModel
+from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, PreTrainedModel, Qwen3Config
 
 import kvmem
 from kvmem.errors import ConfigError, InvalidKeyError, UnsupportedModelError
-from kvmem.kv import BlendCache, BlendResult, Segment
+from kvmem.kv import BlendCache, BlendResult, Segment, blend
 from kvmem.kv.blend_mask import GroupedMask, attention_mask
 from kvmem.kv.layout import held, kept_range, kv_layer
 from tests.kv.conftest import MemoryFactory
-from tests.kv.workers import build_model, prompt
+from tests.kv.workers import VOCAB, WINDOW, build_model, prompt
 
-ARCHS = ("llama", "qwen2", "mistral")  # Mistral: sliding window 24, shorter than the prompts
+# Mistral: sliding window 24, shorter than the prompts; Qwen 3: q/k norms before RoPE; Gemma 2: sliding
+# layers, soft-capped logits, eager attention; Gemma 3: sliding layers with a RoPE of their own
+ARCHS = ("llama", "qwen2", "mistral", "qwen3", "gemma2", "gemma3")
+MORE_ARCHS = {"qwen3": Qwen3Config, "gemma2": Gemma2Config, "gemma3": Gemma3TextConfig}
 EXACT = 1e-5
 LAYERS = 3  # layer 0 (exact after rotation), the check layer, one layer above it
 LINEAR = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+YARN = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0, "original_max_position_embeddings": 64}
 LLAMA3 = {
     "rope_type": "llama3",
     "factor": 8.0,
@@ -43,7 +48,26 @@ BlendFactory = Callable[..., BlendCache]
 
 
 def _model(arch: str, **overrides: object) -> PreTrainedModel:
-    return build_model(arch, num_hidden_layers=LAYERS, **overrides)
+    if arch not in MORE_ARCHS:
+        return build_model(arch, num_hidden_layers=LAYERS, **overrides)
+    settings: dict[str, object] = {
+        "vocab_size": VOCAB,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "max_position_embeddings": 256,
+        "bos_token_id": 1,
+        "eos_token_id": None,
+        "pad_token_id": 0,
+    }
+    if arch.startswith("gemma"):  # layers 0 and 2 slide, layer 1 attends to everything
+        settings["sliding_window"] = WINDOW
+        settings["layer_types"] = ["sliding_attention", "full_attention", "sliding_attention"]
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(MORE_ARCHS[arch](**{**settings, **overrides})).eval()
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +162,25 @@ def test_eager_attention_full_recompute_is_exact(make_memory: MemoryFactory, ble
     assert (_blend(bc, segments, 1.0).logits - logits[:, -1:]).abs().max().item() < EXACT
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_one_segment_first_needs_no_recompute(
+    arch: str, models: Callable[..., PreTrainedModel], make_memory: MemoryFactory, blend_cache: BlendFactory
+) -> None:
+    """A stored segment at position 0 followed by a question: its loaded K/V are the full prefill's at every
+    layer (nothing precedes it), so ``recompute_ratio=0`` gives the full prefill's logits."""
+    model = models(arch)
+    bc = blend_cache(model, make_memory())
+    segments = [Segment(DOC_A), Segment(QUESTION, reusable=False)]
+    bc.store_segment(segments[0])
+    result = _blend(bc, segments, 0.0, keep=QUESTION.shape[1])
+    assert result.loaded_segments == 1 and result.reused_tokens == DOC_A.shape[1]
+    logits, _ = _full(model, segments)
+    assert (result.logits - logits[:, -QUESTION.shape[1] :]).abs().max().item() < EXACT
+
+
 @pytest.mark.parametrize(
-    ("arch", "rope"), [("llama", None), ("qwen2", None), ("mistral", None), ("llama", LINEAR), ("llama", LLAMA3)]
+    ("arch", "rope"),
+    [*((arch, None) for arch in ARCHS), ("llama", LINEAR), ("llama", LLAMA3), ("llama", YARN), ("qwen3", YARN)],
 )
 def test_rerotated_keys_equal_keys_computed_at_their_position(
     arch: str,
@@ -167,9 +208,10 @@ def test_rerotated_keys_equal_keys_computed_at_their_position(
     assert (k[:, :, moved] - k_ref[:, :, moved]).abs().max().item() < EXACT
     assert (v[:, :, moved] - v_ref[:, :, moved]).abs().max().item() < EXACT
     # above layer 0 the reused K/V differ (the documents did not see what precedes them): that is the blend's job
-    k1, _, _ = _layer_kv(result.cache, 1)
+    k1, _, first1 = _layer_kv(result.cache, 1)
     k1_ref, _, _ = _layer_kv(cache, 1)
-    assert (k1[:, :, moved] - k1_ref[:, :, moved]).abs().max().item() > 1e-3
+    moved1 = slice(max(DOC_A.shape[1], first1) - first1, stop - first1)
+    assert (k1[:, :, moved1] - k1_ref[:, :, moved1]).abs().max().item() > 1e-3
 
 
 def test_bf16_keys_are_rotated_in_fp32_then_stored_in_bf16(
@@ -239,7 +281,7 @@ def test_recompute_ratio_sets_how_many_reused_tokens_are_recomputed(
     assert result.cache.get_seq_length() == docs + computed
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a != "gemma2"])  # Gemma 2 runs eager attention
 @pytest.mark.parametrize("ratio", [0.0, 0.3])
 def test_attention_in_runs_of_queries_changes_nothing(
     arch: str,
@@ -282,9 +324,16 @@ def test_models_without_supported_rotary_embeddings_are_refused(make_memory: Mem
     memory = make_memory()
     with pytest.raises(UnsupportedModelError, match=r"GPT2LMHeadModel has no model\.embed_tokens.*rope_type"):
         BlendCache(build_model("gpt2"), memory)
-    yarn = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0, "original_max_position_embeddings": 128}
-    with pytest.raises(UnsupportedModelError, match=r"rope_type='yarn'.*\('default', 'linear', 'llama3'\)"):
-        BlendCache(_model("llama", rope_parameters=yarn), memory)
+    for rope_type in ("dynamic", "longrope"):
+        rope = {"rope_type": rope_type, "factor": 2.0, "rope_theta": 10000.0, "original_max_position_embeddings": 64}
+        if rope_type == "longrope":
+            rope |= {"short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
+        with pytest.raises(UnsupportedModelError, match=rf"rope_type='{rope_type}'.*depend on the sequence length"):
+            BlendCache(_model("llama", rope_parameters=rope), memory)
+    gemma = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    rope = {"full_attention": gemma, "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    with pytest.raises(UnsupportedModelError, match=r"'dynamic' \(layer type full_attention\)"):
+        BlendCache(_model("gemma3", rope_parameters=rope), memory)
     with pytest.raises(UnsupportedModelError, match=r"attn_implementation='flex_attention'.*'sdpa' or 'eager'"):
         BlendCache(_model("llama", attn_implementation="flex_attention"), memory)
 
@@ -331,3 +380,77 @@ def test_runs_start_at_keys_aligned_for_cuda_kernels() -> None:
         first = int(queries[rows][0])
         assert keys.start % 16 == 0 and first - 37 - 16 < keys.start <= first - 36
         assert (plain[rows, keys.start : first - 36] == torch.finfo(torch.float32).min).all()
+
+
+# -- the selection: CacheBlend's gradual filtering, KV deviation ------------------------------------------------
+
+
+def _changed(cache: object, reference: object, layer: int, positions: slice) -> torch.Tensor:
+    """Which of ``positions`` hold other K/V at ``layer`` in ``cache`` than in ``reference`` (beyond rounding)."""
+    k, v, _ = _layer_kv(cache, layer)
+    k_ref, v_ref, _ = _layer_kv(reference, layer)
+    diff = (k - k_ref).abs().amax(dim=(0, 1, 3)) + (v - v_ref).abs().amax(dim=(0, 1, 3))
+    return diff[positions] > EXACT
+
+
+@pytest.mark.parametrize("deviation", ["values", "keys_values"])
+def test_gradual_filtering_narrows_the_recomputed_tokens_layer_by_layer(
+    deviation: str, models: Callable[..., PreTrainedModel], make_memory: MemoryFactory, blend_cache: BlendFactory
+) -> None:
+    """``filter_layers=2``: layer 1 recomputes twice the final share of the reused tokens, layer 2 the final
+    share, a subset of layer 1's; the rest keep their loaded K/V (those of ``recompute_ratio=0``)."""
+    model = models("llama")
+    bc = blend_cache(model, make_memory(), filter_layers=2, deviation=deviation)
+    segments = _rag(DOC_A, DOC_B, DOC_C)
+    naive = _blend(bc, segments, 0.0)  # stores the documents; every reused token keeps its loaded K/V
+    result = _blend(bc, segments, 0.2)
+    docs = DOC_A.shape[1] + DOC_B.shape[1] + DOC_C.shape[1]
+    picks = -(-docs // 5)
+    assert result.recomputed_tokens == SYSTEM.shape[1] + QUESTION.shape[1] + picks
+    reused = slice(SYSTEM.shape[1], SYSTEM.shape[1] + docs)
+    layer1 = _changed(result.cache, naive.cache, 1, reused)
+    layer2 = _changed(result.cache, naive.cache, 2, reused)
+    assert (int(layer1.sum()), int(layer2.sum())) == (2 * picks, picks)
+    assert not (layer2 & ~layer1).any()
+    assert not _changed(result.cache, naive.cache, 0, reused).any()  # layer 0 is exact: never changes
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+def test_key_deviation_is_zero_where_the_loaded_keys_are_exact(
+    arch: str,
+    models: Callable[..., PreTrainedModel],
+    make_memory: MemoryFactory,
+    blend_cache: BlendFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stored segment first in the prompt has the full prefill's K/V at every layer, so the keys the
+    selection computes (projection, Qwen 3's and Gemma 3's key norm, RoPE at the token's place) must match
+    the loaded ones: a wrong norm or rotation would show as a deviation."""
+    seen: list[torch.Tensor] = []
+    measure = blend._relative_deviation
+
+    def kept(fresh: torch.Tensor, loaded: torch.Tensor, reused: torch.Tensor) -> torch.Tensor:
+        out = measure(fresh, loaded, reused)
+        seen.append(out[reused])
+        return out
+
+    monkeypatch.setattr(blend, "_relative_deviation", kept)
+    bc = blend_cache(models(arch), make_memory(), filter_layers=2, deviation="keys_values")
+    segments = [Segment(DOC_A), Segment(DOC_B), Segment(QUESTION, reusable=False)]
+    bc.store_segment(segments[0])
+    bc.store_segment(segments[1])
+    _blend(bc, segments, 0.3)
+    assert len(seen) == 4  # values and keys, at layers 1 and 2
+    first = DOC_A.shape[1]
+    assert max(d[:first].max().item() for d in seen[:2]) < 1e-10  # layer 1: DOC_A's K and V exact
+    assert min(d[first:].max().item() for d in seen[:2]) > 1e-4  # DOC_B's did not see DOC_A
+
+
+def test_bad_filtering_options_are_refused(models: Callable[..., PreTrainedModel], make_memory: MemoryFactory) -> None:
+    model, memory = models("llama"), make_memory()
+    with pytest.raises(ConfigError, match=r"filter_layers=0: expected an int from 1 to 2"):
+        BlendCache(model, memory, filter_layers=0)
+    with pytest.raises(ConfigError, match=r"check_layer=2 with filter_layers=2: .* last layer \(2\)"):
+        BlendCache(model, memory, check_layer=2, filter_layers=2)
+    with pytest.raises(ConfigError, match=r"deviation='keys': expected one of \('values', 'keys_values'\)"):
+        BlendCache(model, memory, deviation="keys")
