@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RESULTS", "Run", "figure", "load_records", "ref", "slug", "start", "validate", "write"]
+__all__ = ["RESULTS", "Run", "figure", "load_records", "record_paths", "ref", "slug", "start", "validate", "write"]
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -255,10 +255,19 @@ def _version(dist: str) -> str | None:
 
 
 # -- reading and checking -------------------------------------------------------------------------------------------
+def record_paths(results: Path = RESULTS) -> list[Path]:
+    """The record files under ``results`` (``<benchmark>/<stamp>-<commit>[-quick].json``), sorted: not the
+    other JSON files a script may leave there (a trained model's ``config.json``)."""
+    return sorted(p for p in results.glob("*/*.json") if _RECORD_NAME.match(p.name))
+
+
+_RECORD_NAME = re.compile(r"^\d{8}(T\d{6}Z)?-[\w.-]+\.json$")
+
+
 def load_records(results: Path = RESULTS) -> dict[str, list[dict[str, Any]]]:
     """Every record under ``results``, per benchmark, oldest first (by date, then file name)."""
     found: dict[str, list[dict[str, Any]]] = {}
-    for path in sorted(results.glob("*/*.json")):
+    for path in record_paths(results):
         record = json.loads(path.read_text())
         record["_file"] = path.relative_to(results).as_posix()
         found.setdefault(path.parent.name, []).append(record)

@@ -30,7 +30,7 @@ def _module(name: str) -> ModuleType:
 
 records = _module("records")
 render = _module("render")
-RECORDS = sorted(records.RESULTS.glob("*/*.json"))
+RECORDS = records.record_paths()
 
 
 def test_readme_table_and_docs_pages_are_what_the_records_render() -> None:
