@@ -11,9 +11,10 @@ enough bytes are free.
   (``T1``) and entries read again (``T2``) are kept apart; the keys of entries that left each list are
   remembered (ghosts ``B1``, ``B2``; keys only, no data) and an entry that comes back while its key is
   remembered joins ``T2``, moving the target size of ``T1`` toward the list that would have kept it.
-  Chosen over S3-FIFO by measurement (``benchmarks/bench_prefetch.py``'s traces): both beat LRU by
-  5-13 points on chat and RAG traces, but S3-FIFO's small FIFO lost 2-3 points on agent traces whose
-  step chunks are read again only after dozens of other sessions' steps; ARC lost at most 1.
+  Chosen over S3-FIFO by measurement (``benchmarks/sim_eviction.py`` on the traces of
+  ``benchmarks/traces.py``): both beat LRU by 4-13 points on chat and RAG traces, but S3-FIFO's small
+  FIFO lost 2-3 points on agent traces whose step chunks are read again only after dozens of other
+  sessions' steps; ARC lost under 1.
 
 In a tiered store an entry that leaves the CPU tier is usually demoted, not gone: when it is read again it
 is promoted back, which is exactly ARC's ghost hit.
