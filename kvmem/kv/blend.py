@@ -446,9 +446,9 @@ class BlendCache:
             norm = getattr(attn, "k_norm", None)  # Qwen 3, Gemma 3: before RoPE
             fresh_k = (norm(fresh_k) if norm is not None else fresh_k).transpose(1, 2).float()
             cos, sin = (t.float()[:, None] for t in now.rope[self._rope_kinds[idx]])
-            half = fresh_k.shape[-1] // 2
-            turned = torch.cat([-fresh_k[..., half:], fresh_k[..., :half]], dim=-1)
-            deviation = deviation + _relative_deviation(fresh_k * cos + turned * sin, loaded_k, reused)
+            rotated = torch.empty_like(fresh_k)
+            _rotate_into(rotated, fresh_k, (cos, sin))
+            deviation = deviation + _relative_deviation(rotated, loaded_k, reused)
         deviation[~reused] = -math.inf
         chosen = deviation.topk(picks).indices
         return torch.cat([(~reused).nonzero()[:, 0], chosen]).sort().values
