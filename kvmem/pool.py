@@ -49,6 +49,7 @@ import torch
 
 from kvmem.errors import ConfigError
 from kvmem.libc import libc_function
+from kvmem.threads import yield_to_compute
 
 __all__ = ["PAGE_BYTES", "Run", "ExtentAllocator", "HostPool", "Allocation"]
 
@@ -255,6 +256,7 @@ class HostPool:
 
     def _populate_loop(self) -> None:
         """Fault in ``[populated, wanted)`` in steps, without writing a byte; exit when caught up."""
+        yield_to_compute()
         while True:
             with self._lock:
                 if self._populated >= self._wanted:

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from kvmem.errors import KVMemError
+from kvmem.threads import yield_to_compute
 
 if TYPE_CHECKING:
     from kvmem.activity import Activity
@@ -47,7 +48,9 @@ class WriteBehind:
     """
 
     def __init__(self, max_pending: int = 64, *, activity: Activity | None = None, max_wait: float = 0.05) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvmem-write-behind")
+        self._pool = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="kvmem-write-behind", initializer=yield_to_compute
+        )
         self._slots = threading.BoundedSemaphore(max_pending)
         self._last: Future[None] | None = None
         self._activity = activity

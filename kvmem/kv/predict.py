@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from kvmem.api import Memory
 from kvmem.errors import ConfigError, KVMemError
 from kvmem.kv.patterns import Prediction, RequestPatterns
+from kvmem.threads import yield_to_compute
 
 __all__ = ["PredictivePrefetcher"]
 
@@ -182,6 +183,7 @@ class PredictivePrefetcher:
 
     # -- worker --------------------------------------------------------------------
     def _loop(self) -> None:
+        yield_to_compute()
         cpu = time.thread_time()
         while True:
             with self._cv:

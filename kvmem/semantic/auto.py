@@ -12,6 +12,7 @@ import numpy as np
 from kvmem.recovery import OnRecovered
 from kvmem.semantic.hnsw import HNSW_AVAILABLE, HnswIndex
 from kvmem.semantic.index import ExactIndex, checked_rows
+from kvmem.threads import yield_to_compute
 
 __all__ = ["AutoIndex"]
 
@@ -35,6 +36,7 @@ class _Build:
         self._thread.start()
 
     def _run(self, live: ExactIndex, m: int, ef_construction: int, ef_search: int) -> None:
+        yield_to_compute()
         try:
             self.graph = HnswIndex.from_exact(live, m, ef_construction, ef_search, rebuild_at=None)
         except (MemoryError, RuntimeError) as exc:  # the owner keeps serving what it has

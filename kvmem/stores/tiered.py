@@ -48,6 +48,7 @@ from kvmem.metrics import Metrics
 from kvmem.stores.base import Capabilities, StorageTier
 from kvmem.stores.guesses import Guesses
 from kvmem.stores.readers import BlobReader, GuardedReader, RangeReader
+from kvmem.threads import yield_to_compute
 
 __all__ = ["TieredStore", "Fetched", "Stored"]
 
@@ -770,6 +771,7 @@ class TieredStore:
             self._pending_cv.notify_all()
 
     def _write_back_loop(self) -> None:
+        yield_to_compute()
         while True:
             with self._pending_cv:
                 while not self._pending and not self._closed:
