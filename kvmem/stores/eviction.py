@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from kvmem.config import EVICTIONS
+from kvmem.errors import ConfigError
 from kvmem.stores.base import lru_keys
 
 __all__ = ["EVICTIONS", "Order", "Lru", "Arc", "order_for"]
@@ -186,7 +187,14 @@ class Arc:
 
 
 def order_for(eviction: str, entries: OrderedDict[str, object]) -> Order:
-    """The order named ``eviction`` (one of :data:`EVICTIONS`) for a tier holding ``entries``."""
+    """The order named ``eviction`` (one of :data:`EVICTIONS`) for a tier holding ``entries``.
+
+    Raises:
+        ConfigError: ``eviction`` is not one of :data:`EVICTIONS` (a tier built directly, not from a
+            checked :class:`~kvmem.config.Config`).
+    """
     if eviction == "arc":
         return Arc()
-    return Lru(entries)
+    if eviction == "lru":
+        return Lru(entries)
+    raise ConfigError(f"eviction={eviction!r}: accepted {' | '.join(EVICTIONS)}")

@@ -162,3 +162,9 @@ def test_gpu_tier_takes_the_same_orders() -> None:
 def test_an_unknown_eviction_is_refused_with_what_is_accepted(tmp_path: Path, bad: object) -> None:
     with pytest.raises(ConfigError, match=r"eviction=.*accepted lru \| arc"):
         kvmem.Memory(tmp_path / "kvmem", eviction=bad)
+
+
+def test_a_tier_built_directly_refuses_an_unknown_eviction() -> None:
+    for build in (lambda: CpuTier(64 * KIB, eviction="lfu"), lambda: GpuTier(64 * KIB, device="cpu", eviction="lfu")):
+        with pytest.raises(ConfigError, match=r"eviction='lfu': accepted lru \| arc"):
+            build()
