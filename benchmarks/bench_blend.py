@@ -101,11 +101,7 @@ def load_model(args: argparse.Namespace) -> LlamaForCausalLM:
     path = Path(args.model)
     if not (path / "config.json").exists():
         print(f"no model at {path}: training one for {args.minutes:g} min (train_retrieval_lm.py)")
-        settings = vars(task.parse_args([f"--minutes={args.minutes}", f"--out={path}"]))
-        model = task.build_model(max_positions=8192, layers=settings["layers"], width=settings["width"])
-        training = task.train(model, argparse.Namespace(**settings))
-        model.save_pretrained(path)
-        (path / "training.json").write_text(json.dumps({**training, **settings}, indent=1))
+        task.train_and_save(task.parse_args([f"--minutes={args.minutes}", f"--out={path}"]))
     return LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
@@ -310,7 +306,7 @@ def figures(rows: list[Row], long_rows: list[Row], tokens: int) -> list[dict[str
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="benchmarks/results/retrieval-lm", help="a saved model (trained if absent)")
-    p.add_argument("--minutes", type=float, default=20.0, help="training time when --model is absent")
+    p.add_argument("--minutes", type=float, default=16.0, help="training time when --model is absent")
     p.add_argument("--worlds", type=int, default=50, help="document sets")
     p.add_argument("--prompts", type=int, default=5, help="questions per document set, each in a fresh order")
     p.add_argument("--facts", type=int, default=4, help="facts per document of the scored prompts")

@@ -24,6 +24,7 @@ def _module(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # NOTE: dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
     return module
 
