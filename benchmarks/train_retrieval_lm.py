@@ -89,12 +89,14 @@ class World:
         return [Q, WHERE, person], [company, city]
 
 
-def make_world(rng: random.Random, facts: int) -> World:
+def make_world(rng: random.Random, facts: int, *, distinct: bool = True) -> World:
     """Four documents of ``facts`` facts each (``1 + 4 * facts`` tokens), ``2 * facts`` chains, each chain's
-    two facts in two different documents."""
+    two facts in two different documents; ``distinct``: no two chains share a person or a company (else they
+    may: for documents longer than the pools have names, whose questions can have several answers)."""
     n = 2 * facts
-    people = rng.sample(range(PERSON0, COMPANY0), n)
-    companies = rng.sample(range(COMPANY0, CITY0), n)
+    draw = rng.sample if distinct else lambda names, k: rng.choices(names, k=k)
+    people = draw(range(PERSON0, COMPANY0), n)
+    companies = draw(range(COMPANY0, CITY0), n)
     cities = [rng.randrange(CITY0, VOCAB) for _ in range(n)]
     chains = list(zip(people, companies, cities))
     slots = [d for d in range(DOCS) for _ in range(facts)]  # chain i's facts go to slots 2i and 2i + 1
