@@ -249,7 +249,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--minutes", type=float, default=16.0, help="training time budget (wall clock)")
     p.add_argument("--out", default="benchmarks/results/retrieval-lm", help="where save_pretrained writes the model")
-    p.add_argument("--layers", type=int, default=8, help="decoder layers of the trained model")
+    p.add_argument("--layers", type=int, default=16, help="decoder layers of the trained model")
     p.add_argument("--start-layers", type=int, default=2, help="decoder layers before it grows (see above)")
     p.add_argument("--grow-at", type=float, default=0.6, help="share of the time budget before it grows")
     p.add_argument("--width", type=int, default=128)
