@@ -82,7 +82,6 @@ class Row:
     low: float
     high: float
     perplexity: float
-    ttft_ms: float = 0.0
 
     @property
     def accuracy(self) -> float:
@@ -234,15 +233,13 @@ def long_prompts(model: LlamaForCausalLM, args: argparse.Namespace) -> dict[str,
 
 
 def print_table(rows: list[Row], full: Row) -> None:
-    head = f"{'series':<28}{'exact match':>12}{'95 % interval':>17}{'of full':>9}{'answer ppl':>12}{'TTFT ms':>9}"
+    head = f"{'series':<28}{'exact match':>12}{'95 % interval':>17}{'of full':>9}{'answer ppl':>12}"
     print(head)
     print("-" * len(head))
     for r in rows:
-        ttft = f"{r.ttft_ms:>9.1f}" if r.ttft_ms else f"{'-':>9}"
         share = 100 * r.exact / full.exact if full.exact else float("nan")
         print(
-            f"{r.series:<28}{r.accuracy:>11.1f}%{f'{r.low:.1f}-{r.high:.1f} %':>17}{share:>8.0f}%"
-            f"{r.perplexity:>12.3f}{ttft}"
+            f"{r.series:<28}{r.accuracy:>11.1f}%{f'{r.low:.1f}-{r.high:.1f} %':>17}{share:>8.0f}%{r.perplexity:>12.3f}"
         )
 
 

@@ -6,31 +6,15 @@ Runs no benchmark: it reads ``benchmarks/results/`` and renders in memory.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from tests.examples_loader import load_benchmark
 
-
-def _module(name: str) -> ModuleType:
-    """A sibling module of the benchmark scripts (``benchmarks/`` is a folder of scripts, not a package)."""
-    if str(BENCHMARKS) not in sys.path:
-        sys.path.insert(0, str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # NOTE: dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-records = _module("records")
-render = _module("render")
+records = load_benchmark("records")
+render = load_benchmark("render")
 RECORDS = records.record_paths()
 
 

@@ -12,9 +12,9 @@ import random
 import torch
 from transformers import LlamaForCausalLM
 
-from tests.test_benchmark_records import _module
+from tests.examples_loader import load_benchmark
 
-task = _module("train_retrieval_lm")
+task = load_benchmark("train_retrieval_lm")
 
 
 def test_each_answer_joins_two_facts_from_two_documents() -> None:
