@@ -19,14 +19,15 @@ import torch
 
 from kvmem import Memory
 from kvmem.errors import KVMemError
+from kvmem.threads import yield_to_compute
 from kvmem_vllm.log import logger
 
 __all__ = ["Saver"]
 
 
 class _Save(NamedTuple):
-    """One step's chunks to store (a key and its rows each: views of its blocks, or a copy of them), and the
-    requests they belong to."""
+    """One step's chunks to store (a key and its rows each: views of its blocks, one view of a run of consecutive
+    blocks, or a copy of them), and the requests they belong to."""
 
     req_ids: frozenset[str]
     items: list[tuple[str, list[torch.Tensor] | torch.Tensor]]
@@ -57,9 +58,9 @@ class Saver:
         self._thread.start()
 
     def submit(self, req_ids: Collection[str], items: Sequence[tuple[str, list[torch.Tensor] | torch.Tensor]]) -> None:
-        """Store ``items`` (a chunk's key, and the views of its blocks in vLLM's KV cache or a tensor of them
-        copied already) in the background, on behalf of ``req_ids``: each chunk is one entry, its blocks the rows
-        of one tensor.
+        """Store ``items`` (a chunk's key, and the views of its blocks in vLLM's KV cache or a tensor of them: a
+        view of consecutive blocks, or a copy) in the background, on behalf of ``req_ids``: each chunk is one
+        entry, its blocks the rows of one tensor.
 
         Every request in ``req_ids`` is reported by :meth:`finished` once finished, even with no items (its
         saves dropped): the scheduler side holds the blocks of every request it planned a save for.
@@ -108,6 +109,7 @@ class Saver:
             self._thread.join()
 
     def _run(self) -> None:
+        yield_to_compute()
         while (save := self._queue.get()) is not None:
             start = time.perf_counter()
             try:
@@ -124,7 +126,7 @@ class Saver:
                     self._done.notify_all()
 
     def _store(self, items: list[tuple[str, list[torch.Tensor] | torch.Tensor]]) -> None:
-        """Store the chunks not stored yet (each gathered from its blocks into one tensor, here, off the
+        """Store the chunks not stored yet (a list of block views gathered into one tensor, here, off the
         forward pass's thread).
 
         NOTE: a request that came while another one's saves of the same chunks were in flight (or was
