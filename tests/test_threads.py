@@ -1,4 +1,5 @@
-"""Background threads yield to the request's threads: their wake-ups never preempt compute (SCHED_BATCH)."""
+"""Background threads yield to the request's threads: their wake-ups never preempt compute (SCHED_BATCH), and they
+run on the cores set for them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 import kvmem
 from kvmem.kv.background import WriteBehind
+from kvmem.threads import set_background_cpus, yield_to_compute
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
 
@@ -43,3 +45,26 @@ def test_write_back_thread_runs_as_batch_work(tmp_path: Path) -> None:
         memory.flush()
     with kvmem.Memory(tmp_path, cpu_bytes=0, disk_bytes="64MiB") as reopened:  # what the thread wrote
         assert torch.equal(reopened.load("a"), torch.arange(1024, dtype=torch.float32))
+
+
+def test_background_threads_run_on_the_cores_set_for_them_and_the_caller_keeps_its_own() -> None:
+    own = os.sched_getaffinity(0)
+    kept = {min(own)}  # NOTE: one of this process's cores (on one core the test still runs, on that core)
+    seen: dict[str, set[int]] = {}
+
+    def background() -> None:
+        yield_to_compute()
+        seen["background"] = os.sched_getaffinity(0)
+
+    set_background_cpus(kept)
+    try:
+        thread = threading.Thread(target=background)
+        thread.start()
+        thread.join()
+    finally:
+        set_background_cpus(None)
+    thread = threading.Thread(target=lambda: seen.update(unset=os.sched_getaffinity(0)))
+    thread.start()
+    thread.join()
+    assert seen["background"] == kept
+    assert os.sched_getaffinity(0) == own and seen["unset"] == own  # the maker and later threads are left alone

@@ -43,6 +43,7 @@ from kvmem_vllm.groups import GroupLayout, UnsupportedLayout, group_windows
 from kvmem_vllm.identity import ConnectorOptions, attention_backend, chunk_blocks, memory_settings, namespace
 from kvmem_vllm.log import logger
 from kvmem_vllm.metadata import KVMemMetadata, KVMemWorkerMeta
+from kvmem_vllm.placement import place_background_threads
 from kvmem_vllm.scheduler import SchedulerSide
 from kvmem_vllm.stats import KVMemPromMetrics, KVMemStats, since
 from kvmem_vllm.worker import WorkerSide
@@ -100,6 +101,7 @@ class KVMemConnector(KVConnectorBase_V1, SupportsHMA):
                     f"(got disk_bytes=0 and no remote_url in kv_connector_extra_config for {settings['path']!r})"
                 )
         else:
+            place_background_threads()  # NOTE: before the Memory, whose threads are made from here on
             # NOTE: saves and loads leave the CPU tier to the chunks vLLM evicted (worker.py), unless set otherwise;
             # only the warmer's thread puts into it, so it needs no room kept free for a request's stores
             memory = Memory(**{"write_policy": "around", "offload_threshold": 1.0, **settings})

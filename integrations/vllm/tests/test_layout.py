@@ -3,6 +3,8 @@ the worker's failed loads and the scheduler's probe."""
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,9 +16,11 @@ import torch
 import kvmem
 from kvmem.errors import ConfigError
 from kvmem.keys import chunk_hashes
+from kvmem.threads import set_background_cpus
 from kvmem_vllm.groups import GroupLayout
 from kvmem_vllm.identity import ConnectorOptions, chunk_blocks, keyed_tokens, memory_settings, rank_key
 from kvmem_vllm.metadata import ChunkTransfer, KVMemMetadata, KVMemWorkerMeta
+from kvmem_vllm.placement import background_cpus, place_background_threads
 from kvmem_vllm.scheduler import SchedulerSide
 from kvmem_vllm.worker import BlockViews, WorkerSide
 
@@ -194,6 +198,24 @@ def test_a_chunk_loads_into_its_blocks_skipping_those_vllm_holds(tmp_path: Path)
         worker.close()
 
 
+def test_consecutive_blocks_are_saved_from_one_view_of_the_cache_not_a_copy(tmp_path: Path) -> None:
+    per_layer, caches = cpu_caches()
+    views = BlockViews(caches, BLOCKS)
+    span = views.span([4, 5, 6])
+    assert span is not None and span.data_ptr() == views(4).data_ptr()  # the cache itself, nothing copied
+    assert torch.equal(span, torch.stack([views(b) for b in (4, 5, 6)]))
+    assert views.span([4, 6]) is None and views.span([5, 4]) is None and views.span([]) is None
+    with kvmem.Memory(str(tmp_path), cpu_bytes="16MiB", disk_bytes="64MiB") as mem:
+        worker = WorkerSide(mem, "vllm/test", BLOCKS, "none")
+        worker.register(caches)
+        worker.save(KVMemMetadata(saves=[ChunkTransfer("r1", ["run", "gaps"], [[4, 5], [2, 0]])]))
+        worker.saver.wait_for({"r1"})
+        want = per_layer[:, [4, 5, 2, 0]].clone()
+        worker.load(KVMemMetadata(loads=[ChunkTransfer("r2", ["run", "gaps"], [[7, 8], [9, 1]])]))
+        worker.close()
+    assert torch.equal(per_layer[:, [7, 8, 9, 1]], want) and worker.take_failed() == set()
+
+
 def test_with_tensor_parallel_ranks_a_block_is_stored_when_every_rank_s_shard_is(tmp_path: Path) -> None:
     ns, block = "vllm/test", 4
     tokens = list(range(2 * 2 * block + 1))  # 2 chunks of 2 blocks, and a last token
@@ -344,3 +366,38 @@ def test_the_cpu_tier_holds_the_chunks_vllm_evicted_not_those_it_holds(tmp_path:
             time.sleep(0.05)
         assert where() == "disk" and mem.metrics.value("kvmem_hits_total", tier="cpu", kind="tensor") == 1
         worker.close()
+
+
+def test_kvmem_threads_go_to_the_cores_no_rank_computes_on() -> None:
+    assert background_cpus({0}, "auto", {0, 1}) == {1}  # vLLM kept core 1 for its frontend
+    assert background_cpus({0, 1}, "auto", {0, 1}) == set()  # no core kept: the threads stay where made
+    assert background_cpus({0}, "0|1", {0, 1}) == set()  # tensor parallel: core 1 is the other rank's
+    assert background_cpus({0, 1}, "0-1|4,6", set(range(8))) == {2, 3, 5, 7}
+
+
+def test_a_worker_s_saver_leaves_the_compute_core_and_its_main_thread_stays(tmp_path: Path) -> None:
+    own = os.sched_getaffinity(0)
+    if len(own) < 2:
+        pytest.fail(f"needs two cores, one bound to compute as vLLM-CPU binds its worker; has {sorted(own)}")
+    compute = {min(own)}
+    _, caches = cpu_caches()
+    seen: dict[str, set[int]] = {}
+
+    def worker() -> None:  # NOTE: as in vLLM-CPU's worker: the main thread bound to the compute cores first
+        os.sched_setaffinity(0, compute)
+        place_background_threads()
+        with kvmem.Memory(str(tmp_path), cpu_bytes="16MiB", disk_bytes="64MiB") as mem:
+            side = WorkerSide(mem, "vllm/test", BLOCKS, "none")
+            side.register(caches)
+            side.save(KVMemMetadata(saves=[ChunkTransfer("r1", ["c0"], [[1]])]))
+            side.saver.wait_for({"r1"})
+            (saver,) = [t for t in threading.enumerate() if t.name == "kvmem-vllm-saver"]
+            seen["saver"] = os.sched_getaffinity(saver.native_id or 0)
+            seen["main"] = os.sched_getaffinity(0)
+            side.close()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    set_background_cpus(None)
+    assert seen["saver"] == own - compute and seen["main"] == compute
