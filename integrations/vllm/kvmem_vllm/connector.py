@@ -101,7 +101,8 @@ class KVMemConnector(KVConnectorBase_V1, SupportsHMA):
                     f"(got disk_bytes=0 and no remote_url in kv_connector_extra_config for {settings['path']!r})"
                 )
         else:
-            place_background_threads()  # NOTE: before the Memory, whose threads are made from here on
+            # NOTE: before the Memory, whose threads are made from here on
+            place_background_threads(vllm_config.parallel_config.world_size)
             # NOTE: saves and loads leave the CPU tier to the chunks vLLM evicted (worker.py), unless set otherwise;
             # only the warmer's thread puts into it, so it needs no room kept free for a request's stores
             memory = Memory(**{"write_policy": "around", "offload_threshold": 1.0, **settings})
