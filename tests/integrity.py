@@ -159,13 +159,13 @@ def _after_first_read(rest: Rest, monkeypatch: pytest.MonkeyPatch, strike: Calla
         monkeypatch.setattr(os, "preadv", preadv)
         return
     assert isinstance(tier, RedisTier)
-    real_range, real_fetch = tier.read_range, tier._fetch
+    real_range, real_fetch = tier.read_range_into, tier._fetch
 
-    def read_range(key: str, start: int, stop: int) -> Any:
+    def read_range_into(key: str, start: int, arrays: Any) -> Any:  # NOTE: read_range reads through it too
         if key == rest.skey and reads[0] == 1:
             strike()
         reads[0] += key == rest.skey
-        return real_range(key, start, stop)
+        return real_range(key, start, arrays)
 
     def fetch(key: str) -> Any:
         if key == rest.skey and not reads[0]:
@@ -173,7 +173,7 @@ def _after_first_read(rest: Rest, monkeypatch: pytest.MonkeyPatch, strike: Calla
             strike()
         return real_fetch(key)
 
-    monkeypatch.setattr(tier, "read_range", read_range)
+    monkeypatch.setattr(tier, "read_range_into", read_range_into)
     monkeypatch.setattr(tier, "_fetch", fetch)
 
 

@@ -7,13 +7,14 @@ A :class:`BlobReader` is that access, opened once per blob so that every part co
 from the same version of it (a file stays open; a memory tier's pages stay held):
 
 - :meth:`BlobReader.part_into` puts a part's bytes straight into a tensor of any
-  layout: one copy from a memory tier's pages, one ``preadv`` from a file, with the
-  part's CRC segment checked in the same pass where the tier checks CRCs;
+  layout: one copy from a memory tier's pages, one ``preadv`` from a file, one
+  ``recv_into`` from Redis, with the part's CRC segment checked in the same pass where
+  the tier checks CRCs;
 - :meth:`BlobReader.read` returns whole CRC segments, checked, for parts a codec
   must decode first (int8/int4, lz4);
 - :meth:`BlobReader.rows_into` puts a part's bytes into several tensors (the rows of
-  a "scatter load" into a paged KV cache's blocks): its segment read and checked once,
-  then one copy per row.
+  a "scatter load" into a paged KV cache's blocks): read straight into them from a
+  file or a socket, else its segment read and checked once, then one copy per row.
 
 :class:`RangeReader` reads a blob by ranges through a tier's ``read_range`` (Redis,
 the GPU tier); :class:`FileReader` reads a file; the CPU tier has a reader of its own
@@ -68,10 +69,12 @@ class BlobReader:
         tier: the serving tier's name.
         checks_crc: whether the parts read are CRC-checked here.
         lends_views: whether :meth:`read` lends views of a tier's memory rather than new bytes.
+        fills: whether parts are read straight into the caller's tensors (:meth:`_fill`: a file, a socket).
     """
 
     checks_crc = False
     lends_views = False  # True where read() lends views of a tier's memory (no copy), not new bytes
+    fills = False
 
     def __init__(self, head: tuple[Header, int], tier: str, ends: list[int] | None = None) -> None:
         self.header, self.start = head
@@ -108,6 +111,10 @@ class BlobReader:
                 fails its CRC.
         """
         check_size(part, dst)
+        rows = writable_rows(dst) if self.fills else None
+        if rows is not None:
+            self._fill_part(part, rows)
+            return
         seg_lo, _crc, _i = self.segment_of(part)
         # NOTE: the whole segment is read (its leading padding is at most one alignment unit), so that
         # its CRC is checked before a byte of it reaches dst (``read`` checks where the tier needs it)
@@ -117,19 +124,50 @@ class BlobReader:
     def rows_into(self, part: dict[str, Any], rows: Sequence[torch.Tensor | None]) -> None:
         """Put the bytes of ``part`` into ``rows``: its ``i``-th ``1/len(rows)`` into ``rows[i]`` (``None``: skipped).
 
-        The part's segment is read once (:meth:`read`: a view of a memory tier's pages, or the bytes a file or
-        socket returned) and checked before a byte of it reaches a row; then each row is one copy out of it.
+        Where the tier reads straight into arrays (:attr:`fills`), the rows are read into and their segment
+        checked as they arrive; else the segment is read once (:meth:`read`: a view of a memory tier's pages)
+        and checked before a byte of it reaches a row, then each row is one copy out of it.
 
         Raises:
             IntegrityError: the rows do not hold exactly ``part["n"]`` bytes, or the segment fails its CRC.
         """
         step = check_rows(part, rows)
+        arrays = _row_arrays(rows, step) if self.fills else None
+        if arrays is not None:
+            self._fill_part(part, arrays)
+            return
         seg_lo, _crc, _i = self.segment_of(part)
         data = self.read(seg_lo, int(part["off"]) + int(part["n"]))
         at = int(part["off"]) - seg_lo
         for i, dst in enumerate(rows):
             if dst is not None:
                 copy_part(data[at + i * step : at + (i + 1) * step], dst)
+
+    def _fill_part(self, part: dict[str, Any], arrays: list[np.ndarray]) -> None:
+        """Read ``part``'s segment straight into ``arrays`` (the segment's leading padding first, into a buffer
+        of its own) and check its CRC.
+
+        NOTE: the bytes reach the caller's tensors before the check; a failed check raises, and the load is a
+        miss whose tensors hold no value (a KV cache recomputes those blocks).
+
+        Raises:
+            IntegrityError: the blob ends before the part does, or the segment fails its CRC.
+        """
+        seg_lo, crc, i = self.segment_of(part)
+        end = int(part["off"]) + int(part["n"])
+        pad = blobfmt.empty_buffer(int(part["off"]) - seg_lo).numpy()
+        got, computed = self._fill(self.start + seg_lo, [pad, *arrays])
+        if got != end - seg_lo:  # NOTE: else arrays keep what they held: it may match the CRC
+            raise IntegrityError(
+                f"blob in tier {self.tier} truncated: payload bytes [{seg_lo}, {end}) end at {seg_lo + got}"
+            )
+        if computed != crc:
+            raise IntegrityError(f"segment {i} CRC32C mismatch: stored {crc:#010x}, computed {computed:#010x}")
+
+    def _fill(self, at: int, arrays: list[np.ndarray]) -> tuple[int, int]:
+        """Blob bytes from ``at`` into ``arrays`` (contiguous uint8), in order: ``(bytes read, their CRC32C)``,
+        fewer bytes where the blob ends sooner. Readers with :attr:`fills` implement it."""
+        raise NotImplementedError
 
     def read_bytes(self, lo: int, hi: int) -> torch.Tensor:
         """Blob bytes ``[lo, hi)`` (fewer if the blob is shorter), unchecked: :meth:`read` checks."""
@@ -169,15 +207,25 @@ class RangeReader(BlobReader):
         read_range: ``(start, stop) -> bytes or None`` of the blob.
         tier: name of the tier.
         checks_crc: whether the tier's bytes must be CRC-checked.
+        head: the blob's first bytes, as read.
+        read_into: ``(start, arrays) -> (bytes read, their CRC32C)``: the blob's bytes from ``start`` received
+            straight into ``arrays`` (a socket), where the tier can.
 
     Raises:
         IntegrityError: the head is not an intact blob header (or the blob went between reads).
     """
 
     def __init__(
-        self, read_range: Callable[[int, int], torch.Tensor | None], tier: str, checks_crc: bool, head: torch.Tensor
+        self,
+        read_range: Callable[[int, int], torch.Tensor | None],
+        tier: str,
+        checks_crc: bool,
+        head: torch.Tensor,
+        read_into: Callable[[int, list[np.ndarray]], tuple[int, int]] | None = None,
     ) -> None:
         self._read_range = read_range
+        self._read_into = read_into
+        self.fills = read_into is not None
         self.checks_crc = checks_crc
         extent = blobfmt.header_extent(head)
         if extent > head.numel():
@@ -194,18 +242,25 @@ class RangeReader(BlobReader):
             raise IntegrityError(f"blob went from tier {self.tier} while it was being read")
         return got
 
+    def _fill(self, at: int, arrays: list[np.ndarray]) -> tuple[int, int]:
+        assert self._read_into is not None
+        return self._read_into(at, arrays)
+
 
 def open_by_ranges(
-    read_range: Callable[[int, int], torch.Tensor | None], tier: str, checks_crc: bool
+    read_range: Callable[[int, int], torch.Tensor | None],
+    tier: str,
+    checks_crc: bool,
+    read_into: Callable[[int, list[np.ndarray]], tuple[int, int]] | None = None,
 ) -> RangeReader | None:
-    """A :class:`RangeReader` over ``read_range`` (one blob's ``(start, stop) -> bytes or None``), or ``None``
-    when the blob is absent.
+    """A :class:`RangeReader` over ``read_range`` (one blob's ``(start, stop) -> bytes or None``) and, where the
+    tier has it, ``read_into``; ``None`` when the blob is absent.
 
     Raises:
         IntegrityError: the head is not an intact blob header.
     """
     head = read_range(0, blobfmt.HEAD_PROBE)
-    return None if head is None else RangeReader(read_range, tier, checks_crc, head)
+    return None if head is None else RangeReader(read_range, tier, checks_crc, head, read_into)
 
 
 class Guard(Protocol):
@@ -235,6 +290,9 @@ class GuardedReader(BlobReader):
     def part_into(self, part: dict[str, Any], dst: torch.Tensor) -> None:
         self._guard(lambda: self._inner.part_into(part, dst))
 
+    def rows_into(self, part: dict[str, Any], rows: Sequence[torch.Tensor | None]) -> None:
+        self._guard(lambda: self._inner.rows_into(part, rows))
+
     def read_bytes(self, lo: int, hi: int) -> torch.Tensor:
         return self._guard(lambda: self._inner.read_bytes(lo, hi))
 
@@ -261,6 +319,7 @@ class FileReader(BlobReader):
     """
 
     checks_crc = True
+    fills = True
 
     def __init__(self, fd: int, tier: str) -> None:
         self._fd = fd  # owned from here on: closed by close(), also when this constructor fails
@@ -278,34 +337,23 @@ class FileReader(BlobReader):
     def head_bytes(self) -> np.ndarray:
         return self._head
 
-    def part_into(self, part: dict[str, Any], dst: torch.Tensor) -> None:
-        """:meth:`BlobReader.part_into` with one ``preadv`` per step into ``dst``'s rows, each step CRC'd
-        before the next is read (a layout ``preadv`` cannot fill is read into a temporary first)."""
-        check_size(part, dst)
-        rows = writable_rows(dst)
-        if rows is None:
-            tmp = blobfmt.empty_buffer(int(part["n"]))
-            self.part_into(part, tmp)
-            copy_part(tmp, dst)
-            return
-        seg_lo, crc, i = self.segment_of(part)
-        pad = blobfmt.empty_buffer(int(part["off"]) - seg_lo).numpy()
-        at, got = self.start + seg_lo, 0
-        end = int(part["off"]) + int(part["n"])
-        if end - seg_lo > _STEP:
+    def _fill(self, at: int, arrays: list[np.ndarray]) -> tuple[int, int]:
+        """One ``preadv`` per step (about 1 MiB), each step CRC'd before the next is read."""
+        total = sum(a.size for a in arrays)
+        if total > _STEP:
             # NOTE: a cold file read in steps gets the kernel's readahead, which starts at a few pages; asked
             # for the whole part first, the disk gets it in large requests (measured: 16 cold 32 MiB chunks,
             # 0.53-0.56 s -> 0.35 s, as fast as 4 threads of raw readinto); a warm file pays a page-cache walk
-            self.advise(seg_lo, end)
-        for group in steps([pad, *rows], _STEP):
-            n = preadv_all(self._fd, group, at)
-            at += n
-            if n != sum(row.size for row in group):  # NOTE: else rows keep what dst held: it may match the CRC
-                raise IntegrityError(f"blob file truncated: payload bytes [{seg_lo}, {end}) end at {at - self.start}")
+            self.advise(at - self.start, at - self.start + total)
+        got = crc = 0
+        for group in steps(arrays, _STEP):
+            n = preadv_all(self._fd, group, at + got)
+            got += n
+            if n != sum(row.size for row in group):
+                break
             for row in group:
-                got = crc32c.crc32c(row.data, got)
-        if got != crc:
-            raise IntegrityError(f"segment {i} CRC32C mismatch: stored {crc:#010x}, computed {got:#010x}")
+                crc = crc32c.crc32c(row.data, crc)
+        return got, crc
 
     def read_bytes(self, lo: int, hi: int) -> torch.Tensor:
         return _pread(self._fd, lo, hi)
@@ -340,6 +388,24 @@ def copy_part(src: torch.Tensor, dst: torch.Tensor) -> None:
         copy_rows(rows, [src.numpy()])
     else:
         dst.copy_(src.view(dst.dtype).view(dst.shape))
+
+
+def _row_arrays(rows: Sequence[torch.Tensor | None], step: int) -> list[np.ndarray] | None:
+    """The arrays a read fills for ``rows`` of ``step`` bytes each: each row's contiguous runs, a buffer of its own
+    for each ``None`` row (read into and dropped: one ``preadv`` fills several arrays before their CRC is taken);
+    ``None`` where a row cannot be read into (not host memory, or no contiguous runs)."""
+    skipped = blobfmt.empty_buffer(step * sum(row is None for row in rows)).numpy()
+    out: list[np.ndarray] = []
+    for row in rows:
+        if row is None:
+            out.append(skipped[:step])
+            skipped = skipped[step:]
+            continue
+        runs = writable_rows(row)
+        if runs is None:
+            return None
+        out += runs
+    return out
 
 
 def check_size(part: dict[str, Any], dst: torch.Tensor) -> None:

@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import crc32c
 import numpy as np
 import redis
 import torch
@@ -62,7 +63,7 @@ from kvmem.keys import is_storage_key
 from kvmem.redaction import redact, url_password
 from kvmem.stores.base import BatchLookups, OpensBlobs, Quarantine, SelfEvicting, TierBase, VerifiedReads
 from kvmem.stores.readers import BlobReader, open_by_ranges
-from kvmem.stores.resp import Gathered, GatherPacker
+from kvmem.stores.resp import Gathered, GatherPacker, getrange_into
 
 __all__ = ["RedisTier"]
 
@@ -385,22 +386,46 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
         """Bytes ``[start, stop)`` of ``key``'s value with one ``GETRANGE`` (not CRC-checked)."""
         if stop <= start:
             return None if not self.contains(key) else empty_buffer(0)
-        with self._errors():
-            pipe = self.client.pipeline(transaction=False)
-            pipe.exists(self._key(key))
-            pipe.getrange(self._key(key), start, stop - 1)
-            exists, data = pipe.execute()
-        if not exists:
+        buf = empty_buffer(stop - start)
+        got, _crc = self.read_range_into(key, start, [buf.numpy()])
+        if not got and not self.contains(key):  # NOTE: GETRANGE answers an absent key as an empty value
             return None
-        return torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())
+        return buf[:got]
+
+    def read_range_into(self, key: str, start: int, arrays: Sequence[np.ndarray]) -> tuple[int, int]:
+        """``key``'s value from byte ``start`` into ``arrays`` (contiguous uint8), in order, with one ``GETRANGE``:
+        ``(bytes read, their CRC32C)``; fewer bytes where the value ends sooner, none where it is absent.
+
+        The reply is received straight into the arrays (:func:`~kvmem.stores.resp.getrange_into`); a cluster
+        client's is copied into them.
+        """
+        want = sum(a.size for a in arrays)
+        with self._errors():
+            if isinstance(self.client, redis.Redis):
+                return getrange_into(self.client, self._key(key), start, arrays)
+            data = self.client.getrange(self._key(key), start, start + want - 1)
+        src = np.frombuffer(data, dtype=np.uint8)  # type: ignore[arg-type]  # bytes: replies are never decoded
+        at = crc = 0
+        for arr in arrays:
+            piece = src[at : at + arr.size]
+            arr[: piece.size] = piece
+            crc = crc32c.crc32c(arr[: piece.size].data, crc)
+            at += piece.size
+        return at, crc
 
     def open_blob(self, key: str) -> BlobReader | None:
-        """``key``'s value read in parts, one ``GETRANGE`` each, every part CRC-checked.
+        """``key``'s value read in parts, one ``GETRANGE`` each, every part CRC-checked; a part for the caller's
+        tensors is received straight into them.
 
         Raises:
             IntegrityError: its header is not intact.
         """
-        return open_by_ranges(lambda lo, hi: self.read_range(key, lo, hi), self.name, checks_crc=True)
+        return open_by_ranges(
+            lambda lo, hi: self.read_range(key, lo, hi),
+            self.name,
+            checks_crc=True,
+            read_into=lambda at, arrays: self.read_range_into(key, at, arrays),
+        )
 
     def put(self, key: str, blob: EncodedBlob) -> None:
         """``SET`` the blob (with ``EX ttl``); one value, replaced atomically, sent from its parts without a copy.

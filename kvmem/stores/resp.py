@@ -1,13 +1,17 @@
-"""A RESP command packer that sends a blob's large parts to the socket from where they lie (no joined copy)."""
+"""RESP where redis-py copies: a command packer that sends a blob's large parts to the socket from where they
+lie (no joined copy), and a reader that receives a bulk reply straight into the caller's arrays."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Sequence
 
+import crc32c
 import numpy as np
+import redis
 from redis.connection import Encoder, PythonRespSerializer
 
-__all__ = ["GATHER_FROM", "Gathered", "GatherPacker"]
+__all__ = ["GATHER_FROM", "Gathered", "GatherPacker", "getrange_into"]
 
 GATHER_FROM = 64 * 1024  # blob parts this large are sent from where they lie; smaller ones are copied into
 # the command's framing (a copy of a few KiB costs less than a send of its own)
@@ -53,3 +57,88 @@ class GatherPacker(PythonRespSerializer):
             buff += b"\r\n"
         out.append(buff)
         return out
+
+
+def getrange_into(client: redis.Redis, key: str, start: int, arrays: Sequence[np.ndarray]) -> tuple[int, int]:
+    """``GETRANGE key`` from ``start``, as many bytes as ``arrays`` (contiguous uint8) hold, received straight
+    into them in order; ``(bytes received, their CRC32C)``: fewer bytes where the value ends sooner (0: absent
+    or empty), the arrays past them untouched.
+
+    NOTE: redis-py's parsers return a reply as a new ``bytes`` built from the pieces they received, and a
+    load copied it again into its destination: ~0.5 GB/s for 2 MiB values on loopback here, where
+    ``recv_into`` a buffer reaches ~2.5 GB/s. The command goes out on a connection of the client's pool
+    (connected, authenticated, TLS as the client is), with the client's retry for a connection the server
+    closed; the reply is read off its socket here, whole, so the connection goes back to the pool clean. A
+    read that fails partway disconnects it (the rest of the reply is lost with the socket). Each array's CRC
+    is taken as soon as it is filled, while its bytes are in cache.
+
+    Raises:
+        redis.ConnectionError, redis.TimeoutError: the connection failed or the reply is not a bulk string.
+        redis.ResponseError: the server answered with an error (a key holding another type).
+    """
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    try:
+        stop = start + sum(a.size for a in arrays) - 1
+
+        def attempt() -> tuple[int, int]:
+            conn.send_command("GETRANGE", key, start, stop)
+            return _receive_bulk(conn._sock, arrays)  # NOTE: redis-py keeps its socket private; no public read
+
+        return conn.retry.call_with_retry(attempt, lambda _error: conn.disconnect())
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+
+
+_LINE = 64  # a bulk reply's header, ``$<length>\r\n``, is read in pieces of this size (the rest is payload)
+
+
+def _receive_bulk(sock: socket.socket | None, arrays: Sequence[np.ndarray]) -> tuple[int, int]:
+    """Read one bulk-string reply off ``sock`` into ``arrays``: ``(bytes placed, their CRC32C)``."""
+    if sock is None:
+        raise redis.ConnectionError("the connection closed before the reply")
+    try:
+        head = bytearray()
+        while b"\r\n" not in head:
+            piece = sock.recv(_LINE)
+            if not piece:
+                raise redis.ConnectionError("the server closed the connection mid-reply")
+            head += piece
+        line, _, extra = bytes(head).partition(b"\r\n")
+        if line[:1] == b"-":
+            raise redis.ResponseError(line[1:].decode("utf-8", "replace"))
+        if line[:1] != b"$":
+            raise redis.ConnectionError(f"expected a bulk string reply, got {line[:16]!r}")
+        n = max(int(line[1:]), 0)  # $-1: nil (GETRANGE answers absent keys with an empty string)
+        pending = memoryview(extra)
+        placed = crc = 0
+        for arr in arrays:
+            if placed == n:
+                break
+            view = arr.data.cast("B")[: n - placed]
+            taken = min(len(pending), len(view))
+            view[:taken] = pending[:taken]
+            pending = pending[taken:]
+            _recv_exactly(sock, view[taken:])
+            crc = crc32c.crc32c(view, crc)
+            placed += len(view)
+        rest = n - placed + 2 - len(pending)  # NOTE: what the arrays could not hold, and the reply's \r\n
+        if rest < 0:
+            raise redis.ConnectionError("the reply ran past its stated length")
+        _recv_exactly(sock, memoryview(bytearray(rest)))
+        return placed, crc
+    except TimeoutError as exc:
+        raise redis.TimeoutError(f"timeout reading a reply: {exc}") from exc
+    except OSError as exc:
+        raise redis.ConnectionError(f"error reading a reply: {exc}") from exc
+
+
+def _recv_exactly(sock: socket.socket, view: memoryview) -> None:
+    while len(view):
+        got = sock.recv_into(view)
+        if not got:
+            raise redis.ConnectionError("the server closed the connection mid-reply")
+        view = view[got:]

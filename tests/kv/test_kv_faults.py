@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 import kvmem
 from kvmem.kv import PrefixCache
 from kvmem.stores.base import StorageTier
+from kvmem.stores.redis import RedisTier
 from tests.kv.conftest import MemoryFactory, ModelFactory, assert_prefill_exact, store_prompt
 from tests.kv.workers import BLOCK, prompt
 from tests.servers import RedisServer
@@ -143,14 +143,15 @@ def _stop_on_read(
     monkeypatch: pytest.MonkeyPatch, tier: StorageTier, server: RedisServer, skey: str, from_byte: int
 ) -> None:
     """Stop ``server`` as ``skey``'s blob is read from ``from_byte`` on: the read fails for real."""
-    real = tier.read_range
+    assert isinstance(tier, RedisTier)
+    real = tier.read_range_into
 
-    def read_range(key: str, start: int, stop: int) -> torch.Tensor | None:
+    def read_range_into(key: str, start: int, arrays: list[np.ndarray]) -> tuple[int, int]:
         if key == skey and start >= from_byte:
             server.stop()
-        return real(key, start, stop)
+        return real(key, start, arrays)
 
-    monkeypatch.setattr(tier, "read_range", read_range)
+    monkeypatch.setattr(tier, "read_range_into", read_range_into)  # NOTE: every range read goes through it
 
 
 @pytest.mark.parametrize("at", ["open", "last-layer"])
