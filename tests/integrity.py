@@ -167,11 +167,11 @@ def _after_first_read(rest: Rest, monkeypatch: pytest.MonkeyPatch, strike: Calla
         reads[0] += key == rest.skey
         return real_range(key, start, arrays)
 
-    def fetch(key: str) -> Any:
+    def fetch(key: str, *args: Any, **kwargs: Any) -> Any:
         if key == rest.skey and not reads[0]:
             reads[0] += 1
             strike()
-        return real_fetch(key)
+        return real_fetch(key, *args, **kwargs)
 
     monkeypatch.setattr(tier, "read_range_into", read_range_into)
     monkeypatch.setattr(tier, "_fetch", fetch)

@@ -58,18 +58,19 @@ from redis.retry import Retry
 from kvmem import blob as blobfmt
 from kvmem.blob import EncodedBlob, empty_buffer
 from kvmem.config import Config, parse_size
-from kvmem.errors import CapacityError, ConfigError, TierUnavailable
+from kvmem.errors import CapacityError, ConfigError, IntegrityError, TierUnavailable
 from kvmem.keys import is_storage_key
 from kvmem.redaction import redact, url_password
 from kvmem.stores.base import BatchLookups, OpensBlobs, Quarantine, SelfEvicting, TierBase, VerifiedReads
 from kvmem.stores.readers import BlobReader, open_by_ranges
-from kvmem.stores.resp import Gathered, GatherPacker, getrange_into
+from kvmem.stores.resp import Gathered, GatherPacker, getrange_into, read_bulk
 
 __all__ = ["RedisTier"]
 
 log = logging.getLogger(__name__)
 
 REDIS_MAX_VALUE = 512 * 1024**2  # Redis's default proto-max-bulk-len: the largest string it accepts
+_STEP = 1 << 20  # a whole value is received a step at a time, each CRC'd while it is in cache
 _UNBOUNDED = 1 << 50  # capacity when the server sets no maxmemory: Redis, not kvmem, decides what fits
 _QUARANTINE = "quarantine:"
 _QUARANTINE_TTL = 7 * 24 * 3600  # a quarantined value is kept a week for inspection, then Redis drops it
@@ -331,32 +332,51 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
         return self.prefix + self._tagged(key)
 
     # -- StorageTier ------------------------------------------------------------
-    def _fetch(self, key: str) -> bytes | None:
+    def _fetch(self, key: str, verify: bool = False) -> tuple[torch.Tensor, blobfmt.StreamVerifier | None] | None:
+        """``key``'s whole value in a new buffer (``None``: absent), received straight into it (a cluster client's
+        reply is copied); with ``verify``, the verifier that checked its CRCs as it arrived (a step at a time,
+        in cache).
+
+        Raises:
+            IntegrityError: with ``verify``, the value is not a whole blob matching its CRCs.
+        """
+        skey = self._key(key)
+        if not isinstance(self.client, redis.Redis):  # NOTE: a cluster client routes the command itself
+            with self._errors():
+                data = self.client.get(skey) if self.ttl is None else self.client.getex(skey, ex=self.ttl)
+            if data is None:
+                return None
+            src = np.frombuffer(data, dtype=np.uint8)  # type: ignore[arg-type]  # bytes: replies are never decoded
+            checker = blobfmt.StreamVerifier() if verify else None
+            return (blobfmt.copy_verified(src, checker=checker) if verify else torch.from_numpy(src.copy())), checker
+        command: tuple[str | int, ...] = ("GET", skey) if self.ttl is None else ("GETEX", skey, "EX", self.ttl)
+        received = _Received(verify)
         with self._errors():
-            if self.ttl is None:
-                return self.client.get(self._key(key))  # type: ignore[return-value]
-            return self.client.getex(self._key(key), ex=self.ttl)  # type: ignore[return-value]
+            n = read_bulk(self.client, command, received.arrays_for, received.filled)
+        if n < 0:
+            return None
+        if received.failure is not None:
+            raise received.failure
+        if received.checker is not None:
+            received.checker.finish(n)
+        return received.buf, received.checker
 
     def get(self, key: str) -> torch.Tensor | None:
-        data = self._fetch(key)
-        if data is None:
-            return None
-        out = empty_buffer(len(data))
-        out.numpy()[:] = np.frombuffer(data, dtype=np.uint8)
-        return out
+        got = self._fetch(key)
+        return None if got is None else got[0]
 
     def read_verified(self, key: str) -> blobfmt.Verified | None:
-        """``get`` with the CRCs checked while the reply is copied into the returned buffer, and the header the
-        check parsed (a load through ``Memory`` then parses it once).
+        """``get`` with the CRCs checked as the reply arrives in the returned buffer, and the header the check
+        parsed (a load through ``Memory`` then parses it once).
 
         Raises:
             IntegrityError: the value is not a whole blob matching its CRCs.
         """
-        data = self._fetch(key)
-        if data is None:
+        got = self._fetch(key, verify=True)
+        if got is None:
             return None
-        checker = blobfmt.StreamVerifier()
-        buf = blobfmt.copy_verified(np.frombuffer(data, dtype=np.uint8), checker=checker)
+        buf, checker = got
+        assert checker is not None
         return blobfmt.Verified(buf, checker.parsed)
 
     def get_many(self, keys: Sequence[str]) -> list[torch.Tensor | None]:
@@ -529,3 +549,33 @@ class RedisTier(TierBase, SelfEvicting, VerifiedReads, OpensBlobs, Quarantine, B
 
     def _glob(self, suffix: str) -> str:
         return re.sub(r"([*?\[\]\\])", r"\\\1", self.prefix + suffix)
+
+
+class _Received:
+    """A whole value received into a new buffer (:func:`~kvmem.stores.resp.read_bulk`); with ``verify``, its CRCs
+    checked a step at a time as it arrives, while the step is in cache (a failure is kept, not raised, until the
+    reply has been read whole)."""
+
+    def __init__(self, verify: bool) -> None:
+        self.verify = verify
+        self.buf = empty_buffer(0)
+        self.checker: blobfmt.StreamVerifier | None = None
+        self.failure: IntegrityError | None = None
+        self._arr = self.buf.numpy()
+        self._at = 0
+
+    def arrays_for(self, n: int) -> list[np.ndarray]:
+        """The buffer for a reply of ``n`` bytes, in steps (made anew when a command is tried again)."""
+        self.buf = empty_buffer(n)
+        self._arr = self.buf.numpy()
+        self.checker = blobfmt.StreamVerifier() if self.verify else None
+        self.failure, self._at = None, 0
+        return [self._arr[i : i + _STEP] for i in range(0, n, _STEP)]
+
+    def filled(self, view: memoryview) -> None:
+        self._at += len(view)
+        if self.checker is not None and self.failure is None:
+            try:
+                self.checker.feed(self._arr, self._at)
+            except IntegrityError as exc:
+                self.failure = exc
