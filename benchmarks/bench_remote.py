@@ -1,21 +1,23 @@
-"""kvmem's Redis tier side by side with raw redis-py on the same server and the same bytes.
+"""kvmem's Redis tier side by side with the machine's limit on the same server and the same bytes.
 
-Not a test: a measurement. ``RedisTier.put`` / ``read_verified`` against redis-py
-``SET`` / ``GET`` of exactly the blob bytes the tier stores, on a throwaway
-``redis-server`` (loopback, no persistence) started for the run:
+Not a test: a measurement. On a throwaway ``redis-server`` (loopback, no persistence)
+started for the run:
 
-=================  ==========================================  ======
-operation          baseline                                    target
-=================  ==========================================  ======
-redis store        ``client.set(key, blob_bytes)``             >= 0.8
-redis load         ``client.get(key)``                          >= 0.8
-=================  ==========================================  ======
+=========================  ===============================================  ======
+operation                  reference                                        target
+=========================  ===============================================  ======
+redis store                redis-py ``client.set(key, blob_bytes)``         >= 0.8
+redis load                 raw ``GET`` into a preallocated buffer           >= 0.8
+redis load into out=       raw ``GET`` into a preallocated buffer           >= 0.8
+=========================  ===============================================  ======
 
-kvmem does more than its baseline: ``put`` frames the blob from its parts
-(sent from where they lie, without joining them; a cluster client joins them
-once), ``read_verified`` copies the reply into a buffer the caller owns and
-CRC32C-checks it in the same pass (header JSON parsed, every segment's CRC).
-Both make one round trip, like the baseline.
+The raw ``GET`` is the most a load can get from this server: the command sent on a plain socket of its own,
+the reply received with ``recv_into`` into a buffer allocated and touched once, nothing parsed but the length
+line, no CRC. kvmem does more: ``read_verified`` receives the value into a new buffer the caller owns (its
+pages are touched for the first time) and CRC32C-checks it as it arrives (header JSON parsed, every
+segment's CRC); ``Memory.load(key, out=t)`` reads the header, then receives the tensor's bytes straight into
+``t``, checked likewise, through the catalog and the tiered store. ``put`` frames the blob from its parts
+(sent from where they lie, without joining them; a cluster client joins them once).
 
 Workload: KV chunks of the Llama-3-8B layout (see bench_store.py: 33.5 MB
 blobs, encoded by kvmem's lossless codec), then 64 KiB items (per-op µs).
@@ -38,16 +40,19 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
+import socket
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import records
 import redis
 import torch
 from bench_store import Row, figures, make_chunk, make_small, side_by_side
 from bench_ttft import BLOCK, SUFFIX, Forward, Tokens, build_model
+from redis.connection import parse_url
 from servers import RedisServer
 
 import kvmem
@@ -58,14 +63,64 @@ from kvmem.kv import PrefixCache
 from kvmem.stores.redis import RedisTier
 
 TARGET = 0.8
+RAW_GET = "raw GET into a preallocated buffer"
 
 
-def rows_for(tier: RedisTier, values: list[object], label: str, repeat: int) -> list[Row]:
-    """Store and load rows for ``values``, each timed as kvmem vs raw redis-py."""
+class RawGet:
+    """The machine's limit for a load: ``GET`` sent on a plain socket of its own, the reply received with
+    ``recv_into`` into a buffer allocated and touched once (nothing parsed but the length line, no CRC).
+
+    Raises:
+        SystemExit: a TLS URL (``rediss://``): the reference speaks plain TCP.
+    """
+
+    def __init__(self, url: str, largest: int) -> None:
+        if url.startswith("rediss"):
+            raise SystemExit("the raw GET reference needs a redis:// URL (no TLS)")
+        opts = parse_url(url)
+        self.sock = socket.create_connection((opts.get("host", "127.0.0.1"), int(opts.get("port", 6379))))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = np.ones(largest + 64, dtype=np.uint8)  # NOTE: touched: no page faults in the timed reads
+        self.view = memoryview(self.buf.data)
+        if opts.get("password"):
+            self._call("AUTH", *[x for x in (opts.get("username"), opts["password"]) if x])
+        if opts.get("db"):
+            self._call("SELECT", str(opts["db"]))
+
+    def _call(self, *args: str) -> None:
+        self.sock.sendall(b"".join([b"*%d\r\n" % len(args), *(b"$%d\r\n%s\r\n" % (len(a), a.encode()) for a in args)]))
+        if not self.sock.recv(256).startswith(b"+"):
+            raise SystemExit(f"the raw GET reference: {args[0]} refused")
+
+    def get(self, key: str) -> int:
+        """``key``'s value into the buffer: its length."""
+        self.sock.sendall(b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(key), key.encode()))
+        got = self.sock.recv_into(self.view, 64)
+        line_end = bytes(self.view[:got]).index(b"\r\n")
+        n = int(bytes(self.view[1:line_end]))
+        want = line_end + 2 + n + 2
+        while got < want:
+            got += self.sock.recv_into(self.view[got:want])
+        return n
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def rows_for(tier: RedisTier, url: str, values: list[torch.Tensor], label: str, repeat: int) -> list[Row]:
+    """Store and load rows for ``values`` (each one tensor), kvmem beside raw redis-py ``SET`` and the raw ``GET``
+    limit: the tier's ``put`` and ``read_verified``, and a load into a tensor of the value's shape and dtype
+    (``Memory.load(out=)``, over the same server)."""
     blobs = [encode_value(v, parse_codec("none"))[0] for v in values]
     raw = [b.to_tensor().numpy().tobytes() for b in blobs]
     keys = [content_hash(f"bench-{label}-{i}") for i in range(len(values))]
     client = tier.client
+    limit = RawGet(url, max(len(r) for r in raw))
+    remote = url + ("&" if "?" in url else "?") + "prefix=bench-mem:"
+    mem = kvmem.Memory(tempfile.mkdtemp(prefix="kvmem-bench-remote-"), cpu_bytes=0, disk_bytes=0, remote_url=remote)
+    outs = [torch.empty_like(v) for v in values]
+    for k, v in zip(keys, values):
+        mem.store(k, v, compression="none")
 
     def kv_put() -> None:
         for k, b in zip(keys, blobs):
@@ -79,30 +134,43 @@ def rows_for(tier: RedisTier, values: list[object], label: str, repeat: int) -> 
         for k in keys:
             assert tier.read_verified(k) is not None
 
+    def kv_load_out() -> None:
+        for k, out in zip(keys, outs):
+            assert mem.load(k, out=out) is out
+
     def raw_get() -> None:
         for k in keys:
-            assert client.get("raw:" + k) is not None
+            assert limit.get("raw:" + k)
 
     size, n = len(raw[0]), len(values)
-    put = side_by_side(kv_put, raw_put, repeat)
-    get = side_by_side(kv_get, raw_get, repeat)
-    client.delete(*["raw:" + k for k in keys], *[tier.prefix + k for k in keys])
+    try:
+        put = side_by_side(kv_put, raw_put, repeat)
+        get = side_by_side(kv_get, raw_get, repeat)
+        into = side_by_side(kv_load_out, raw_get, repeat)
+        assert all(torch.equal(out, v) for out, v in zip(outs, values))
+    finally:
+        client.delete(*["raw:" + k for k in keys], *[tier.prefix + k for k in keys])
+        for k in keys:
+            mem.delete(k)
+        mem.close()
+        limit.close()
     return [
         Row(f"redis store {label}", "redis-py SET", size, n, *put, TARGET),
-        Row(f"redis load {label}", "redis-py GET", size, n, *get, TARGET),
+        Row(f"redis load {label}", RAW_GET, size, n, *get, TARGET),
+        Row(f"redis load {label} into out=", RAW_GET, size, n, *into, TARGET),
     ]
 
 
 def report(rows: list[Row]) -> None:
-    print(f"{'operation':<22} {'size':>10} {'kvmem':>12} {'redis-py':>12} {'ratio':>6} {'best':>6}  target")
+    print(f"{'operation':<30} {'size':>10} {'kvmem':>12} {'reference':>12} {'ratio':>6} {'best':>6}  target  reference")
     for r in rows:
         if r.size >= 1 << 20:
             kv, base = f"{r.gbps(r.kvmem_s):.2f} GB/s", f"{r.gbps(r.baseline_s):.2f} GB/s"
         else:
             kv, base = f"{r.us_per_op(r.kvmem_s):.0f} us/op", f"{r.us_per_op(r.baseline_s):.0f} us/op"
         print(
-            f"{r.operation:<22} {r.size:>10} {kv:>12} {base:>12} {r.ratio:>6.2f} {r.best_ratio:>6.2f}  "
-            f">= {r.target} {r.verdict}"
+            f"{r.operation:<30} {r.size:>10} {kv:>12} {base:>12} {r.ratio:>6.2f} {r.best_ratio:>6.2f}  "
+            f">= {r.target} {r.verdict}  {r.baseline}"
         )
 
 
@@ -166,14 +234,15 @@ def main() -> None:
     url = args.url or server.url  # type: ignore[union-attr]
     tier = RedisTier.from_url(url + ("&" if "?" in url else "?") + "prefix=bench:")
     try:
-        rows = rows_for(tier, [make_chunk(i) for i in range(args.chunks)], "33.5MB", args.repeat)
-        rows += rows_for(tier, [make_small(i) for i in range(args.small)], "64KiB", args.repeat)
+        chunks = [torch.stack(list(make_chunk(i).values())) for i in range(args.chunks)]  # NOTE: one tensor (out=)
+        rows = rows_for(tier, url, chunks, "33.5MB", args.repeat)
+        rows += rows_for(tier, url, [make_small(i) for i in range(args.small)], "64KiB", args.repeat)
         print(
             f"redis-server {tier.client.info('server')['redis_version']} at {tier.url}, "
             f"redis-py {redis.__version__}, median of {args.repeat}"
         )
         report(rows)
-        figs = figures(rows[:2], "33.5 MB KV chunks", small=False) + figures(rows[2:], "64 KiB items", small=True)
+        figs = figures(rows[:3], "33.5 MB KV chunks", small=False) + figures(rows[3:], "64 KiB items", small=True)
         if not args.no_ttft:
             figs.append(two_node_ttft(url, 1024 if args.quick else 2048, args.repeat))
     finally:
@@ -184,7 +253,7 @@ def main() -> None:
     records.write(
         run,
         figs,
-        headline=[figs[1]["id"]],
+        headline=[figs[1]["id"], figs[2]["id"], *[f["id"] for f in figs if f["id"] == "two-node-ttft"]],
         machine={"redis-py": version, "redis": "external" if args.url else "throwaway redis-server on loopback"},
         quick=args.quick,
     )
